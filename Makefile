@@ -1,0 +1,42 @@
+# Two commands do all set-up: `make train` and `make test` each create .venv and install into it when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
+
+.PHONY: train test lint tensorboard system-deps data-fashion-mnist clean
+
+# The venv is rebuilt when pyproject.toml changes. torch/torchvision are pinned to a pair known to import together.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+train: $(STAMP)  ## the main job: the toy experiment on the embedded data, on one device
+	$(BIN)/python -m project.train $(ARGS)
+
+test: $(STAMP)  ## the whole test suite (skips, with the reason, what this machine cannot run)
+	$(BIN)/python -m pytest $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+tensorboard: $(STAMP)  ## serve every run under outputs/ on http://127.0.0.1:6006
+	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port 6006
+
+system-deps:  ## root only: Debian's Fashion-MNIST files (real-data tests and benchmarks)
+	@test "$$(id -u)" = 0 || { echo "make system-deps installs Debian packages: run it as root"; exit 1; }
+	apt-get install -y --no-install-recommends dataset-fashion-mnist || \
+	  { apt-get update && apt-get install -y --no-install-recommends dataset-fashion-mnist; }
+
+data-fashion-mnist:  ## link Debian's Fashion-MNIST into data/ so `data=fashion_mnist` finds it offline
+	@test -d $(FASHION_MNIST_DEBIAN) || { echo "$(FASHION_MNIST_DEBIAN) is missing: run 'make system-deps' as root"; exit 1; }
+	mkdir -p data/FashionMNIST/raw
+	ln -sf $(FASHION_MNIST_DEBIAN)/*.gz data/FashionMNIST/raw/
+
+clean:  ## remove the venv (runs under outputs/ are kept)
+	rm -rf $(VENV)

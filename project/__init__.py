@@ -1,0 +1,1 @@
+"""A Lightning + Hydra training template with a raw-PyTorch reference path beside it."""

@@ -1,0 +1,73 @@
+"""What one process saw during training, written as `history.rank<N>.json` in the run dir by both paths.
+
+The Lightning path records it with `HistoryCallback`, the reference path fills it in its own loop; tests and
+`project.compare` read the files back to compare the two paths step by step, and to check that each rank of a
+distributed run saw its share of the data.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import Tensor
+
+
+@dataclass
+class TrainingHistory:
+    """Per-step losses and per-epoch sample counts of one process (`rank` of `world_size`)."""
+
+    rank: int = 0
+    world_size: int = 1
+    step_losses: list[float] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)
+    epoch_samples: list[int] = field(default_factory=list)
+    fit_seconds: float = 0.0
+
+    def end_epoch(self, losses: list[Tensor], samples: int) -> None:
+        """Close an epoch: `losses` are its per-step losses, kept as tensors until now to avoid a sync per step."""
+        values = torch.stack(losses).tolist() if losses else []
+        self.step_losses.extend(values)
+        self.epoch_losses.append(sum(values) / len(values) if values else float("nan"))
+        self.epoch_samples.append(samples)
+
+    def save(self, run_dir: str | Path) -> Path:
+        path = Path(run_dir) / f"history.rank{self.rank}.json"
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainingHistory":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+class HistoryCallback(L.Callback):
+    """Fills a `TrainingHistory` from Lightning's training loop and saves it at the end of `fit`."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.history = TrainingHistory()
+        self._losses: list[Tensor] = []
+        self._samples = 0
+        self._start = 0.0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.history = TrainingHistory(rank=trainer.global_rank, world_size=trainer.world_size)
+        self._start = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._losses, self._samples = [], 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._losses.append(outputs["loss"].detach())
+        self._samples += len(batch[1])
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.history.end_epoch(self._losses, self._samples)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.history.fit_seconds = time.perf_counter() - self._start
+        Path(self.run_dir).mkdir(parents=True, exist_ok=True)
+        self.history.save(self.run_dir)
