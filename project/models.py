@@ -36,7 +36,7 @@ class DeepNeuralNetwork(nn.Module):
         if num_layers < 2:
             raise ValueError(f"DeepNeuralNetwork needs num_layers >= 2 (input and output layer), got {num_layers}")
         widths = [input_features] + [num_hidden_features] * (num_layers - 1) + [num_classes]
-        self.layers = nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in zip(widths[:-1], widths[1:]))
+        self.layers = nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in zip(widths[:-1], widths[1:], strict=True))
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.flatten(start_dim=1)

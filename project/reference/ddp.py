@@ -1,0 +1,66 @@
+"""DistributedDataParallel, one process per device, started by torchrun:
+
+    torchrun --nproc_per_node=2 -m project.reference.ddp [overrides]
+
+Compared with `single`: join the process group (gloo on CPU, nccl on GPU), give each rank its share of every
+epoch with a `DistributedSampler` (reshuffled by `set_epoch`), wrap the network in DDP (which averages gradients
+across ranks in `backward`), sum the epoch's totals over ranks, let rank 0 alone evaluate and write, and leave
+the process group at the end.
+"""
+
+import hydra
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
+
+from project.errors import exit_on_user_error
+from project.history import TrainingHistory
+from project.reference.launch import require_environment
+from project.reference.loop import Trainer, build, collect_results, pick_device, write_outputs
+
+
+def sum_over_ranks(totals: Tensor) -> Tensor:
+    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    return totals
+
+
+def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) -> None:
+    """One rank's work; `slurm` runs the same function in the processes it spawns."""
+    device = pick_device(local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # MASTER_ADDR and MASTER_PORT come from the environment (torchrun, or the Slurm script, sets them).
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+    try:
+        datamodule, network, optimizer = build(cfg, device)
+        model = DistributedDataParallel(network, device_ids=[local_rank] if device.type == "cuda" else None)
+        sampler = DistributedSampler(datamodule.train_set, world_size, rank, shuffle=True, seed=cfg.seed)
+        train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
+        is_main = rank == 0
+        trainer = Trainer(model, optimizer, device, TrainingHistory(rank, world_size), sum_over_ranks)
+        trainer.fit(train_loader, datamodule.val_dataloader() if is_main else None, cfg.trainer.max_epochs)
+
+        trainer.history.save(cfg.run_dir)  # every rank: history.rank<N>.json
+        if is_main:
+            results = collect_results(trainer, trainer.evaluate(datamodule.test_dataloader(), "test"), cfg.run_dir)
+            write_outputs(cfg.run_dir, trainer, network, results)
+    finally:
+        dist.destroy_process_group()
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
+@exit_on_user_error
+def main(cfg: DictConfig) -> None:
+    env = require_environment(
+        "project.reference.ddp",
+        ("RANK", "LOCAL_RANK", "WORLD_SIZE"),
+        "torchrun --nproc_per_node=N -m project.reference.ddp [overrides]",
+    )
+    train_process(cfg, int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""The training loop the four reference scripts share: build, train, evaluate, write the run's outputs.
+
+It mirrors Lightning's defaults step by step (seed, then data, then network; zero grad, forward, backward, step;
+validation after every epoch) so that the two paths give the same numbers.
+"""
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from torch.utils.tensorboard import SummaryWriter
+
+from project.data import InMemoryDataModule
+from project.history import TrainingHistory
+from project.results import format_results_table, save_results
+
+
+def pick_device(local_rank: int = 0) -> torch.device:
+    """The tutorial's choice: a CUDA GPU if there is one, else Apple's MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank)
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def build(cfg: DictConfig, device: torch.device) -> tuple[InMemoryDataModule, nn.Module, torch.optim.Optimizer]:
+    """Seed, then data, then network and optimizer: the order (and so the random numbers) of `project.train`."""
+    torch.manual_seed(cfg.seed)
+    datamodule: InMemoryDataModule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    network = instantiate(cfg.model.network).to(device)
+    optimizer = instantiate(cfg.model.optimizer)(network.parameters())
+    return datamodule, network, optimizer
+
+
+def no_reduction(totals: Tensor) -> Tensor:
+    return totals
+
+
+class Trainer:
+    """Trains `model` (the network, or a DataParallel/DDP wrapper of it) and evaluates it.
+
+    `reduce_totals` sums a tensor over processes (identity in one process), so the epoch's loss and accuracy
+    cover all of the data, as Lightning's metrics do.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        history: TrainingHistory,
+        reduce_totals: Callable[[Tensor], Tensor] = no_reduction,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.device = device
+        self.history = history
+        self.reduce_totals = reduce_totals
+        self.epoch_metrics: list[dict[str, float]] = []
+
+    def _run_batch(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.model(inputs)
+        loss = nn.functional.cross_entropy(logits, labels)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach(), (logits.argmax(dim=1) == labels).sum()
+
+    def _run_epoch(self, loader: DataLoader) -> dict[str, float]:
+        self.model.train()
+        losses, totals = (
+            [],
+            torch.zeros(3, dtype=torch.float64, device=self.device),
+        )  # loss sum, correct, count
+        for inputs, labels in loader:
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            loss, correct = self._run_batch(inputs, labels)
+            losses.append(loss)
+            totals += torch.stack([loss * len(labels), correct, torch.tensor(len(labels), device=self.device)])
+        self.history.end_epoch(losses, samples=int(totals[2]))
+        loss_sum, correct, count = self.reduce_totals(totals).tolist()
+        return {"train/loss": loss_sum / count, "train/acc": correct / count}
+
+    def fit(self, train_loader: DataLoader, val_loader: DataLoader | None, epochs: int) -> None:
+        """Train `epochs` epochs, validating after each one when `val_loader` is given (rank 0 only in DDP)."""
+        start = time.perf_counter()
+        for epoch in range(epochs):
+            if hasattr(train_loader.sampler, "set_epoch"):
+                train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            metrics = self._run_epoch(train_loader)
+            if val_loader is not None:
+                metrics |= self.evaluate(val_loader, "val")
+            self.epoch_metrics.append(metrics)
+        self.history.fit_seconds = time.perf_counter() - start
+
+    @torch.no_grad()
+    def evaluate(self, loader: DataLoader, stage: str) -> dict[str, float]:
+        """Mean loss and accuracy of the current weights on `loader`, keyed `<stage>/loss`, `<stage>/acc`."""
+        self.model.eval()
+        loss_sum, correct, count = 0.0, 0, 0
+        for inputs, labels in loader:
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            logits = self.model(inputs)
+            loss_sum += nn.functional.cross_entropy(logits, labels, reduction="sum").item()
+            correct += (logits.argmax(dim=1) == labels).sum().item()
+            count += len(labels)
+        return {f"{stage}/loss": loss_sum / count, f"{stage}/acc": correct / count}
+
+
+def write_outputs(run_dir: str | Path, trainer: Trainer, network: nn.Module, results: dict) -> None:
+    """What the main process of a reference run leaves in its run dir, in the Lightning path's layout."""
+    run_dir = Path(run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    torch.save(network.state_dict(), run_dir / "checkpoints" / "model.pt")  # the bare network: no `module.`
+    with SummaryWriter(run_dir / "tensorboard") as writer:
+        for step, loss in enumerate(trainer.history.step_losses):
+            writer.add_scalar("train/step_loss", loss, step)
+        for epoch, metrics in enumerate(trainer.epoch_metrics):
+            for name, value in metrics.items():
+                writer.add_scalar(name, value, epoch)
+        for name in ("test/loss", "test/acc"):
+            writer.add_scalar(name, results[name], len(trainer.epoch_metrics))
+    save_results(results, run_dir)
+    print(format_results_table(results), flush=True)
+
+
+def collect_results(trainer: Trainer, test_metrics: dict, run_dir: str | Path) -> dict:
+    """The same keys as the Lightning path's results.json."""
+    history = trainer.history
+    samples = sum(history.epoch_samples) * history.world_size
+    return (
+        trainer.epoch_metrics[-1]
+        | test_metrics
+        | {
+            "epochs": len(trainer.epoch_metrics),
+            "world_size": history.world_size,
+            "fit_seconds": history.fit_seconds,
+            "samples_per_second": samples / history.fit_seconds,
+            "run_dir": str(run_dir),
+        }
+    )

@@ -1,0 +1,61 @@
+"""`python -m project.train` as a user runs it: a subprocess, its output, its run dir."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import check_ok, read_json, run_module
+from tests.tensorboard_events import read_scalars
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_run_learns_the_toy_problem_and_writes_everything_in_its_run_dir(tmp_path: Path):
+    result = check_ok(run_module("project.train", cwd=tmp_path))
+    run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    run_dir = run_dirs[0]
+    assert "Results" in result.stdout and str(run_dir) in result.stdout
+
+    results = read_json(run_dir / "results.json")
+    assert results["train/acc"] == 1.0 and results["test/acc"] == 1.0
+    assert results["epochs"] == 3 and results["world_size"] == 1
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+    scalars = read_scalars(run_dir / "tensorboard")
+    assert len(scalars["train/step_loss"]) == 6, "3 epochs × 2 steps, logged every step"
+    assert scalars["train/step_loss"][-1] < scalars["train/step_loss"][0]
+    assert len(scalars["val/loss"]) == 3 and scalars["val/acc"][-1] == 1.0
+    assert {"train/loss", "train/acc", "test/acc"} <= set(scalars)
+
+
+def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path):
+    import torch
+    from hydra.utils import instantiate
+
+    check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    network = instantiate(checkpoint["config"]["model"]["network"])
+    state = {k.removeprefix("network."): v for k, v in checkpoint["state_dict"].items() if k.startswith("network.")}
+    network.load_state_dict(state)
+    logits = network(torch.tensor([[-0.8, 2.8], [2.6, -1.6]]))
+    assert logits.argmax(dim=1).tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer=nope", "Could not find 'trainer/nope'"),
+        ("trainer.max_epochs=abc", "trainer.max_epochs must be an integer"),
+        ("data.batch_size=0", "data.batch_size must be a positive integer"),
+        ("data.name=cifar", "data.name='cifar' is not one of"),
+    ],
+)
+def test_bad_input_ends_with_one_clear_line(tmp_path: Path, override: str, expected: str):
+    extra = ["experiment=mnist"] if override.startswith("data.name") else []
+    result = run_module("project.train", *extra, override, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert expected in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
