@@ -28,10 +28,8 @@ lint: $(STAMP)
 tensorboard: $(STAMP)  ## serve every run under outputs/ on http://127.0.0.1:6006
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port 6006
 
-system-deps:  ## root only: Debian's Fashion-MNIST files (real-data tests and benchmarks)
-	@test "$$(id -u)" = 0 || { echo "make system-deps installs Debian packages: run it as root"; exit 1; }
-	apt-get install -y --no-install-recommends dataset-fashion-mnist || \
-	  { apt-get update && apt-get install -y --no-install-recommends dataset-fashion-mnist; }
+system-deps:  ## root only: Debian's Fashion-MNIST and Slurm packages (real-data and Slurm tests)
+	bash scripts/system-deps.sh
 
 data-fashion-mnist:  ## link Debian's Fashion-MNIST into data/ so `data=fashion_mnist` finds it offline
 	@test -d $(FASHION_MNIST_DEBIAN) || { echo "$(FASHION_MNIST_DEBIAN) is missing: run 'make system-deps' as root"; exit 1; }
