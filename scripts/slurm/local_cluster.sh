@@ -82,7 +82,7 @@ require_tools() {
     local tool
     for tool in slurmctld slurmd munged sinfo scontrol; do
         command -v "$tool" >/dev/null ||
-            die "$tool not installed: run \`make system-deps\` as root (scripts/slurm/system-deps.sh)"
+            die "$tool not installed: run \`make system-deps\` as root (scripts/system-deps.sh)"
     done
     for tool in ip nsenter unshare setpriv; do
         command -v "$tool" >/dev/null ||
