@@ -7,6 +7,9 @@ instead of the moment:
 - a Slurm step (`srun`): `slurm-<job id>.<step id>`, which a requeued job gets again, so it finds its checkpoints;
 - a torchrun worker: the date and time the torchrun agent (the workers' parent process) started;
 - anything else: the date and time now.
+
+Every process of a launch writes into that one directory, so only rank 0 saves Hydra's `.hydra/` config
+(`${rank_zero_only:...}`) and the others log to `<job>.rank<N>.log` (`${rank_log_suffix:}`).
 """
 
 import os
@@ -37,6 +40,28 @@ def launch_dir() -> str:
     return time.strftime(TIME_FORMAT, time.localtime(started))
 
 
+def process_rank() -> int:
+    """This process's rank as its launcher announced it (torchrun: RANK, srun: SLURM_PROCID, Lightning: LOCAL_RANK)."""
+    for variable in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        rank = int(os.environ.get(variable, "0"))
+        if rank > 0:
+            return rank
+    return 0
+
+
+def rank_zero_only(value: str) -> str | None:
+    """`value` in the rank-0 process, None (Hydra: "don't write") in the others."""
+    return value if process_rank() == 0 else None
+
+
+def rank_log_suffix() -> str:
+    """ "" for rank 0, ".rank<N>" for the others: each process logs to its own file in the shared run dir."""
+    rank = process_rank()
+    return f".rank{rank}" if rank else ""
+
+
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("launch_dir"):
-        OmegaConf.register_new_resolver("launch_dir", launch_dir, use_cache=True)
+    resolvers = {"launch_dir": launch_dir, "rank_zero_only": rank_zero_only, "rank_log_suffix": rank_log_suffix}
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver, use_cache=True)

@@ -1,8 +1,11 @@
 """The Lightning path: `python -m project.train [overrides]` composes conf/, trains, tests, prints the results.
 
-Every strategy is a `trainer=` config; nothing here branches on it. What the run writes lands in its Hydra run
-dir (`run_dir`), and `main` returns the `optimized_metric` so Hydra sweepers can optimise it.
+Every strategy is a `trainer=` config; nothing here branches on it. Whatever the number of processes, the run
+writes into one Hydra run dir (`run_dir`); rank 0 alone writes results. `main` returns the `optimized_metric`
+so Hydra sweepers can optimise it.
 """
+
+from pathlib import Path
 
 import hydra
 import lightning as L
@@ -11,8 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.config_checks import check_config
 from project.errors import exit_on_user_error
-from project.history import HistoryCallback
+from project.history import TrainingHistory
 from project.results import format_results_table, save_results
+from project.strategies import finish_job
 
 
 def train(cfg: DictConfig) -> dict:
@@ -25,21 +29,35 @@ def train(cfg: DictConfig) -> dict:
     callbacks = [instantiate(callback) for callback in cfg.callbacks.values()]
     loggers = [instantiate(logger) for logger in cfg.logger.values()]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    try:
+        trainer.fit(module, datamodule=datamodule)
+        fit_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
+        trainer.test(module, datamodule=datamodule, verbose=False)
+        test_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
+    finally:
+        finish_job(trainer)
+    return fit_metrics | test_metrics | summarise_history(Path(cfg.run_dir), trainer.world_size, cfg.run_dir)
 
-    trainer.fit(module, datamodule=datamodule)
-    fit_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
-    trainer.test(module, datamodule=datamodule, verbose=False)
-    metrics = fit_metrics | {name: value.item() for name, value in trainer.callback_metrics.items()}
 
-    history = next((c.history for c in callbacks if isinstance(c, HistoryCallback)), None)
-    samples = sum(history.epoch_samples) * trainer.world_size if history else 0
-    fit_seconds = history.fit_seconds if history else float("nan")
-    return metrics | {
-        "epochs": trainer.current_epoch,
-        "world_size": trainer.world_size,
-        "fit_seconds": fit_seconds,
-        "samples_per_second": samples / fit_seconds if history else float("nan"),
-        "run_dir": cfg.run_dir,
+def summarise_history(run_dir: Path, world_size: int, run_dir_text: str) -> dict:
+    """Epochs, time and speed from rank 0's history file (written by every strategy, spawned workers included)."""
+    history_file = run_dir / "history.rank0.json"
+    if not history_file.is_file():  # callbacks=none: no history recorded
+        return {
+            "epochs": 0,
+            "world_size": world_size,
+            "fit_seconds": float("nan"),
+            "samples_per_second": float("nan"),
+            "run_dir": run_dir_text,
+        }
+    history = TrainingHistory.load(history_file)
+    samples = sum(history.epoch_samples) * history.world_size
+    return {
+        "epochs": len(history.epoch_samples),
+        "world_size": history.world_size,
+        "fit_seconds": history.fit_seconds,
+        "samples_per_second": samples / history.fit_seconds,
+        "run_dir": run_dir_text,
     }
 
 

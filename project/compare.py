@@ -1,0 +1,227 @@
+"""Lightning against raw PyTorch on one config: `python -m project.compare [the overrides of project.train]`.
+
+The README claims that Lightning adds no numerical change; this is how a user checks it on their own config. It
+runs `project.train` into `<run_dir>/lightning`, then the reference script that does the same strategy by hand into
+`<run_dir>/reference` (each side's output in `<run_dir>/<side>.log`), prints the two side by side with the largest
+per-step loss and final weight differences, and writes `comparison.json` and `loss_curves.png` next to them.
+"""
+
+import json
+import os
+import pickle
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from matplotlib.figure import Figure
+from omegaconf import DictConfig
+from torch import Tensor
+
+from project.config_checks import check_config
+from project.errors import UserError, exit_on_user_error
+from project.history import TrainingHistory
+
+LIGHTNING_PREFIX = "network."  # where ClassifierModule keeps the network in a checkpoint's state_dict
+RESULT_ROWS = ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for torchrun's rendezvous (a fixed one could collide with another run)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def one_process(cfg: DictConfig) -> list[str]:
+    return [sys.executable]
+
+
+def torchrun(cfg: DictConfig) -> list[str]:
+    devices = cfg.trainer.devices
+    if not (isinstance(devices, int) and devices >= 1):
+        raise UserError(f"compare starts trainer.devices processes under torchrun: set it to a count, not {devices!r}")
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={devices}",
+        f"--master_port={free_port()}",
+    ]
+
+
+def slurm_not_simulated(cfg: DictConfig) -> list[str]:
+    raise UserError("compare does not simulate trainer=slurm yet; run it on a Slurm cluster")
+
+
+# The `trainer=` option -> the reference script that does the same by hand, and the command that starts it.
+REFERENCE_FOR_TRAINER: dict[str, tuple[str, Callable[[DictConfig], list[str]]]] = {
+    "default": ("single", one_process),
+    "cpu": ("single", one_process),
+    "gpu": ("single", one_process),
+    "dp": ("dp", one_process),
+    "ddp": ("ddp", torchrun),
+    "ddp_spawn": ("ddp", torchrun),
+    "slurm": ("slurm", slurm_not_simulated),
+}
+
+
+def network_weights(lightning_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The network's tensors of a Lightning `state_dict`, named as in the bare network's own `state_dict`."""
+    return {k.removeprefix(LIGHTNING_PREFIX): v for k, v in lightning_state.items() if k.startswith(LIGHTNING_PREFIX)}
+
+
+def max_weight_difference(lightning: dict[str, Tensor], reference: dict[str, Tensor]) -> float:
+    """The largest absolute difference over all tensors; networks with different tensors are not comparable."""
+    if lightning.keys() != reference.keys():
+        only_lightning, only_reference = lightning.keys() - reference.keys(), reference.keys() - lightning.keys()
+        raise ValueError(
+            f"the networks hold different tensors: only lightning has {sorted(only_lightning)}, "
+            f"only reference has {sorted(only_reference)}"
+        )
+    return max(((lightning[k].double() - reference[k].double()).abs().max().item() for k in lightning), default=0.0)
+
+
+def max_loss_difference(lightning: Sequence[float], reference: Sequence[float]) -> float:
+    """The largest absolute per-step loss difference; runs of different lengths are not comparable."""
+    if len(lightning) != len(reference):
+        raise ValueError(f"lightning took {len(lightning)} steps, the reference {len(reference)}")
+    return max((abs(a - b) for a, b in zip(lightning, reference, strict=True)), default=0.0)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """`weights_only` where the file allows it; both files are this run's own, so the fallback is safe."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # a type outside weights_only's allow-list, e.g. from a custom callback's state
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+@dataclass
+class RunOutputs:
+    """What compare reads from one side's run dir: results.json, rank 0's history, the final network weights."""
+
+    results: dict
+    history: TrainingHistory
+    weights: dict[str, Tensor]
+
+    @classmethod
+    def read_lightning(cls, run_dir: Path) -> "RunOutputs":
+        """Refuses a last.ckpt older than the run: Lightning 2.6 rewrites it only when a top-k one is saved too."""
+        history = TrainingHistory.load(run_dir / "history.rank0.json")
+        checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+        if checkpoint["global_step"] != len(history.step_losses):
+            raise UserError(
+                f"{run_dir}/checkpoints/last.ckpt holds step {checkpoint['global_step']}, not the final step "
+                f"{len(history.step_losses)}: make the Lightning side's checkpoint callbacks save the last weights"
+            )
+        results = json.loads((run_dir / "results.json").read_text())
+        return cls(results, history, network_weights(checkpoint["state_dict"]))
+
+    @classmethod
+    def read_reference(cls, run_dir: Path) -> "RunOutputs":
+        history = TrainingHistory.load(run_dir / "history.rank0.json")
+        results = json.loads((run_dir / "results.json").read_text())
+        return cls(results, history, load_checkpoint(run_dir / "checkpoints" / "model.pt"))
+
+
+def comparison_rows(lightning: RunOutputs, reference: RunOutputs) -> dict[str, tuple[float, float]]:
+    """The table's rows, name -> (lightning, reference): per-epoch training loss, final metrics, speed."""
+    epoch_losses = zip(lightning.history.epoch_losses, reference.history.epoch_losses, strict=True)
+    rows = {f"epoch {n} train loss": pair for n, pair in enumerate(epoch_losses, start=1)}
+    rows |= {name: (lightning.results[name], reference.results[name]) for name in RESULT_ROWS}
+    rows["wall time (s)"] = (lightning.results["fit_seconds"], reference.results["fit_seconds"])
+    rows["samples/s"] = (lightning.results["samples_per_second"], reference.results["samples_per_second"])
+    return rows
+
+
+def format_comparison(title: str, comparison: dict) -> str:
+    lines = [f"{'':<22}{'lightning':>12}{'reference':>12}{'|diff|':>12}"]
+    for name, lightning in comparison["lightning"].items():
+        reference = comparison["reference"][name]
+        lines.append(f"{name:<22}{lightning:>12.6f}{reference:>12.6f}{abs(lightning - reference):>12.2e}")
+    lines.append(f"{'max |step loss diff|':<22}{comparison['max_step_loss_diff']:>12.2e}  (rank 0, every step)")
+    lines.append(f"{'max |weight diff|':<22}{comparison['max_weight_diff']:>12.2e}  (final network, every tensor)")
+    rule = "-" * max(len(line) for line in [title, *lines])
+    return "\n".join([rule, title, rule, *lines, rule])
+
+
+def plot_loss_curves(lightning: Sequence[float], reference: Sequence[float], path: Path) -> None:
+    """Both per-step curves on one axis; the reference is dashed so that a perfect overlap still shows both."""
+    figure = Figure(figsize=(7, 4), layout="tight")  # a bare Figure renders PNG with Agg; no GUI backend involved
+    axes = figure.subplots()
+    axes.plot(range(len(lightning)), lightning, label="lightning", linewidth=3, alpha=0.5)
+    axes.plot(range(len(reference)), reference, label="reference", linestyle="--", color="black")
+    axes.set(xlabel="step", ylabel="training loss (rank 0)", title="Per-step training loss")
+    axes.legend()
+    figure.savefig(path)
+
+
+def run_side(side: str, command: list[str], cwd: str, log_path: Path) -> None:
+    """Run one side to the end with its output in `log_path`; if it fails, say which side and where to look."""
+    print(f"{side}: {shlex.join(command)}\n  log: {log_path}", flush=True)
+    with log_path.open("w") as log:
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        status = subprocess.run(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if status != 0:
+        last_line = (log_path.read_text().strip().splitlines() or [""])[-1]
+        raise UserError(f"the {side} run failed (exit {status}): {last_line!r}; its whole output is in {log_path}")
+
+
+def require_history_and_checkpoint(cfg: DictConfig) -> None:
+    """Fail before training if the Lightning side would not write the history and last.ckpt that compare reads."""
+    targets = {str(callback.get("_target_")) for callback in cfg.callbacks.values()}
+    if not {"project.history.HistoryCallback", "lightning.pytorch.callbacks.ModelCheckpoint"} <= targets:
+        raise UserError("compare reads the history and last.ckpt that callbacks=default writes: drop callbacks=")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@exit_on_user_error
+def main(cfg: DictConfig) -> None:
+    check_config(cfg)
+    require_history_and_checkpoint(cfg)
+    hydra_cfg = HydraConfig.get()
+    trainer = hydra_cfg.runtime.choices["trainer"]
+    if trainer not in REFERENCE_FOR_TRAINER:
+        raise UserError(f"compare knows trainer={' | '.join(REFERENCE_FOR_TRAINER)}, not trainer={trainer}")
+    script, reference_launcher = REFERENCE_FOR_TRAINER[trainer]
+    # Both sides get the user's overrides; their run dirs are compare's to choose.
+    overrides = [o for o in hydra_cfg.overrides.task if not o.lstrip("+~").startswith("hydra.")]
+    run_dir = Path(cfg.run_dir)
+    commands = {
+        "lightning": [sys.executable, "-m", "project.train"],
+        "reference": [*reference_launcher(cfg), "-m", f"project.reference.{script}"],
+    }
+    for side, command in commands.items():
+        side_command = [*command, *overrides, f"hydra.run.dir={run_dir / side}"]
+        run_side(side, side_command, hydra_cfg.runtime.cwd, run_dir / f"{side}.log")
+
+    lightning = RunOutputs.read_lightning(run_dir / "lightning")
+    reference = RunOutputs.read_reference(run_dir / "reference")
+    rows = comparison_rows(lightning, reference)
+    comparison = {
+        "trainer": trainer,
+        "reference_script": f"project.reference.{script}",
+        "world_size": {"lightning": lightning.results["world_size"], "reference": reference.results["world_size"]},
+        "lightning": {name: value for name, (value, _) in rows.items()},
+        "reference": {name: value for name, (_, value) in rows.items()},
+        "max_step_loss_diff": max_loss_difference(lightning.history.step_losses, reference.history.step_losses),
+        "max_weight_diff": max_weight_difference(lightning.weights, reference.weights),
+    }
+    (run_dir / "comparison.json").write_text(json.dumps(comparison, indent=1))
+    plot_loss_curves(lightning.history.step_losses, reference.history.step_losses, run_dir / "loss_curves.png")
+    processes = lightning.results["world_size"]
+    print(
+        format_comparison(f"Lightning (trainer={trainer}) vs {script} reference, {processes} process(es)", comparison)
+    )
+    print(f"run dir: {run_dir} (comparison.json, loss_curves.png, lightning/, reference/)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
