@@ -113,13 +113,14 @@ class RunOutputs:
 
     @classmethod
     def read_lightning(cls, run_dir: Path) -> "RunOutputs":
-        """Refuses a last.ckpt older than the run: Lightning 2.6 rewrites it only when a top-k one is saved too."""
+        """Refuses a last.ckpt older than the run's last step: its weights would not be the final ones."""
         history = TrainingHistory.load(run_dir / "history.rank0.json")
         checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
         if checkpoint["global_step"] != len(history.step_losses):
             raise UserError(
                 f"{run_dir}/checkpoints/last.ckpt holds step {checkpoint['global_step']}, not the final step "
-                f"{len(history.step_losses)}: make the Lightning side's checkpoint callbacks save the last weights"
+                f"{len(history.step_losses)}: Lightning >= 2.6 rewrites last.ckpt only when it also saves a top-k "
+                "checkpoint; save every epoch's weights with a ModelCheckpoint(monitor=None) in conf/callbacks/"
             )
         results = json.loads((run_dir / "results.json").read_text())
         return cls(results, history, network_weights(checkpoint["state_dict"]))
@@ -216,10 +217,10 @@ def main(cfg: DictConfig) -> None:
     }
     (run_dir / "comparison.json").write_text(json.dumps(comparison, indent=1))
     plot_loss_curves(lightning.history.step_losses, reference.history.step_losses, run_dir / "loss_curves.png")
-    processes = lightning.results["world_size"]
-    print(
-        format_comparison(f"Lightning (trainer={trainer}) vs {script} reference, {processes} process(es)", comparison)
+    title = (
+        f"Lightning (trainer={trainer}) vs project.reference.{script}, {lightning.results['world_size']} process(es)"
     )
+    print(format_comparison(title, comparison), flush=True)
     print(f"run dir: {run_dir} (comparison.json, loss_curves.png, lightning/, reference/)", flush=True)
 
 

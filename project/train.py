@@ -29,13 +29,15 @@ def train(cfg: DictConfig) -> dict:
     callbacks = [instantiate(callback) for callback in cfg.callbacks.values()]
     loggers = [instantiate(logger) for logger in cfg.logger.values()]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    failed = True
     try:
         trainer.fit(module, datamodule=datamodule)
         fit_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
         trainer.test(module, datamodule=datamodule, verbose=False)
         test_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
+        failed = False
     finally:
-        finish_job(trainer)
+        finish_job(trainer, failed)
     return fit_metrics | test_metrics | summarise_history(Path(cfg.run_dir), trainer.world_size, cfg.run_dir)
 
 

@@ -63,3 +63,69 @@ def mnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+def mnist_overrides(mnist_root: Path, *extra: str) -> list[str]:
+    """The MNIST recipe on the small test files: 350 training images (50 held out), no TensorBoard."""
+    return [
+        "experiment=mnist",
+        f"data.root={mnist_root}",
+        "data.download=false",
+        "data.val_size=50",
+        "logger=none",
+        *extra,
+    ]
+
+
+def simulated_slurm_nodes(
+    module: str, args: list[str], cwd: Path, nodes: int = 2, timeout: float = 300
+) -> list[subprocess.CompletedProcess]:
+    """Run `module` as `nodes` Slurm tasks on this machine (one task per node), as srun would start them."""
+    port = free_port()
+    procs = []
+    for node in range(nodes):
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_ID": "0",
+            "SLURM_JOB_NAME": "train",
+            "SLURM_NTASKS": str(nodes),
+            "SLURM_NNODES": str(nodes),
+            "SLURM_NTASKS_PER_NODE": "1",
+            "SLURM_PROCID": str(node),
+            "SLURM_NODEID": str(node),
+            "SLURM_LOCALID": "0",
+            "SLURM_NODELIST": "localhost",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                cwd=cwd,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return results
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def histories(run_dir: Path) -> list[dict]:
+    """Every rank's history file in `run_dir`, in rank order."""
+    return [read_json(path) for path in sorted(run_dir.glob("history.rank*.json"))]

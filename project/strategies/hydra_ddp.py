@@ -9,7 +9,8 @@ It also makes a job leave nothing behind for the next one (`finish_job`): the ch
 process group is destroyed, and the variables the launcher exported (LOCAL_RANK, WORLD_SIZE, MASTER_PORT, ...)
 are restored, since Lightning reads LOCAL_RANK as "processes were started for me" and would not launch the next
 job's children. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0 leaves no orphans
-stuck in a collective; a dead child is caught by Lightning's observer, which stops the run naming the rank.
+stuck in a collective; a child that dies is named at once on stderr, and the run stops (rank 0 fails in its next
+collective, or Lightning's observer kills it within 5 s).
 """
 
 import ctypes
@@ -17,14 +18,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
-import __main__
 import lightning as L
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+import __main__
 
 LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 PR_SET_PDEATHSIG = 1
@@ -70,10 +74,47 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             environment = os.environ | {"LOCAL_RANK": str(local_rank)}
             child = subprocess.Popen(command, env=environment, cwd=get_original_cwd(), preexec_fn=_die_with_parent)
             self.procs.append(child)
+        self._stopping = False
+        threading.Thread(target=self._name_first_failure, daemon=True, name="first-failure").start()
 
-    def finish(self, timeout: float = 60.0) -> None:
-        """Wait for the children (killing any still there after `timeout` s) and restore the environment."""
+    def _name_first_failure(self) -> None:
+        """Beside training: print which rank ended badly first (gloo's own error names only an address)."""
+        while not self._stopping and not self._report_failed_child():
+            if all(child.returncode == 0 for child in self.procs):
+                return
+            time.sleep(0.2)
+
+    def _report_failed_child(self) -> bool:
+        """Print one line for the first child that has ended with an error; whether there was one."""
+        first_rank = self.cluster_environment.node_rank() * self.num_processes
+        for local_rank, child in enumerate(self.procs, start=1):
+            code = child.poll()
+            if code:
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                print(
+                    f"error: rank {first_rank + local_rank} (pid {child.pid}) {how}: the run stops",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._stopping = True
+                return True
+        return False
+
+    def finish(self, failed: bool, timeout: float = 60.0) -> None:
+        """End the children and restore the environment.
+
+        After a success, wait for them (up to `timeout` s). After a failure here, first name a child that died (it
+        is often the cause: its death broke rank 0's collective), then kill the others, which would otherwise sit
+        in a collective until gloo's 30-minute timeout.
+        """
+        if failed and not self._stopping:
+            deadline = time.monotonic() + 1.0  # let a dying child be reaped
+            while not self._report_failed_child() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._stopping = True
         for child in self.procs:
+            if failed:
+                child.kill()
             try:
                 child.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -95,10 +136,10 @@ class HydraDDPStrategy(DDPStrategy):
             self._launcher = HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
 
-def finish_job(trainer: L.Trainer) -> None:
+def finish_job(trainer: L.Trainer, failed: bool) -> None:
     """End this job's extra processes and process group, so the next job of a sweep starts clean."""
     launcher = trainer.strategy.launcher
     if isinstance(launcher, HydraJobLauncher):
-        launcher.finish()
+        launcher.finish(failed)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

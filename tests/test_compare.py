@@ -1,0 +1,123 @@
+"""`python -m project.compare`: the Lightning and reference paths on one config give the same numbers."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from project.compare import max_loss_difference, max_weight_difference, network_weights
+from project.history import TrainingHistory
+from tests.conftest import check_ok, read_json, run_module
+
+pytestmark = pytest.mark.slow
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TOLERANCE = 1e-6
+
+
+def run_compare(tmp_path: Path, *overrides: str) -> tuple[str, dict, Path]:
+    """Run compare as a user would; its stdout, its comparison.json and its run dir."""
+    run_dir = tmp_path / "compare"
+    result = check_ok(run_module("project.compare", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path))
+    return result.stdout, read_json(run_dir / "comparison.json"), run_dir
+
+
+def test_toy_default_lightning_and_single_reference_agree_step_by_step(tmp_path: Path):
+    stdout, comparison, run_dir = run_compare(tmp_path)
+
+    assert "lightning" in stdout and "reference" in stdout and "max |weight diff|" in stdout
+    assert comparison["reference_script"] == "project.reference.single"
+    assert comparison["world_size"] == {"lightning": 1, "reference": 1}
+    assert comparison["max_step_loss_diff"] <= TOLERANCE
+    assert comparison["max_weight_diff"] <= TOLERANCE
+    epoch_rows = [name for name in comparison["lightning"] if name.startswith("epoch ")]
+    assert epoch_rows == ["epoch 1 train loss", "epoch 2 train loss", "epoch 3 train loss"]
+    for name in epoch_rows + ["test/loss"]:
+        assert comparison["lightning"][name] == pytest.approx(comparison["reference"][name], abs=TOLERANCE)
+    assert comparison["lightning"]["test/acc"] == comparison["reference"]["test/acc"] == 1.0
+    assert (run_dir / "lightning.log").is_file() and (run_dir / "reference.log").is_file()
+
+    png = run_dir / "loss_curves.png"
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    with Image.open(png) as image:
+        width, height = image.size
+    assert width > 0 and height > 0
+
+
+def test_mnist_shaped_run_agrees(tmp_path: Path, mnist_root: Path):
+    mnist = ["experiment=mnist", f"data.root={mnist_root}", "data.download=false", "data.val_size=50"]
+    _, comparison, _ = run_compare(tmp_path, *mnist, "trainer.max_epochs=2", "logger=none")
+
+    assert comparison["max_step_loss_diff"] <= TOLERANCE
+    assert comparison["max_weight_diff"] <= TOLERANCE
+    assert [name for name in comparison["lightning"] if name.startswith("epoch ")] == [
+        "epoch 1 train loss",
+        "epoch 2 train loss",
+    ]
+
+
+def test_ddp_two_processes_match_torchrun_reference(tmp_path: Path):
+    _, comparison, run_dir = run_compare(tmp_path, "trainer=ddp", "trainer.devices=2")
+
+    assert comparison["reference_script"] == "project.reference.ddp"
+    assert comparison["world_size"] == {"lightning": 2, "reference": 2}
+    assert comparison["max_step_loss_diff"] <= TOLERANCE
+    assert comparison["max_weight_diff"] <= TOLERANCE
+    # compare looks at rank 0; every rank must agree (samplers and seeds line up rank by rank).
+    for rank in (0, 1):
+        lightning = TrainingHistory.load(run_dir / "lightning" / f"history.rank{rank}.json")
+        reference = TrainingHistory.load(run_dir / "reference" / f"history.rank{rank}.json")
+        assert max_loss_difference(lightning.step_losses, reference.step_losses) <= TOLERANCE
+
+
+def test_dp_lightning_strategy_matches_dp_reference(tmp_path: Path):
+    _, comparison, _ = run_compare(tmp_path, "trainer=dp")
+    assert comparison["reference_script"] == "project.reference.dp"
+    assert comparison["max_step_loss_diff"] <= TOLERANCE
+    assert comparison["max_weight_diff"] <= TOLERANCE
+
+
+def test_a_failing_side_is_named_with_its_log(tmp_path: Path):
+    missing = tmp_path / "no-data-here"
+    result = run_module(
+        "project.compare",
+        "experiment=mnist",
+        f"data.root={missing}",
+        "data.download=false",
+        f"hydra.run.dir={tmp_path / 'compare'}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "the lightning run failed" in result.stderr
+    assert str(tmp_path / "compare" / "lightning.log") in result.stderr
+    assert not (tmp_path / "compare" / "reference").exists()
+
+
+def test_slurm_is_refused_until_compare_can_simulate_its_nodes(tmp_path: Path):
+    result = run_module("project.compare", "trainer=slurm", f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "compare does not simulate trainer=slurm yet" in result.stderr
+
+
+def test_weight_difference_strips_lightning_prefix_and_finds_the_changed_tensor():
+    reference = {"layers.0.weight": torch.zeros(2, 3), "layers.0.bias": torch.zeros(2)}
+    checkpoint_state = {"network.layers.0.weight": torch.zeros(2, 3), "network.layers.0.bias": torch.zeros(2)}
+    checkpoint_state["train_loss.total"] = torch.tensor(7.0)  # not the network's: dropped
+
+    lightning = network_weights(checkpoint_state)
+    assert sorted(lightning) == ["layers.0.bias", "layers.0.weight"]
+    assert max_weight_difference(lightning, reference) == 0.0
+
+    lightning["layers.0.bias"] = torch.tensor([0.0, -0.25])
+    assert max_weight_difference(lightning, reference) == 0.25
+
+    with pytest.raises(ValueError, match=r"only lightning has \['layers.1.weight'\].*only reference has \[\]"):
+        max_weight_difference(lightning | {"layers.1.weight": torch.zeros(1)}, reference)
+
+
+def test_loss_difference_is_the_largest_step_gap_and_refuses_different_lengths():
+    assert max_loss_difference([0.5, 0.25, 0.125], [0.5, 0.75, 0.125]) == 0.5
+    with pytest.raises(ValueError, match="lightning took 2 steps, the reference 3"):
+        max_loss_difference([0.5, 0.25], [0.5, 0.25, 0.125])

@@ -1,0 +1,145 @@
+"""The distributed paths compute what one process computes: the claims the tutorials make in prose."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from torch.utils.data.distributed import DistributedSampler
+
+import project  # noqa: F401  (registers the ${launch_dir:} resolver)
+from project.compare import max_loss_difference, max_weight_difference
+from project.history import TrainingHistory
+from project.reference.loop import Trainer, build
+from tests.conftest import (
+    CONF_DIR,
+    check_ok,
+    free_port,
+    histories,
+    mnist_overrides,
+    run_module,
+    simulated_slurm_nodes,
+)
+
+TOLERANCE = 1e-6
+BATCH = 25  # 350 training images: 7 steps of 2 × 25 per epoch, no padding
+
+
+def reference_cfg(tmp_path: Path, *overrides: str):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=[*overrides, f"run_dir={tmp_path}"])
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "model.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def torchrun_reference(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> Path:
+    """The torchrun DDP reference, 2 ranks × batch 25, 2 epochs: what the other paths are held to."""
+    run_dir = tmp_path_factory.mktemp("torchrun") / "run"
+    args = mnist_overrides(mnist_root, "trainer.max_epochs=2", f"data.batch_size={BATCH}", f"hydra.run.dir={run_dir}")
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}")
+    check_ok(run_module("project.reference.ddp", *args, cwd=run_dir.parent, launcher=launcher))
+    return run_dir
+
+
+def assert_same_training(run_dir: Path, expected_dir: Path, weights: dict[str, torch.Tensor]) -> None:
+    """Every rank's per-step losses and the final weights equal those of `expected_dir`."""
+    got, expected = histories(run_dir), histories(expected_dir)
+    assert [h["world_size"] for h in got] == [h["world_size"] for h in expected]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert max_loss_difference(mine["step_losses"], theirs["step_losses"]) <= TOLERANCE
+    assert max_weight_difference(weights, final_weights(expected_dir)) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_gradient_averaging_over_two_ranks_equals_one_process_with_twice_the_batch(
+    tmp_path: Path, mnist_root: Path, torchrun_reference: Path
+):
+    cfg = reference_cfg(tmp_path, *mnist_overrides(mnist_root, "trainer.max_epochs=2", f"data.batch_size={2 * BATCH}"))
+    device = torch.device("cpu")
+    datamodule, network, optimizer = build(cfg, device)
+    # One process, the global order DistributedSampler gives two ranks: rank r takes items r, r+2, r+4, ...
+    sampler = DistributedSampler(datamodule.train_set, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed)
+    trainer = Trainer(network, optimizer, device, TrainingHistory())
+    trainer.fit(datamodule.loader(datamodule.train_set, sampler, train=True), None, epochs=2)
+
+    ranks = histories(torchrun_reference)
+    assert len(trainer.history.step_losses) == len(ranks[0]["step_losses"]) == 14
+    # Each step's loss over 2b samples is the mean of the two ranks' losses over b samples each.
+    rank_means = [(a + b) / 2 for a, b in zip(ranks[0]["step_losses"], ranks[1]["step_losses"], strict=True)]
+    assert max_loss_difference(trainer.history.step_losses, rank_means) <= 1e-5
+    assert max_weight_difference(network.state_dict(), final_weights(torchrun_reference)) <= 1e-5
+
+
+@pytest.mark.slow
+def test_slurm_reference_on_two_simulated_nodes_equals_torchrun(
+    tmp_path: Path, mnist_root: Path, torchrun_reference: Path
+):
+    run_dir = tmp_path / "run"
+    args = mnist_overrides(
+        mnist_root, "trainer.max_epochs=2", f"data.batch_size={BATCH}", "trainer.devices=1", f"hydra.run.dir={run_dir}"
+    )
+    for node in simulated_slurm_nodes("project.reference.slurm", args, cwd=tmp_path):
+        check_ok(node)
+    assert_same_training(run_dir, torchrun_reference, final_weights(run_dir))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["ddp_spawn", "slurm"])
+def test_lightning_multi_process_strategies_equal_torchrun(
+    tmp_path: Path, mnist_root: Path, torchrun_reference: Path, trainer: str
+):
+    run_dir = tmp_path / "run"
+    args = mnist_overrides(
+        mnist_root, f"trainer={trainer}", "trainer.max_epochs=2", f"data.batch_size={BATCH}", f"hydra.run.dir={run_dir}"
+    )
+    if trainer == "slurm":
+        for node in simulated_slurm_nodes(
+            "project.train", [*args, "trainer.num_nodes=2", "trainer.devices=1"], cwd=tmp_path
+        ):
+            check_ok(node)
+    else:
+        check_ok(run_module("project.train", *args, "trainer.devices=2", cwd=tmp_path))
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    weights = {k.removeprefix("network."): v for k, v in checkpoint["state_dict"].items() if k.startswith("network.")}
+    assert_same_training(run_dir, torchrun_reference, weights)
+
+
+def train_in_process(tmp_path: Path, seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    cfg = reference_cfg(tmp_path, f"seed={seed}")
+    datamodule, network, optimizer = build(cfg, torch.device("cpu"))
+    trainer = Trainer(network, optimizer, torch.device("cpu"), TrainingHistory())
+    trainer.fit(datamodule.train_dataloader(), datamodule.val_dataloader(), cfg.trainer.max_epochs)
+    return trainer.history.step_losses, network.state_dict()
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path: Path):
+    losses, weights = train_in_process(tmp_path, 123)
+    again_losses, again_weights = train_in_process(tmp_path, 123)
+    other_losses, other_weights = train_in_process(tmp_path, 124)
+    assert losses == again_losses
+    assert max_weight_difference(weights, again_weights) == 0.0
+    assert losses != other_losses
+    assert max_weight_difference(weights, other_weights) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [
+        ("project.reference.ddp", "start it as `torchrun --nproc_per_node=N -m project.reference.ddp"),
+        (
+            "project.reference.slurm",
+            "start it as `srun --nodes=N --ntasks-per-node=1 python -m project.reference.slurm",
+        ),
+    ],
+)
+def test_reference_script_without_its_launcher_says_how_to_launch_it(tmp_path: Path, module: str, expected: str):
+    result = run_module(module, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and expected in error_lines[0], result.stderr

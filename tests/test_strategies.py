@@ -1,0 +1,221 @@
+"""Each strategy is one config word, and a run is one directory whatever its process count."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import check_ok, histories, mnist_overrides, read_json, run_module, simulated_slurm_nodes
+
+pytestmark = pytest.mark.slow
+TRAIN_IMAGES, BATCH = 350, 25
+
+
+def assert_one_run_by_rank_zero(run_dir: Path, world_size: int, stdout: str) -> None:
+    """World size seen by every rank, each rank's equal share of every epoch, rank 0 the only writer."""
+    ranks = histories(run_dir)
+    assert [h["rank"] for h in ranks] == list(range(world_size))
+    assert all(h["world_size"] == world_size for h in ranks)
+    share = -(-TRAIN_IMAGES // world_size)  # DistributedSampler pads up to an equal share
+    assert all(h["epoch_samples"] == [share] * 2 for h in ranks), [h["epoch_samples"] for h in ranks]
+    assert read_json(run_dir / "results.json")["world_size"] == world_size
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert len(checkpoints) == 2 and checkpoints[0].startswith("best-epoch") and checkpoints[1] == "last.ckpt"
+    assert stdout.count("Results") == 1, "only rank 0 prints the results table"
+    assert len(list(run_dir.rglob("config.yaml"))) == 1
+
+
+def test_ddp_two_processes_write_one_run_dir(tmp_path: Path, mnist_root: Path):
+    args = mnist_overrides(
+        mnist_root, "trainer=ddp", "trainer.devices=2", "trainer.max_epochs=2", f"data.batch_size={BATCH}"
+    )
+    result = check_ok(run_module("project.train", *args, cwd=tmp_path))
+    run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    assert_one_run_by_rank_zero(run_dirs[0], 2, result.stdout)
+    assert (run_dirs[0] / "train.rank1.log").exists(), "rank 1 logs to its own file"
+
+
+def test_ddp_spawn_two_processes_write_one_run_dir(tmp_path: Path, mnist_root: Path):
+    args = mnist_overrides(
+        mnist_root,
+        "trainer=ddp_spawn",
+        "trainer.devices=2",
+        "trainer.max_epochs=2",
+        f"data.batch_size={BATCH}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    result = check_ok(run_module("project.train", *args, cwd=tmp_path))
+    assert_one_run_by_rank_zero(tmp_path / "run", 2, result.stdout)
+
+
+def test_dp_on_cpu_trains_on_one_device_and_says_so(tmp_path: Path, mnist_root: Path):
+    args = mnist_overrides(
+        mnist_root,
+        "trainer=dp",
+        "trainer.max_epochs=2",
+        f"data.batch_size={BATCH}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    result = check_ok(run_module("project.train", *args, cwd=tmp_path))
+    output = result.stdout + result.stderr
+    assert output.count("dp: no GPU in use, so DataParallel does not split batches") == 1
+    assert_one_run_by_rank_zero(tmp_path / "run", 1, result.stdout)
+
+
+def test_simulated_two_node_slurm_run_writes_one_run_dir(tmp_path: Path, mnist_root: Path):
+    args = mnist_overrides(
+        mnist_root,
+        "trainer=slurm",
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        "trainer.max_epochs=2",
+        f"data.batch_size={BATCH}",
+    )
+    nodes = simulated_slurm_nodes("project.train", args, cwd=tmp_path)
+    for node in nodes:
+        check_ok(node)
+    run_dirs = [p.name for p in (tmp_path / "outputs").iterdir()]
+    assert run_dirs == ["slurm-4242.0"], "every task derives the run dir from the Slurm job and step ids"
+    assert_one_run_by_rank_zero(tmp_path / "outputs" / "slurm-4242.0", 2, nodes[0].stdout + nodes[1].stdout)
+
+
+def sweep_jobs(sweep_dir: Path) -> list[Path]:
+    return sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+
+
+def test_ddp_sweep_runs_each_job_once_in_its_own_dir(tmp_path: Path):
+    sweep_dir = tmp_path / "sweep"
+    result = check_ok(
+        run_module(
+            "project.train",
+            "-m",
+            "model.optimizer.lr=0.1,0.5",
+            "trainer=ddp",
+            "trainer.devices=2",
+            "logger=none",
+            f"hydra.sweep.dir={sweep_dir}",
+            cwd=tmp_path,
+        )
+    )
+    jobs = sweep_jobs(sweep_dir)
+    assert [job.name for job in jobs] == ["0", "1"]
+    for job, lr in zip(jobs, (0.1, 0.5), strict=True):
+        ranks = histories(job)
+        assert [h["world_size"] for h in ranks] == [2, 2]
+        assert all(h["epoch_samples"] == [2, 2, 2] for h in ranks), "toy: 5 points padded to 3 per rank, batch 2"
+        assert f"model.optimizer.lr={lr}" in (job / ".hydra" / "overrides.yaml").read_text()
+    losses = [histories(job)[0]["step_losses"][-1] for job in jobs]
+    assert losses[0] != losses[1], "the two jobs trained with different learning rates"
+    assert result.stdout.count("Results") == 2
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists(), "no stray dirs"
+    assert "model.optimizer.lr=0.1" in result.stdout and "model.optimizer.lr=0.5" in result.stdout
+
+
+def test_sweep_over_device_counts_gives_each_job_its_world_size(tmp_path: Path):
+    sweep_dir = tmp_path / "sweep"
+    check_ok(
+        run_module(
+            "project.train",
+            "-m",
+            "trainer.devices=1,2",
+            "trainer=ddp",
+            "logger=none",
+            f"hydra.sweep.dir={sweep_dir}",
+            cwd=tmp_path,
+        )
+    )
+    one, two = sweep_jobs(sweep_dir)
+    assert [(h["world_size"], h["epoch_samples"]) for h in histories(one)] == [(1, [4, 4, 4])]
+    assert [(h["world_size"], h["epoch_samples"]) for h in histories(two)] == [(2, [2, 2, 2])] * 2
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids below `pid` (Linux /proc), children first."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("victim", ["rank 1", "rank 0"])
+def test_a_killed_rank_stops_the_whole_run_quickly(tmp_path: Path, mnist_root: Path, victim: str):
+    args = mnist_overrides(
+        mnist_root,
+        "trainer=ddp",
+        "trainer.devices=2",
+        "trainer.max_epochs=1000",
+        "data.batch_size=5",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    main = subprocess.Popen(
+        [sys.executable, "-m", "project.train", *args],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run" / "train.rank1.log").exists() or not descendants(main.pid):
+            assert main.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.5)
+        time.sleep(3)  # well into training
+        everyone = [main.pid, *descendants(main.pid)]
+        os.kill(everyone[1] if victim == "rank 1" else main.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        main.wait(timeout=60)
+        assert main.returncode != 0
+        while any(alive(pid) for pid in everyone) and time.monotonic() - killed_at < 60:
+            time.sleep(0.5)
+        assert time.monotonic() - killed_at < 60
+        assert not any(alive(pid) for pid in everyone), "a process of the run outlived it"
+        if victim == "rank 1":
+            assert "error: rank 1 (pid" in main.stderr.read()
+    finally:
+        for pid in [main.pid, *descendants(main.pid)]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "expected"),
+    [
+        (["trainer.devices=0"], {}, "trainer.devices must be a positive number"),
+        (["trainer=gpu", "trainer.devices=64"], {}, "gpu"),
+        (["trainer=dp", "trainer.num_nodes=2"], {}, "trainer=dp runs in one process on one machine"),
+        (
+            ["trainer=slurm", "trainer.devices=2"],
+            {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train"},
+            "set trainer.devices=1",
+        ),
+        (["trainer.strategy=warp_drive"], {}, "trainer.strategy='warp_drive' is not a known strategy"),
+    ],
+)
+def test_bad_strategy_input_ends_with_one_clear_line(tmp_path: Path, overrides, env, expected):
+    result = run_module("project.train", *overrides, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and expected in error_lines[0], result.stderr[-2000:]
