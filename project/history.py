@@ -21,6 +21,7 @@ class TrainingHistory:
 
     rank: int = 0
     world_size: int = 1
+    first_epoch: int = 0  # > 0 when training resumed from a checkpoint
     step_losses: list[float] = field(default_factory=list)
     epoch_losses: list[float] = field(default_factory=list)
     epoch_samples: list[int] = field(default_factory=list)
@@ -53,8 +54,9 @@ class HistoryCallback(L.Callback):
         self._samples = 0
         self._start = 0.0
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.history = TrainingHistory(rank=trainer.global_rank, world_size=trainer.world_size)
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After a checkpoint was restored, so current_epoch is where training resumes.
+        self.history = TrainingHistory(trainer.global_rank, trainer.world_size, first_epoch=trainer.current_epoch)
         self._start = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

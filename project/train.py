@@ -9,9 +9,10 @@ from pathlib import Path
 
 import hydra
 import lightning as L
-from hydra.utils import instantiate
+from hydra.utils import get_original_cwd, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from project.checkpoints import resume_path
 from project.config_checks import check_config
 from project.errors import exit_on_user_error
 from project.history import TrainingHistory
@@ -22,6 +23,7 @@ from project.strategies import finish_job
 def train(cfg: DictConfig) -> dict:
     """Fit and test the model `cfg` describes; return the results every run prints."""
     check_config(cfg)
+    ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), Path(get_original_cwd()) / "outputs")
     L.seed_everything(cfg.seed, workers=True)
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     module: L.LightningModule = instantiate(cfg.model)
@@ -31,7 +33,7 @@ def train(cfg: DictConfig) -> dict:
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     failed = True
     try:
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         fit_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
         trainer.test(module, datamodule=datamodule, verbose=False)
         test_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
@@ -55,7 +57,7 @@ def summarise_history(run_dir: Path, world_size: int, run_dir_text: str) -> dict
     history = TrainingHistory.load(history_file)
     samples = sum(history.epoch_samples) * history.world_size
     return {
-        "epochs": len(history.epoch_samples),
+        "epochs": history.first_epoch + len(history.epoch_samples),
         "world_size": history.world_size,
         "fit_seconds": history.fit_seconds,
         "samples_per_second": samples / history.fit_seconds,

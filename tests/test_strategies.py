@@ -113,7 +113,11 @@ def test_ddp_sweep_runs_each_job_once_in_its_own_dir(tmp_path: Path):
     assert losses[0] != losses[1], "the two jobs trained with different learning rates"
     assert result.stdout.count("Results") == 2
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists(), "no stray dirs"
-    assert "model.optimizer.lr=0.1" in result.stdout and "model.optimizer.lr=0.5" in result.stdout
+    summary = result.stdout[result.stdout.index("Sweep: 2 job(s)") :]
+    for job, lr in ((0, 0.1), (1, 0.5)):
+        line = next(line for line in summary.splitlines() if line.startswith(f"{job}    "))
+        assert f"model.optimizer.lr={lr}" in line and str(sweep_dir / str(job)) in line
+        assert f"{read_json(sweep_dir / str(job) / 'results.json')['val/acc']:.4f}" in line
 
 
 def test_sweep_over_device_counts_gives_each_job_its_world_size(tmp_path: Path):

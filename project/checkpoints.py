@@ -1,0 +1,74 @@
+"""Checkpoints: which one a run resumes from, refusing files that are not ours, and writing them atomically."""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from project.errors import UserError
+
+
+def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one of ours.
+
+    Ours: a Lightning checkpoint whose `config` (stored by `ClassifierModule`) can rebuild its network.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"ckpt_path={path}: no such file")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # torch raises many types for a damaged or foreign file
+        raise UserError(
+            f"ckpt_path={path} is not a checkpoint torch.load can read (damaged, or another kind of file)"
+        ) from None
+    if not (isinstance(checkpoint, dict) and "state_dict" in checkpoint and "config" in checkpoint):
+        raise UserError(f"ckpt_path={path} is not a checkpoint of this project (no state_dict and config in it)")
+    return checkpoint
+
+
+def newest_last_checkpoint(outputs_dir: Path, exclude: Path) -> Path:
+    """`checkpoints/last.ckpt` of the most recently written run under `outputs_dir`, other than `exclude`."""
+    candidates = [
+        path for path in outputs_dir.rglob("checkpoints/last.ckpt") if exclude.resolve() not in path.resolve().parents
+    ]
+    if not candidates:
+        raise UserError(
+            f"ckpt_path=last: no earlier run under {outputs_dir} has a checkpoints/last.ckpt; "
+            "train once first, or give the checkpoint's path"
+        )
+    return max(candidates, key=lambda path: path.stat().st_mtime)
+
+
+def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path) -> str | None:
+    """The checkpoint `trainer.fit` resumes from.
+
+    `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt), or null. With null, a Slurm job that was
+    requeued (SLURM_RESTART_COUNT > 0) resumes from its own run dir, which it finds again since the dir is named
+    after the job; Lightning's own `hpc_ckpt_*.ckpt` (written when Slurm signals the job first) wins if present.
+    """
+    if ckpt_path is None:
+        own_last = run_dir / "checkpoints" / "last.ckpt"
+        requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
+        if requeued and own_last.is_file() and not list(run_dir.glob("hpc_ckpt_*.ckpt")):
+            return str(own_last)
+        return None
+    path = newest_last_checkpoint(outputs_dir, exclude=run_dir) if ckpt_path == "last" else Path(ckpt_path)
+    load_project_checkpoint(path)
+    return str(path)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temporary file beside it and renames it into place.
+
+    A rename within one directory is atomic, so a run killed mid-write leaves the previous `last.ckpt` whole.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        torch.save(checkpoint, partial)
+        os.replace(partial, path)
