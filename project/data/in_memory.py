@@ -1,0 +1,104 @@
+"""Datasets held as tensors in memory, and the DataModule base that serves them in batches.
+
+A standard `DataLoader` over a `TensorDataset` indexes one sample at a time and collates them in Python, which
+costs about a third of an MLP's throughput. `InMemoryDataset.__getitems__` lets the loader fetch a whole batch with
+one tensor index instead, while samplers stay standard: Lightning can still swap in a `DistributedSampler`, and the
+raw reference path uses the very same `loader()`.
+"""
+
+from collections.abc import Sequence
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
+
+from project.errors import UserError
+
+
+class InMemoryDataset(Dataset):
+    """Inputs and integer labels as two tensors; `dataset[i]` is one sample, `__getitems__` a whole batch."""
+
+    def __init__(self, inputs: Tensor, targets: Tensor) -> None:
+        if len(inputs) != len(targets):
+            raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
+        self.inputs = inputs
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.inputs[index], self.targets[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+        index = torch.as_tensor(indices)
+        return self.inputs[index], self.targets[index]
+
+
+class EpochShuffleSampler(RandomSampler):
+    """A fresh random order each epoch, drawn from `seed + epoch` alone, exactly as `DistributedSampler` draws it.
+
+    A plain `RandomSampler` draws from one generator that advances whenever an iterator is exhausted, so a loop
+    that stops after the last batch (Lightning) and one that runs into `StopIteration` (a `for` loop) would see
+    different orders from the second epoch on. Here the order depends on the epoch number only: both paths agree,
+    a resumed run sees the order it would have seen, and one process sees the same global order as the ranks of
+    a `DistributedSampler` with the same seed. Lightning (and the reference loop) call `set_epoch`; under DDP,
+    Lightning replaces it, being a `RandomSampler`, by a `DistributedSampler` seeded with the same `seed`.
+    """
+
+    def __init__(self, data_source: Dataset, seed: int) -> None:
+        super().__init__(data_source)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
+
+
+def keep_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """The loader's collate function: `__getitems__` already returns a collated batch."""
+    return batch
+
+
+class InMemoryDataModule(L.LightningDataModule):
+    """Serves `train_set`, `val_set` and `test_set` (set by a subclass's `setup`) in batches.
+
+    The training order comes from `seed` and the epoch (`EpochShuffleSampler`), not from the global RNG, so the
+    Lightning path and the reference path see the same batches whatever else consumed random numbers.
+    """
+
+    train_set: InMemoryDataset
+    val_set: InMemoryDataset
+    test_set: InMemoryDataset
+
+    def __init__(self, batch_size: int, seed: int, drop_last: bool = False) -> None:
+        super().__init__()
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise UserError(f"data.batch_size must be a positive integer, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.drop_last = drop_last
+
+    def loader(self, dataset: InMemoryDataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
+        """A loader over `dataset`; `train` drops the last partial batch when configured to (`data.drop_last`)."""
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=self.drop_last and train,
+            collate_fn=keep_batch,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader(self.train_set, EpochShuffleSampler(self.train_set, self.seed), train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader(self.val_set)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader(self.test_set)
