@@ -1,0 +1,40 @@
+"""Test a trained checkpoint: `python -m project.evaluate ckpt_path=<file>`.
+
+The checkpoint carries its run's whole config, so the network and the data are rebuilt exactly as they were
+trained; the printed test metrics equal those of the training run's results table for the same weights
+(`last.ckpt` holds the final ones). Loading uses `weights_only=True`; a file that is not a checkpoint of this
+project is refused with one line.
+"""
+
+import hydra
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from project.checkpoints import load_project_checkpoint
+from project.errors import exit_on_user_error
+
+
+def evaluate(cfg: DictConfig) -> dict[str, float]:
+    """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
+    checkpoint = load_project_checkpoint(cfg.ckpt_path)
+    trained = OmegaConf.create(checkpoint["config"])
+    datamodule = instantiate(trained.data)
+    module = instantiate(trained.model)
+    module.load_state_dict(checkpoint["state_dict"])
+    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_checkpointing=False)
+    trainer.test(module, datamodule=datamodule, verbose=False)
+    return {name: value.item() for name, value in trainer.callback_metrics.items()}
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+@exit_on_user_error
+def main(cfg: DictConfig) -> None:
+    metrics = evaluate(cfg)
+    print(f"checkpoint  {cfg.ckpt_path}")
+    for name in sorted(metrics):
+        print(f"{name:<12}{metrics[name]}")  # full precision: comparable with the run's results.json
+
+
+if __name__ == "__main__":
+    main()
