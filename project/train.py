@@ -10,6 +10,8 @@ from pathlib import Path
 import hydra
 import lightning as L
 from hydra.utils import get_original_cwd, instantiate
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from project.checkpoints import resume_path
@@ -18,6 +20,8 @@ from project.errors import exit_on_user_error
 from project.history import TrainingHistory
 from project.results import format_results_table, save_results
 from project.strategies import finish_job
+
+FINAL_METRICS = ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc")
 
 
 def train(cfg: DictConfig) -> dict:
@@ -40,7 +44,23 @@ def train(cfg: DictConfig) -> dict:
         failed = False
     finally:
         finish_job(trainer, failed)
-    return fit_metrics | test_metrics | summarise_history(Path(cfg.run_dir), trainer.world_size, cfg.run_dir)
+    results = fit_metrics | test_metrics | summarise_history(Path(cfg.run_dir), trainer.world_size, cfg.run_dir)
+    log_hyperparameters(trainer, cfg, results)
+    return results
+
+
+def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:
+    """TensorBoard's HParams view: the run's config beside its final metrics, so runs and sweeps compare in one table.
+
+    The metrics get an `hp/` prefix: under their own names they would add a point to the per-epoch curves.
+    """
+    params = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("run_dir", "callbacks", "logger"):
+        params.pop(key, None)
+    metrics = {f"hp/{name.replace('/', '_')}": results[name] for name in FINAL_METRICS if name in results}
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.log_hyperparams(params, metrics)
 
 
 def summarise_history(run_dir: Path, world_size: int, run_dir_text: str) -> dict:
@@ -68,8 +88,10 @@ def summarise_history(run_dir: Path, world_size: int, run_dir_text: str) -> dict
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
+    if rank_zero_only.rank == 0:
+        print(f"Config\n{OmegaConf.to_yaml(cfg, resolve=True)}", flush=True)
     results = train(cfg)
-    if L.fabric.utilities.rank_zero.rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:
         save_results(results, cfg.run_dir)
         print(format_results_table(results), flush=True)
     return results.get(cfg.optimized_metric)
