@@ -223,3 +223,36 @@ def test_bad_strategy_input_ends_with_one_clear_line(tmp_path: Path, overrides, 
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and expected in error_lines[0], result.stderr[-2000:]
+
+
+def test_dp_strategy_fits_validates_tests_and_predicts_in_process(tmp_path: Path):
+    import functools
+
+    import lightning as L
+    import torch
+
+    from project.data import ToyDataModule
+    from project.models import NeuralNetwork
+    from project.module import ClassifierModule
+    from project.strategies import DataParallelStrategy
+
+    L.seed_everything(123)
+    datamodule = ToyDataModule(batch_size=2, seed=123, drop_last=True)
+    module = ClassifierModule(NeuralNetwork(2, 2), functools.partial(torch.optim.SGD, lr=0.5), num_classes=2)
+    trainer = L.Trainer(
+        strategy="dp",
+        accelerator="cpu",
+        devices=1,
+        max_epochs=3,
+        logger=False,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+    )
+    assert isinstance(trainer.strategy, DataParallelStrategy)
+    trainer.fit(module, datamodule=datamodule)
+    assert trainer.validate(module, datamodule=datamodule)[0]["val/acc"] == 1.0
+    assert trainer.test(module, datamodule=datamodule)[0]["test/acc"] == 1.0
+    predictions = trainer.predict(module, dataloaders=datamodule.test_dataloader())
+    assert [p.tolist() for p in predictions] == [[0, 1]]
+    saved = trainer.strategy.lightning_module_state_dict()
+    assert "network.layers.0.weight" in saved and not any(".module." in key for key in saved)
