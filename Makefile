@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test lint tensorboard system-deps data-fashion-mnist clean
+.PHONY: train test lint tensorboard system-deps slurm-up slurm-down data-fashion-mnist clean
 
 # The venv is rebuilt when pyproject.toml changes. torch/torchvision are pinned to a pair known to import together.
 $(STAMP): pyproject.toml
@@ -30,6 +30,12 @@ tensorboard: $(STAMP)  ## serve every run under outputs/ on http://127.0.0.1:600
 
 system-deps:  ## root only: Debian's Fashion-MNIST and Slurm packages (real-data and Slurm tests)
 	bash scripts/system-deps.sh
+
+slurm-up:  ## root only: a local two-node Slurm cluster for the Slurm tests (then: source /tmp/project-local-slurm/env)
+	bash scripts/slurm/local_cluster.sh up 2
+
+slurm-down:  ## root only: stop the local Slurm cluster and remove everything it set up
+	bash scripts/slurm/local_cluster.sh down
 
 data-fashion-mnist:  ## link Debian's Fashion-MNIST into data/ so `data=fashion_mnist` finds it offline
 	@test -d $(FASHION_MNIST_DEBIAN) || { echo "$(FASHION_MNIST_DEBIAN) is missing: run 'make system-deps' as root"; exit 1; }

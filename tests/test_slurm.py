@@ -1,0 +1,255 @@
+"""Real multi-node Slurm: jobs on the local two-node cluster (scripts/slurm/local_cluster.sh), submitted as users do.
+
+The cluster is brought up outside the tests (`make slurm-up`, as root; CI does it); without it every test here skips
+and says so. Jobs run this test session's Python (`PROJECT_PYTHON`) from a temporary submit directory, so their run
+dirs (`outputs/slurm-<job id>.0`) and logs land there. The two nodes are network namespaces of this machine sharing
+its filesystem, so the small MNIST files of `mnist_root` are visible to every task.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.compare import max_loss_difference, max_weight_difference, network_weights
+from tests.conftest import REPO, check_ok, histories, read_json, simulated_slurm_nodes
+from tests.tensorboard_events import read_scalars
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+CLUSTER_SCRIPT = REPO / "scripts" / "slurm" / "local_cluster.sh"
+CLUSTER_ENV_FILE = Path(os.environ.get("LOCAL_SLURM_DIR", "/tmp/project-local-slurm")) / "env"
+TRAIN_SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
+REFERENCE_SBATCH = REPO / "scripts" / "slurm" / "reference.sbatch"
+NOT_UP = "needs a local Slurm cluster: as root run `make slurm-up` (after `make system-deps`)"
+TOLERANCE = 1e-6
+TRAIN_IMAGES = 350  # the 400 small training images less data.val_size=50
+JOB_TIMEOUT = 240  # seconds; a job on the idle local cluster takes 15-45
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict[str, str]:
+    """The environment jobs are submitted with: the cluster's SLURM_CONF, this Python, one thread per process.
+
+    Variables of an enclosing Slurm job or launcher are dropped: sbatch passes the whole environment on to the job.
+    """
+    if not CLUSTER_ENV_FILE.is_file() or shutil.which("sbatch") is None:
+        pytest.skip(NOT_UP)
+    status = subprocess.run(["bash", str(CLUSTER_SCRIPT), "status"], capture_output=True, text=True, timeout=60)
+    if status.returncode != 0:
+        pytest.skip(f"{NOT_UP}; local_cluster.sh status says: {status.stderr.strip()}")
+    cluster = dict(re.findall(r"^export (\w+)=(.*)$", CLUSTER_ENV_FILE.read_text(), re.MULTILINE))
+    if cluster.get("LOCAL_SLURM_NODES") != "2":
+        pytest.skip(f"needs 2 nodes, the cluster has {cluster.get('LOCAL_SLURM_NODES')}: run `make slurm-up`")
+    launcher_variables = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_variables}
+    return inherited | cluster | {"PROJECT_PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def job_ids(slurm_env: dict[str, str]) -> Iterator[list[str]]:
+    """Ids of the jobs a test submits; whatever of them still runs when the test ends (e.g. it failed) is cancelled."""
+    ids: list[str] = []
+    yield ids
+    if ids:
+        subprocess.run(["scancel", *ids], env=slurm_env, capture_output=True, timeout=60)
+
+
+def submit(script: Path, *overrides: str, cwd: Path, env: dict, job_ids: list[str]) -> tuple[str, subprocess.Popen]:
+    """`sbatch --wait` of `script` (on CPUs: --gres=none) from `cwd`; the job id at once and the waiting sbatch."""
+    (cwd / "outputs").mkdir(parents=True, exist_ok=True)  # for the job's log, as in a clone of the repository
+    command = ["sbatch", "--wait", "--parsable", "--gres=none", str(script), *overrides]
+    sbatch = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    job_id = sbatch.stdout.readline().strip()
+    if not job_id:
+        raise AssertionError(f"sbatch submitted nothing: {sbatch.communicate(timeout=60)[1]}")
+    job_ids.append(job_id)
+    return job_id, sbatch
+
+
+def wait_for_job(sbatch: subprocess.Popen, log: Path) -> int:
+    """The job's exit status, as `sbatch --wait` returns it once the job has ended (after any requeues)."""
+    try:
+        return sbatch.wait(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the job ran past {JOB_TIMEOUT} s; its log ends:\n{job_log(log)[-3000:]}") from None
+
+
+def job_log(log: Path) -> str:
+    return log.read_text(errors="replace") if log.is_file() else f"(no log at {log})"
+
+
+def assert_job_succeeded(sbatch: subprocess.Popen, log: Path) -> None:
+    status = wait_for_job(sbatch, log)
+    assert status == 0, f"job exit status {status}; its log ends:\n{job_log(log)[-3000:]}"
+
+
+def wait_until(condition: Callable[[], bool], sbatch: subprocess.Popen, log: Path, what: str) -> None:
+    """Poll `condition` while the job is still being waited for; fail with the log if it ends or takes too long."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not condition():
+        if sbatch.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"the job never got to: {what}; its log ends:\n{job_log(log)[-3000:]}")
+        time.sleep(0.2)
+
+
+def run_dirs(submit_dir: Path) -> list[str]:
+    """The run directories under the submit dir's outputs/ (which also holds the jobs' logs)."""
+    return sorted(p.name for p in (submit_dir / "outputs").iterdir() if p.is_dir())
+
+
+def small_mnist(mnist_root: Path, *extra: str, experiment: str = "mnist_slurm") -> list[str]:
+    """An MNIST recipe (by default the tutorial's Slurm one) on the small test files."""
+    return [f"experiment={experiment}", f"data.root={mnist_root}", "data.download=false", "data.val_size=50", *extra]
+
+
+def lightning_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return network_weights(torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+
+
+def compare_runs(run_dir: Path, expected_dir: Path, weights: dict, expected_weights: dict) -> tuple[float, float]:
+    """(largest per-step loss difference over all ranks, largest final weight difference)."""
+    got, expected = histories(run_dir), histories(expected_dir)
+    assert [h["world_size"] for h in got] == [h["world_size"] for h in expected]
+    loss_diff = max(
+        max_loss_difference(mine["step_losses"], theirs["step_losses"])
+        for mine, theirs in zip(got, expected, strict=True)
+    )
+    return loss_diff, max_weight_difference(weights, expected_weights)
+
+
+def test_two_node_job_equals_the_reference_job_and_the_simulated_nodes(
+    tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str]
+):
+    overrides = small_mnist(mnist_root, "data.batch_size=25", "trainer.max_epochs=2")
+    lightning_id, lightning = submit(
+        TRAIN_SBATCH, *overrides, cwd=tmp_path / "lightning", env=slurm_env, job_ids=job_ids
+    )
+    reference_id, reference = submit(
+        REFERENCE_SBATCH, *overrides, cwd=tmp_path / "reference", env=slurm_env, job_ids=job_ids
+    )
+    (tmp_path / "simulated").mkdir()
+    for node in simulated_slurm_nodes("project.train", overrides, cwd=tmp_path / "simulated"):
+        check_ok(node)
+    lightning_log = tmp_path / "lightning" / "outputs" / f"train-{lightning_id}.out"
+    assert_job_succeeded(lightning, lightning_log)
+    assert_job_succeeded(reference, tmp_path / "reference" / "outputs" / f"reference-{reference_id}.out")
+
+    assert run_dirs(tmp_path / "lightning") == [f"slurm-{lightning_id}.0"], "one run dir, named after the job"
+    run_dir = tmp_path / "lightning" / "outputs" / f"slurm-{lightning_id}.0"
+    assert f"job {lightning_id} (restart 0): 2 node(s)" in job_log(lightning_log)
+    ranks = histories(run_dir)
+    assert [(h["rank"], h["world_size"]) for h in ranks] == [(0, 2), (1, 2)]
+    assert all(h["epoch_samples"] == [TRAIN_IMAGES // 2] * 2 for h in ranks)
+    assert read_json(run_dir / "results.json")["world_size"] == 2
+    assert len(read_scalars(run_dir / "tensorboard")["val/loss"]) == 2, "TensorBoard: one validation per epoch"
+
+    reference_dir = tmp_path / "reference" / "outputs" / f"slurm-{reference_id}.0"
+    simulated_dir = tmp_path / "simulated" / "outputs" / "slurm-4242.0"
+    weights = lightning_weights(run_dir)
+    vs_reference = compare_runs(
+        run_dir, reference_dir, weights, torch.load(reference_dir / "checkpoints" / "model.pt", weights_only=True)
+    )
+    vs_simulated = compare_runs(run_dir, simulated_dir, weights, lightning_weights(simulated_dir))
+    print(
+        f"\nslurm job vs reference job: max |step loss diff| {vs_reference[0]:.2e}, |weight diff| {vs_reference[1]:.2e}"
+    )
+    print(
+        f"slurm job vs simulated nodes: max |step loss diff| {vs_simulated[0]:.2e}, |weight diff| {vs_simulated[1]:.2e}"
+    )
+    assert max(vs_reference) <= TOLERANCE and max(vs_simulated) <= TOLERANCE
+
+
+def test_submitit_sweep_runs_each_point_as_a_slurm_job_and_summarises_them(
+    tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str]
+):
+    sweep_dir = tmp_path / "sweep"
+    command = [sys.executable, "-m", "project.train", "-m", "hydra/launcher=slurm", "model.optimizer.lr=0.1,0.5"]
+    # One process per job (hydra.launcher: 1 node, 1 task).
+    overrides = small_mnist(mnist_root, "data.batch_size=25", "trainer.max_epochs=2", "logger=none", experiment="mnist")
+    try:
+        sweep = subprocess.run(
+            [*command, *overrides, f"hydra.sweep.dir={sweep_dir}"],
+            cwd=tmp_path,
+            env=slurm_env,
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT,
+        )
+    finally:  # submitit names each job's folder <array job id>_<index>
+        job_ids += {p.name.split("_")[0] for p in sweep_dir.glob(".submitit/*_*") if p.is_dir()}
+    check_ok(sweep)
+
+    slurm_logs = sorted(p.name for p in sweep_dir.glob(".submitit/*_*/*_log.out"))
+    assert [re.sub(r"^\d+", "<id>", name) for name in slurm_logs] == ["<id>_0_0_log.out", "<id>_1_0_log.out"]
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert [job.name for job in jobs] == ["0", "1"]
+    summary = sweep.stdout[sweep.stdout.index("Sweep: 2 job(s)") :]
+    final_losses = []
+    for job, lr in zip(jobs, (0.1, 0.5), strict=True):
+        assert f"model.optimizer.lr={lr}" in (job / ".hydra" / "overrides.yaml").read_text()
+        val_acc = read_json(job / "results.json")["val/acc"]
+        line = next(line for line in summary.splitlines() if line.startswith(f"{job.name}    "))
+        assert f"model.optimizer.lr={lr}" in line and f"{val_acc:.4f}" in line and str(job) in line
+        final_losses.append(histories(job)[0]["step_losses"][-1])
+    assert final_losses[0] != final_losses[1], "the two jobs trained with different learning rates"
+
+
+def test_requeued_job_resumes_in_its_run_dir_and_equals_an_uninterrupted_run(
+    tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str]
+):
+    """Requeued twice: by the time-limit warning (SIGUSR1 to the batch script) and by `scontrol requeue`."""
+    epochs, batch = 16, 5  # 35 steps per rank and epoch: still training long after the first last.ckpt
+    overrides = small_mnist(mnist_root, f"data.batch_size={batch}", f"trainer.max_epochs={epochs}", "logger=none")
+    (tmp_path / "uninterrupted").mkdir()
+    with ThreadPoolExecutor(1) as background:
+        uninterrupted = background.submit(simulated_slurm_nodes, "project.train", overrides, tmp_path / "uninterrupted")
+        job_id, sbatch = submit(TRAIN_SBATCH, *overrides, cwd=tmp_path / "job", env=slurm_env, job_ids=job_ids)
+        log = tmp_path / "job" / "outputs" / f"train-{job_id}.out"
+        run_dir = tmp_path / "job" / "outputs" / f"slurm-{job_id}.0"
+        last = run_dir / "checkpoints" / "last.ckpt"
+
+        wait_until(last.is_file, sbatch, log, "its first last.ckpt")
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=slurm_env, check=True, timeout=60)
+        wait_until(lambda: f"job {job_id} (restart 1)" in job_log(log), sbatch, log, "its first restart")
+        restarted = time.time()
+        wait_until(lambda: last.stat().st_mtime > restarted, sbatch, log, "a last.ckpt after its first restart")
+        subprocess.run(["scontrol", "requeue", job_id], env=slurm_env, check=True, timeout=60)
+        assert_job_succeeded(sbatch, log)
+        for node in uninterrupted.result(timeout=JOB_TIMEOUT):
+            check_ok(node)
+
+    assert f"job {job_id} (restart 2)" in job_log(log) and "time limit near: requeueing" in job_log(log)
+    assert run_dirs(tmp_path / "job") == [run_dir.name], "the requeued job found its run dir again"
+    history = histories(run_dir)[0]
+    resumed_at = history["first_epoch"]
+    assert 2 <= resumed_at < epochs, "the last attempt resumed from the second attempt's checkpoint"
+    assert read_json(run_dir / "results.json")["epochs"] == epochs
+
+    expected_dir = tmp_path / "uninterrupted" / "outputs" / "slurm-4242.0"
+    steps_per_epoch = TRAIN_IMAGES // 2 // batch
+    resumed_steps = histories(expected_dir)[0]["step_losses"][resumed_at * steps_per_epoch :]
+    loss_diff = max_loss_difference(history["step_losses"], resumed_steps)
+    weight_diff = max_weight_difference(lightning_weights(run_dir), lightning_weights(expected_dir))
+    print(f"\nrequeued twice vs uninterrupted: max |step loss diff| {loss_diff:.2e}, |weight diff| {weight_diff:.2e}")
+    assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE
+
+
+def test_job_whose_training_fails_ends_non_zero_with_the_error_in_its_log(
+    tmp_path: Path, slurm_env: dict, job_ids: list[str]
+):
+    nowhere = tmp_path / "nowhere"
+    overrides = ["experiment=mnist_slurm", f"data.root={nowhere}", "data.download=false", "logger=none"]
+    job_id, sbatch = submit(TRAIN_SBATCH, *overrides, cwd=tmp_path, env=slurm_env, job_ids=job_ids)
+    log = tmp_path / "outputs" / f"train-{job_id}.out"
+    assert wait_for_job(sbatch, log) == 2, "the project's exit status for a user's mistake, passed on by srun"
+    error_lines = [line for line in job_log(log).splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 2 and all(str(nowhere) in line for line in error_lines), "one line from each node"
