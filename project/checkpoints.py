@@ -47,14 +47,16 @@ def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path) -> str 
 
     `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt), or null. With null, a Slurm job that was
     requeued (SLURM_RESTART_COUNT > 0) resumes from its own run dir, which it finds again since the dir is named
-    after the job; Lightning's own `hpc_ckpt_*.ckpt` (written when Slurm signals the job first) wins if present.
+    after the job. Lightning resumes by itself from its `hpc_ckpt_*.ckpt` (written when Slurm signals the job) when
+    given no path, so that one is left to it only when it is newer than last.ckpt.
     """
     if ckpt_path is None:
         own_last = run_dir / "checkpoints" / "last.ckpt"
         requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
-        if requeued and own_last.is_file() and not list(run_dir.glob("hpc_ckpt_*.ckpt")):
-            return str(own_last)
-        return None
+        if not (requeued and own_last.is_file()):
+            return None
+        hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
+        return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
     path = newest_last_checkpoint(outputs_dir, exclude=run_dir) if ckpt_path == "last" else Path(ckpt_path)
     load_project_checkpoint(path)
     return str(path)

@@ -6,6 +6,7 @@ bug and keeps its traceback.
 """
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
@@ -42,6 +43,8 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
                 raise
             message = " ".join(str(user_error).split())
             print(f"error: {message}", file=sys.stderr, flush=True)
+            if "SUBMITIT_EXECUTOR" in os.environ:
+                raise  # a submitit job reports an exception as its failure; an exit would leave the sweep waiting
             sys.exit(2)
 
     return wrapper
