@@ -19,7 +19,7 @@ from torch.utils.data.distributed import DistributedSampler
 from project.errors import exit_on_user_error
 from project.history import TrainingHistory
 from project.reference.launch import require_environment
-from project.reference.loop import Trainer, build, collect_results, pick_device, write_outputs
+from project.reference.loop import Trainer, build, fit_and_report, pick_device
 
 
 def sum_over_ranks(totals: Tensor) -> Tensor:
@@ -39,14 +39,8 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
         model = DistributedDataParallel(network, device_ids=[local_rank] if device.type == "cuda" else None)
         sampler = DistributedSampler(datamodule.train_set, world_size, rank, shuffle=True, seed=cfg.seed)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
-        is_main = rank == 0
         trainer = Trainer(model, optimizer, device, TrainingHistory(rank, world_size), sum_over_ranks)
-        trainer.fit(train_loader, datamodule.val_dataloader() if is_main else None, cfg.trainer.max_epochs)
-
-        trainer.history.save(cfg.run_dir)  # every rank: history.rank<N>.json
-        if is_main:
-            results = collect_results(trainer, trainer.evaluate(datamodule.test_dataloader(), "test"), cfg.run_dir)
-            write_outputs(cfg.run_dir, trainer, network, results)
+        fit_and_report(cfg, trainer, datamodule, network, train_loader, is_main=rank == 0)
     finally:
         dist.destroy_process_group()
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from project.errors import exit_on_user_error
 from project.history import TrainingHistory
-from project.reference.loop import Trainer, build, collect_results, pick_device, write_outputs
+from project.reference.loop import Trainer, build, fit_and_report, pick_device
 
 
 def gpu_ids(devices: int | str | list) -> list[int]:
@@ -36,11 +36,7 @@ def main(cfg: DictConfig) -> None:
         print(f"dp: no GPU here, so DataParallel does not split batches: training on {device}", flush=True)
         model = network
     trainer = Trainer(model, optimizer, device, TrainingHistory())
-    trainer.fit(datamodule.train_dataloader(), datamodule.val_dataloader(), cfg.trainer.max_epochs)
-
-    trainer.history.save(cfg.run_dir)
-    results = collect_results(trainer, trainer.evaluate(datamodule.test_dataloader(), "test"), cfg.run_dir)
-    write_outputs(cfg.run_dir, trainer, network, results)
+    fit_and_report(cfg, trainer, datamodule, network, datamodule.train_dataloader())  # saves `network`: no `module.`
 
 
 if __name__ == "__main__":

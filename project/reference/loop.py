@@ -115,6 +115,22 @@ class Trainer:
         return {f"{stage}/loss": loss_sum / count, f"{stage}/acc": correct / count}
 
 
+def fit_and_report(
+    cfg: DictConfig,
+    trainer: Trainer,
+    datamodule: InMemoryDataModule,
+    network: nn.Module,
+    train_loader: DataLoader,
+    is_main: bool = True,
+) -> None:
+    """Train; every process saves its history; the main one alone validates, tests and writes the run's outputs."""
+    trainer.fit(train_loader, datamodule.val_dataloader() if is_main else None, cfg.trainer.max_epochs)
+    trainer.history.save(cfg.run_dir)
+    if is_main:
+        results = collect_results(trainer, trainer.evaluate(datamodule.test_dataloader(), "test"), cfg.run_dir)
+        write_outputs(cfg.run_dir, trainer, network, results)
+
+
 def write_outputs(run_dir: str | Path, trainer: Trainer, network: nn.Module, results: dict) -> None:
     """What the main process of a reference run leaves in its run dir, in the Lightning path's layout."""
     run_dir = Path(run_dir)
