@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test lint tensorboard system-deps slurm-up slurm-down data-fashion-mnist clean
+.PHONY: train test bench lint tensorboard system-deps slurm-up slurm-down data-fashion-mnist clean
 
 # The venv is rebuilt when pyproject.toml changes. torch/torchvision are pinned to a pair known to import together.
 $(STAMP): pyproject.toml
@@ -20,6 +20,9 @@ train: $(STAMP)  ## the main job: the toy experiment on the embedded data, on on
 
 test: $(STAMP)  ## the whole test suite (skips, with the reason, what this machine cannot run)
 	$(BIN)/python -m pytest $(ARGS)
+
+bench: $(STAMP)  ## the benchmark suite: one table, bench/results/<date>.json and PNGs (ARGS=--quick: a smoke run)
+	$(BIN)/python -m bench $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -4,11 +4,13 @@ It mirrors Lightning's defaults step by step (seed, then data, then network; zer
 validation after every epoch) so that the two paths give the same numbers.
 """
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor, nn
@@ -37,7 +39,27 @@ def build(cfg: DictConfig, device: torch.device) -> tuple[InMemoryDataModule, nn
     datamodule.setup("fit")
     network = instantiate(cfg.model.network).to(device)
     optimizer = instantiate(cfg.model.optimizer)(network.parameters())
+    if cfg.model.get("scheduler") is not None:
+        total_steps = steps_per_epoch(datamodule) * cfg.trainer.max_epochs
+        attach_schedule(optimizer, instantiate(cfg.model.scheduler)(optimizer, total_steps=total_steps))
     return datamodule, network, optimizer
+
+
+def steps_per_epoch(datamodule: InMemoryDataModule) -> int:
+    """This process's optimizer steps per epoch, counted as Lightning counts them for `total_steps`: batches of its
+    `DistributedSampler` share of the training set (all of it in one process)."""
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    samples = math.ceil(len(datamodule.train_set) / world_size)
+    return samples // datamodule.batch_size if datamodule.drop_last else math.ceil(samples / datamodule.batch_size)
+
+
+def attach_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Step `scheduler` right after every `optimizer.step()`, as Lightning steps a schedule with interval "step".
+
+    A post-step hook on the optimizer does it, so every loop here (and any test that drives the optimizer) follows
+    the schedule without knowing about it.
+    """
+    optimizer.register_step_post_hook(lambda *_: scheduler.step())
 
 
 def no_reduction(totals: Tensor) -> Tensor:

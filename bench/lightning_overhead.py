@@ -1,0 +1,104 @@
+"""The default Lightning path against the reference loop on the same data, and what each part of Lightning costs.
+
+Candidates, each a full `trainer.fit` of the same config, interleaved with the reference loop:
+
+    default   this project's default path (epoch-level metric logging, step loss on logging steps, TensorBoard,
+              checkpoints, progress bar, history)
+    stock     the textbook module (metrics called and logged every step, step loss every step) with Lightning's
+              stock progress bar (redrawn every step): where the project started
+    bare      no logging, callbacks, logger or progress bar: Lightning's own loop, the floor
+
+A profiled epoch of `default` names where its time goes (`profile_costs`). Lightning's cost is per step, so the
+same comparison at batch 512 (a quarter of the steps) shows how much of it a larger batch hides.
+"""
+
+import re
+import statistics
+from pathlib import Path
+
+import torch
+
+from bench.profile_costs import ProfileTraining
+from bench.settings import Settings
+from bench.timing import all_units, interleave, paired_ratio
+from bench.training_runs import FitRecord, compose_config, lightning_fit, load_datamodule, reference_fit
+
+LARGER_BATCH = 512
+VARIANTS = {
+    "default": [],
+    "stock": ["model._target_=bench.lightning_variants.PerStepLoggingModule", "callbacks.progress_bar.refresh_rate=1"],
+    "bare": [
+        "model._target_=bench.lightning_variants.UnloggedModule",
+        "callbacks=none",
+        "logger=none",
+        "++trainer.enable_progress_bar=false",
+        "++trainer.enable_checkpointing=false",
+        "++trainer.enable_model_summary=false",
+    ],
+}
+
+
+def loss_curve(record: FitRecord) -> dict[str, list[float]]:
+    """Training loss against seconds since the first epoch started."""
+    start = record.clock.epoch_starts[0]
+    return {"seconds": [end - start for end in record.clock.step_ends], "loss": record.step_losses}
+
+
+def compare_to_reference(settings: Settings, base: list[str], variants: dict[str, list[str]], scratch: Path) -> dict:
+    """Epoch times of the reference loop and of each Lightning variant (`base` + its overrides), interleaved.
+
+    Every variant names its trainer config itself (`trainer=...` may be given once only). Returns the times, each
+    variant's throughput relative to the reference (paired per repeat), its extra time per training step, and the
+    last loss curves of the reference and of the first variant.
+    """
+    device = torch.device(settings.device)
+    base = [*base, f"trainer.max_epochs={settings.epochs}"]
+    datamodule = load_datamodule(compose_config(base, scratch), device if settings.resident else None)
+    last: dict[str, FitRecord] = {}
+
+    def reference() -> list[float]:
+        last["reference"] = reference_fit(compose_config(base, scratch / "reference"), datamodule, device)
+        return last["reference"].clock.epoch_seconds()
+
+    def variant(name: str):
+        def fit() -> list[float]:
+            cfg = compose_config([*base, *variants[name]], scratch / re.sub(r"[^\w.-]+", "_", name))
+            last[name], _ = lightning_fit(cfg, datamodule)
+            return last[name].clock.epoch_seconds()
+
+        return fit
+
+    seconds = interleave({"reference": reference} | {name: variant(name) for name in variants}, settings.repeats)
+    steps = len(datamodule.train_dataloader())
+    reference_step = statistics.median(all_units(seconds["reference"]).samples) / steps
+    first = next(iter(variants))
+    return {
+        "overrides": base,
+        "steps_per_epoch": steps,
+        "epoch_seconds": {name: all_units(times).as_dict() for name, times in seconds.items()},
+        "throughput_vs_reference": {
+            name: paired_ratio(seconds["reference"], seconds[name]).as_dict() for name in variants
+        },
+        "extra_ms_per_step": {
+            name: (statistics.median(all_units(seconds[name]).samples) / steps - reference_step) * 1000
+            for name in variants
+        },
+        "loss_curves": {"lightning": loss_curve(last[first]), "reference": loss_curve(last["reference"])},
+    }
+
+
+def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
+    """The three variants against the reference, `default` again at batch 512, and a profiled epoch of `default`."""
+    trainer = settings.trainer_override()
+    result = compare_to_reference(
+        settings, recipe, {name: [trainer, *overrides] for name, overrides in VARIANTS.items()}, scratch
+    )
+    larger = compare_to_reference(
+        settings, [*recipe, f"data.batch_size={LARGER_BATCH}"], {"default": [trainer]}, scratch / "larger_batch"
+    )
+    result[f"batch_{LARGER_BATCH}"] = {key: larger[key] for key in ("steps_per_epoch", "throughput_vs_reference")}
+    profiler = ProfileTraining()
+    cfg = compose_config([*recipe, trainer, "trainer.max_epochs=1"], scratch / "profiled")
+    datamodule = load_datamodule(cfg, torch.device(settings.device) if settings.resident else None)
+    profiled, _ = lightning_fit(cfg, datamodule, [profiler])
+    return result | {"profile_ms_per_step": profiler.milliseconds_per_step(len(profiled.clock.step_ends))}

@@ -1,0 +1,39 @@
+"""`ClassifierModule` with other logging, to price what logging costs Lightning per step (`lightning_overhead`)."""
+
+from torch import Tensor, nn
+
+from project.module import ClassifierModule
+
+
+class PerStepLoggingModule(ClassifierModule):
+    """The textbook way, and this project's before the bench: call each metric and `self.log` it at every step,
+    and log the step loss at every step."""
+
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        inputs, labels = batch
+        logits = self(inputs)
+        loss = nn.functional.cross_entropy(logits, labels)
+        mean_loss, accuracy = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
+        mean_loss(loss.detach(), weight=len(labels))
+        accuracy(logits.detach(), labels)
+        self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{stage}/acc", accuracy, on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = self._step(batch, "train")
+        self.log("train/step_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def _log_epoch_metrics(self, stage: str) -> None:
+        """Nothing left to log: `_step` logged the metric objects already."""
+
+
+class UnloggedModule(ClassifierModule):
+    """No `self.log` at all: with no callbacks and no logger, what remains is Lightning's own training loop."""
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self._step(batch, "train")
+
+    def _log_epoch_metrics(self, stage: str) -> None:
+        """Metrics are still updated (as the reference loop counts them) but not logged."""

@@ -1,0 +1,125 @@
+"""The bench's one table, and the JSON record of the run (`<out>/<stem>.json`)."""
+
+import json
+import os
+import platform
+import statistics
+from datetime import datetime
+from pathlib import Path
+
+import lightning
+import torch
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line), platform.processor())
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+    }
+
+
+def today() -> str:
+    return datetime.now().strftime("%Y-%m-%d")
+
+
+def save(record: dict, out: Path, stem: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}.json"
+    path.write_text(json.dumps(record, indent=1))
+    return path
+
+
+Row = tuple[str, str, str]  # what, its value (median and range, or a percentage), a note
+
+
+def ratio_cell(spread: dict) -> str:
+    return f"{spread['median']:6.2f}  ({spread['low']:.2f}-{spread['high']:.2f})"
+
+
+def data_rows(data: dict) -> list[Row]:
+    rows = []
+    for path, spread in data.get("throughput_vs_limit", {}).items():
+        if path != "compute only":
+            rate = statistics.median(data["samples_per_second"][path])
+            goal = ", goal >= 0.90" if path.startswith("datamodule") else ""
+            rows.append((f"data: {path} / compute-only limit", ratio_cell(spread), f"{rate:,.0f} samples/s{goal}"))
+    return rows
+
+
+def lightning_rows(result: dict, label: str) -> list[Row]:
+    rows = []
+    for variant, spread in result.get("throughput_vs_reference", {}).items():
+        goal = ", goal >= 0.90" if variant == "default" else ""
+        note = f"{result['extra_ms_per_step'][variant]:+.2f} ms per step{goal}"
+        rows.append((f"{label} {variant} / reference", ratio_cell(spread), note))
+    for key, larger in result.items():
+        if key.startswith("batch_"):
+            note = f"{larger['steps_per_epoch']} steps per epoch"
+            spread = larger["throughput_vs_reference"]["default"]
+            rows.append((f"{label} default / reference, {key.replace('_', ' ')}", ratio_cell(spread), note))
+    return rows
+
+
+def startup_rows(startup: dict) -> list[Row]:
+    if "train_vs_imports" not in startup:
+        return []
+    seconds = startup["seconds"]
+    note = f"train {seconds['train']['median']:.1f} s, imports {seconds['imports']['median']:.1f} s, goal <= 1.5"
+    return [("start-up: project.train toy / bare imports", ratio_cell(startup["train_vs_imports"]), note)]
+
+
+def ddp_rows(ddp: dict) -> list[Row]:
+    return [
+        (f"DDP: 2 processes / 1, {name}", ratio_cell(spread), "gloo, 1 thread per rank")
+        for name, spread in ddp.get("two_vs_one", {}).items()
+    ]
+
+
+def accuracy_rows(accuracy: dict) -> list[Row]:
+    rows = []
+    for key, what in (("to_85", "85 %"), ("to_88", "88 %"), ("best", "best")):
+        if key in accuracy:
+            point = accuracy[key]
+            cell = "not reached" if point is None else f"{point['test_acc'] * 100:6.2f} %"
+            note = "" if point is None else f"epoch {point['epoch']}, {point['seconds']:.1f} s of training"
+            rows.append((f"accuracy: {what} (test, {accuracy['max_epochs']} epochs)", cell, note))
+    return rows
+
+
+def rows(suites: dict) -> list[Row]:
+    """Every ratio the suites measured; failed suites first, saying why."""
+    failed = [(f"{name}: FAILED", "", result["error"][:80]) for name, result in suites.items() if "error" in result]
+    return [
+        *failed,
+        *data_rows(suites.get("data_path", {})),
+        *lightning_rows(suites.get("lightning_overhead", {}), "Lightning"),
+        *lightning_rows(suites.get("gpu", {}), "GPU Lightning"),
+        *startup_rows(suites.get("startup", {})),
+        *ddp_rows(suites.get("ddp_scaling", {})),
+        *accuracy_rows(suites.get("time_to_accuracy", {})),
+    ]
+
+
+def format_table(record: dict) -> str:
+    host = record["machine"]
+    title = f"Bench {record['date']} ({record['mode']}) on {host['cpu']}, {host['cores']} cores"
+    if host["gpu"]:
+        title += f", {host['gpu']}"
+    lines = [f"{what:<48}{cell:<22}{note}" for what, cell, note in rows(record["suites"])]
+    costs = record["suites"].get("lightning_overhead", {}).get("profile_ms_per_step", {})
+    if costs:
+        total = sum(costs.values())
+        lines.append("Lightning default, one profiled epoch, self time per training step (cProfile):")
+        lines += [f"  {part:<54}{ms:6.2f} ms  {ms / total:4.0%}" for part, ms in costs.items()]
+    lines.append(f"{record['seconds']:.0f} s in all; ratios: median (low-high) of per-repeat ratios")
+    rule = "-" * max(len(line) for line in [title, *lines])
+    return "\n".join([rule, title, rule, *lines, rule])
