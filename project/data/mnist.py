@@ -6,6 +6,7 @@ standard deviation.
 """
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -88,12 +89,18 @@ class MNISTDataModule(InMemoryDataModule):
         return [name for name in self._file_names() if not (self.raw_dir / name).is_file()]
 
     def _extract_gzipped_files(self) -> None:
-        """Unpack `<file>.gz` placed by hand, so copies of the originals work offline like a download."""
+        """Unpack `<file>.gz` placed by hand, so copies of the originals work offline like a download.
+
+        Each process unpacks into a file of its own and renames it into place, so ranks that start together never
+        read a half-written file.
+        """
         for name in self._missing_files():
             packed = self.raw_dir / f"{name}.gz"
             if packed.is_file():
-                with gzip.open(packed, "rb") as source, open(self.raw_dir / name, "wb") as target:
+                partial = self.raw_dir / f".{name}.{os.getpid()}.partial"
+                with gzip.open(packed, "rb") as source, open(partial, "wb") as target:
                     shutil.copyfileobj(source, target)
+                os.replace(partial, self.raw_dir / name)
 
     def _missing_message(self, why: str) -> str:
         return (
