@@ -34,6 +34,17 @@ class TrainingHistory:
         self.epoch_losses.append(sum(values) / len(values) if values else float("nan"))
         self.epoch_samples.append(samples)
 
+    def run_summary(self, run_dir: str | Path) -> dict:
+        """The size, speed and place of the run, as both paths' results.json state them (samples of all ranks)."""
+        samples = sum(self.epoch_samples) * self.world_size
+        return {
+            "epochs": self.first_epoch + len(self.epoch_samples),
+            "world_size": self.world_size,
+            "fit_seconds": self.fit_seconds,
+            "samples_per_second": samples / self.fit_seconds if self.fit_seconds else float("nan"),
+            "run_dir": str(run_dir),
+        }
+
     def save(self, run_dir: str | Path) -> Path:
         path = Path(run_dir) / f"history.rank{self.rank}.json"
         path.write_text(json.dumps(asdict(self), indent=1))

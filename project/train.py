@@ -44,7 +44,7 @@ def train(cfg: DictConfig) -> dict:
         failed = False
     finally:
         finish_job(trainer, failed)
-    results = fit_metrics | test_metrics | summarise_history(Path(cfg.run_dir), trainer.world_size, cfg.run_dir)
+    results = fit_metrics | test_metrics | summarise_history(cfg.run_dir, trainer.world_size)
     log_hyperparameters(trainer, cfg, results)
     return results
 
@@ -63,26 +63,12 @@ def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> N
             logger.log_hyperparams(params, metrics)
 
 
-def summarise_history(run_dir: Path, world_size: int, run_dir_text: str) -> dict:
+def summarise_history(run_dir: str, world_size: int) -> dict:
     """Epochs, time and speed from rank 0's history file (written by every strategy, spawned workers included)."""
-    history_file = run_dir / "history.rank0.json"
+    history_file = Path(run_dir) / "history.rank0.json"
     if not history_file.is_file():  # callbacks=none: no history recorded
-        return {
-            "epochs": 0,
-            "world_size": world_size,
-            "fit_seconds": float("nan"),
-            "samples_per_second": float("nan"),
-            "run_dir": run_dir_text,
-        }
-    history = TrainingHistory.load(history_file)
-    samples = sum(history.epoch_samples) * history.world_size
-    return {
-        "epochs": history.first_epoch + len(history.epoch_samples),
-        "world_size": history.world_size,
-        "fit_seconds": history.fit_seconds,
-        "samples_per_second": samples / history.fit_seconds,
-        "run_dir": run_dir_text,
-    }
+        return TrainingHistory(world_size=world_size, fit_seconds=float("nan")).run_summary(run_dir)
+    return TrainingHistory.load(history_file).run_summary(run_dir)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

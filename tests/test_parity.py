@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from torch.utils.data.distributed import DistributedSampler
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.compare import max_loss_difference, max_weight_difference
+from project.compare import max_loss_difference, max_weight_difference, network_weights
 from project.history import TrainingHistory
 from project.reference.loop import Trainer, build
 from tests.conftest import (
@@ -104,7 +104,7 @@ def test_lightning_multi_process_strategies_equal_torchrun(
     else:
         check_ok(run_module("project.train", *args, "trainer.devices=2", cwd=tmp_path))
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    weights = {k.removeprefix("network."): v for k, v in checkpoint["state_dict"].items() if k.startswith("network.")}
+    weights = network_weights(checkpoint["state_dict"])
     assert_same_training(run_dir, torchrun_reference, weights)
 
 

@@ -34,10 +34,12 @@ def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path)
     import torch
     from hydra.utils import instantiate
 
+    from project.compare import network_weights
+
     check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     network = instantiate(checkpoint["config"]["model"]["network"])
-    state = {k.removeprefix("network."): v for k, v in checkpoint["state_dict"].items() if k.startswith("network.")}
+    state = network_weights(checkpoint["state_dict"])
     network.load_state_dict(state)
     logits = network(torch.tensor([[-0.8, 2.8], [2.6, -1.6]]))
     assert logits.argmax(dim=1).tolist() == [0, 1]

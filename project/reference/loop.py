@@ -172,16 +172,4 @@ def write_outputs(run_dir: str | Path, trainer: Trainer, network: nn.Module, res
 
 def collect_results(trainer: Trainer, test_metrics: dict, run_dir: str | Path) -> dict:
     """The same keys as the Lightning path's results.json."""
-    history = trainer.history
-    samples = sum(history.epoch_samples) * history.world_size
-    return (
-        trainer.epoch_metrics[-1]
-        | test_metrics
-        | {
-            "epochs": len(trainer.epoch_metrics),
-            "world_size": history.world_size,
-            "fit_seconds": history.fit_seconds,
-            "samples_per_second": samples / history.fit_seconds,
-            "run_dir": str(run_dir),
-        }
-    )
+    return trainer.epoch_metrics[-1] | test_metrics | trainer.history.run_summary(run_dir)
