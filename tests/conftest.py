@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from project.compare import free_port  # noqa: F401  (tests import it from here)
 from tests.idx_files import write_idx_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,14 +117,6 @@ def simulated_slurm_nodes(
         stdout, stderr = proc.communicate(timeout=timeout)
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
     return results
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def histories(run_dir: Path) -> list[dict]:
