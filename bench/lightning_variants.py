@@ -1,13 +1,22 @@
 """`ClassifierModule` with other logging, to price what logging costs Lightning per step (`lightning_overhead`)."""
 
 from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
 
-from project.module import ClassifierModule
+from project.module import STAGES, ClassifierModule
 
 
 class PerStepLoggingModule(ClassifierModule):
-    """The textbook way, and this project's before the bench: call each metric and `self.log` it at every step,
-    and log the step loss at every step."""
+    """The textbook way, and this project's before the bench: torchmetrics' `MeanMetric` and `MulticlassAccuracy`,
+    each called and `self.log`-ged at every step, and the step loss logged at every step."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        classes = list(self.network.modules())[-1].out_features  # the last layer's width
+        for stage in STAGES:
+            setattr(self, f"{stage}_loss", MeanMetric())
+            setattr(self, f"{stage}_acc", MulticlassAccuracy(classes, average="micro"))
 
     def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         inputs, labels = batch

@@ -1,8 +1,9 @@
 """The LightningModule: any classifier network, an optimizer from config, cross-entropy and accuracy.
 
 The network arrives built (`project.models`), the optimizer and the optional learning-rate schedule as partials
-(`_partial_: true` in `conf/model/`), so swapping any of them is a config change. The metrics are torchmetrics
-objects, which Lightning reduces across processes correctly under every strategy.
+(`_partial_: true` in `conf/model/`), so swapping any of them is a config change. The loss and accuracy come from
+`project.metrics.ClassificationTotals`, the metric the raw reference loop counts with too; it sums over all
+processes when an epoch's numbers are computed, under every strategy.
 """
 
 from collections.abc import Callable, Iterable
@@ -10,8 +11,8 @@ from collections.abc import Callable, Iterable
 import lightning as L
 import torch
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
+
+from project.metrics import ClassificationTotals
 
 STAGES = ("train", "val", "test")
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -26,23 +27,20 @@ class ClassifierModule(L.LightningModule):
         self,
         network: nn.Module,
         optimizer: OptimizerFactory,
-        num_classes: int,
         scheduler: SchedulerFactory | None = None,
     ) -> None:
         super().__init__()
-        # The network and the partials are not hyperparameters of their own: the entry point saves the whole Hydra
-        # config (which builds them) in every checkpoint.
-        self.save_hyperparameters(ignore=["network", "optimizer", "scheduler"])
+        # No `save_hyperparameters()`: the entry point saves the whole Hydra config (which builds the network and
+        # the partials) in every checkpoint, and logs it to TensorBoard's HParams view.
         self.network = network
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         # The run's whole resolved config, set by the entry point and stored in every checkpoint, so a checkpoint
         # alone can rebuild its network (`checkpoint["config"]["model"]`).
         self.run_config: dict | None = None
-        # One loss mean and one accuracy per stage; torchmetrics reduces them over all processes at epoch end.
+        # One loss-and-accuracy count per stage (submodules, so they follow the network to its device).
         for stage in STAGES:
-            setattr(self, f"{stage}_loss", MeanMetric())
-            setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro"))
+            setattr(self, f"{stage}_totals", ClassificationTotals())
 
     def __setattr__(self, name: str, value: object) -> None:
         # Lightning sets `_current_fx_name` (a str) around every hook it calls, some 40 times per training step.
@@ -61,18 +59,21 @@ class ClassifierModule(L.LightningModule):
         logits = self(inputs)
         loss = nn.functional.cross_entropy(logits, labels)
         # `update`, not a call: calling a metric also computes this batch's own value, which nothing reads.
-        getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(labels))
-        getattr(self, f"{stage}_acc").update(logits.detach(), labels)
+        getattr(self, f"{stage}_totals").update(logits, labels, loss)
         return loss
 
     def _log_epoch_metrics(self, stage: str) -> None:
-        """Log the stage's metric objects once per epoch: Lightning computes them (over all processes), then resets.
+        """Log `<stage>/loss` and `<stage>/acc` of the whole epoch (all processes), then start counting afresh.
 
-        Logging them from every step instead would give the same numbers but costs ~0.5 ms of Lightning's
-        bookkeeping per `self.log` call, a quarter of an MLP step on a CPU (see bench/).
+        Once per epoch: logging from every step would give the same numbers but costs ~0.5 ms of Lightning's
+        bookkeeping per `self.log` call, a quarter of an MLP step on a CPU (see bench/). `compute()` has already
+        summed over processes, so `sync_dist` averages equal numbers: it changes nothing but tells Lightning the
+        value is global (it warns otherwise under DDP).
         """
-        self.log(f"{stage}/loss", getattr(self, f"{stage}_loss"), prog_bar=True)
-        self.log(f"{stage}/acc", getattr(self, f"{stage}_acc"), prog_bar=True)
+        totals = getattr(self, f"{stage}_totals")
+        for name, value in totals.compute().items():
+            self.log(f"{stage}/{name}", value, prog_bar=True, sync_dist=True)
+        totals.reset()
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self._step(batch, "train")

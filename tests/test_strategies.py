@@ -238,7 +238,7 @@ def test_dp_strategy_fits_validates_tests_and_predicts_in_process(tmp_path: Path
 
     L.seed_everything(123)
     datamodule = ToyDataModule(batch_size=2, seed=123, drop_last=True)
-    module = ClassifierModule(NeuralNetwork(2, 2), functools.partial(torch.optim.SGD, lr=0.5), num_classes=2)
+    module = ClassifierModule(NeuralNetwork(2, 2), functools.partial(torch.optim.SGD, lr=0.5))
     trainer = L.Trainer(
         strategy="dp",
         accelerator="cpu",

@@ -4,15 +4,14 @@
 
 Compared with `single`: join the process group (gloo on CPU, nccl on GPU), give each rank its share of every
 epoch with a `DistributedSampler` (reshuffled by `set_epoch`), wrap the network in DDP (which averages gradients
-across ranks in `backward`), sum the epoch's totals over ranks, let rank 0 alone evaluate and write, and leave
-the process group at the end.
+across ranks in `backward`), let rank 0 alone evaluate and write, and leave the process group at the end. (The
+epoch's loss and accuracy need no extra line: the shared metric sums them over ranks when they are computed.)
 """
 
 import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
-from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
@@ -20,11 +19,6 @@ from project.errors import exit_on_user_error
 from project.history import TrainingHistory
 from project.reference.launch import require_environment
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
-
-
-def sum_over_ranks(totals: Tensor) -> Tensor:
-    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-    return totals
 
 
 def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) -> None:
@@ -39,7 +33,7 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
         model = DistributedDataParallel(network, device_ids=[local_rank] if device.type == "cuda" else None)
         sampler = DistributedSampler(datamodule.train_set, world_size, rank, shuffle=True, seed=cfg.seed)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
-        trainer = Trainer(model, optimizer, device, TrainingHistory(rank, world_size), sum_over_ranks)
+        trainer = Trainer(model, optimizer, device, TrainingHistory(rank, world_size))
         fit_and_report(cfg, trainer, datamodule, network, train_loader, is_main=rank == 0)
     finally:
         dist.destroy_process_group()

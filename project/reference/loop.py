@@ -6,7 +6,6 @@ validation after every epoch) so that the two paths give the same numbers.
 
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from project.data import InMemoryDataModule
 from project.history import TrainingHistory
+from project.metrics import ClassificationTotals
 from project.results import format_results_table, save_results
 
 
@@ -62,15 +62,11 @@ def attach_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_
     optimizer.register_step_post_hook(lambda *_: scheduler.step())
 
 
-def no_reduction(totals: Tensor) -> Tensor:
-    return totals
-
-
 class Trainer:
     """Trains `model` (the network, or a DataParallel/DDP wrapper of it) and evaluates it.
 
-    `reduce_totals` sums a tensor over processes (identity in one process), so the epoch's loss and accuracy
-    cover all of the data, as Lightning's metrics do.
+    The epoch's loss and accuracy are counted with the Lightning path's metric (`ClassificationTotals`); under
+    DDP its `compute()` sums them over all processes, so they cover all of the data on every rank.
     """
 
     def __init__(
@@ -79,13 +75,12 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         history: TrainingHistory,
-        reduce_totals: Callable[[Tensor], Tensor] = no_reduction,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.device = device
         self.history = history
-        self.reduce_totals = reduce_totals
+        self.train_totals = ClassificationTotals().to(device)
         self.epoch_metrics: list[dict[str, float]] = []
 
     def _run_batch(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -94,22 +89,20 @@ class Trainer:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        return loss.detach(), (logits.argmax(dim=1) == labels).sum()
+        return logits, loss.detach()
 
     def _run_epoch(self, loader: DataLoader) -> dict[str, float]:
         self.model.train()
-        losses, totals = (
-            [],
-            torch.zeros(3, dtype=torch.float64, device=self.device),
-        )  # loss sum, correct, count
+        losses = []
         for inputs, labels in loader:
             inputs, labels = inputs.to(self.device), labels.to(self.device)
-            loss, correct = self._run_batch(inputs, labels)
+            logits, loss = self._run_batch(inputs, labels)
             losses.append(loss)
-            totals += torch.stack([loss * len(labels), correct, torch.tensor(len(labels), device=self.device)])
-        self.history.end_epoch(losses, samples=int(totals[2]))
-        loss_sum, correct, count = self.reduce_totals(totals).tolist()
-        return {"train/loss": loss_sum / count, "train/acc": correct / count}
+            self.train_totals.update(logits, labels, loss)
+        self.history.end_epoch(losses, samples=int(self.train_totals.count))  # this process's samples
+        metrics = {f"train/{name}": value.item() for name, value in self.train_totals.compute().items()}
+        self.train_totals.reset()
+        return metrics
 
     def fit(self, train_loader: DataLoader, val_loader: DataLoader | None, epochs: int) -> None:
         """Train `epochs` epochs, validating after each one when `val_loader` is given (rank 0 only in DDP)."""
@@ -127,14 +120,12 @@ class Trainer:
     def evaluate(self, loader: DataLoader, stage: str) -> dict[str, float]:
         """Mean loss and accuracy of the current weights on `loader`, keyed `<stage>/loss`, `<stage>/acc`."""
         self.model.eval()
-        loss_sum, correct, count = 0.0, 0, 0
+        totals = ClassificationTotals(sync_on_compute=False).to(self.device)  # one process sees the whole set
         for inputs, labels in loader:
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             logits = self.model(inputs)
-            loss_sum += nn.functional.cross_entropy(logits, labels, reduction="sum").item()
-            correct += (logits.argmax(dim=1) == labels).sum().item()
-            count += len(labels)
-        return {f"{stage}/loss": loss_sum / count, f"{stage}/acc": correct / count}
+            totals.update(logits, labels, nn.functional.cross_entropy(logits, labels))
+        return {f"{stage}/{name}": value.item() for name, value in totals.compute().items()}
 
 
 def fit_and_report(
