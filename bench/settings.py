@@ -17,7 +17,7 @@ class Settings:
 
     @classmethod
     def make(cls, quick: bool, device: str, data_root: Path, gpu_variant: bool = False) -> "Settings":
-        return cls(quick, device, data_root, gpu_variant, repeats=1 if quick else 3, epochs=2)
+        return cls(quick, device, data_root, gpu_variant, repeats=1 if quick else 5, epochs=2)
 
     @property
     def resident(self) -> bool:

@@ -33,8 +33,9 @@ class InMemoryDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
         # `index_select` with the index already on the data's device: advanced indexing (`inputs[index]`) takes a
-        # slower general path and, for GPU-resident data, copies a CPU index to the device twice (bench/data_path).
-        index = torch.as_tensor(indices, device=self.inputs.device)
+        # slower general path and, for GPU-resident data, copies a CPU index to the device twice. Naming the dtype
+        # spares `as_tensor` inferring it from 128 Python ints: half of its ~25 µs (bench/data_path).
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.inputs.device)
         return self.inputs.index_select(0, index), self.targets.index_select(0, index)
 
 
