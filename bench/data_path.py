@@ -7,7 +7,9 @@
     datamodule, resident  (GPU variant) the datamodule's tensors in device memory: no copy per batch
 
 Every path runs the same step (forward, cross-entropy, backward, optimizer step) on a fresh network, the same
-number of batches, in interleaved repeats.
+number of batches. The paths run side by side in chunks of `CHUNK_STEPS` steps (one chunk of each in turn, the
+order rotating), so a slow spell of the machine, which lasts seconds on a shared host, falls on all of them; a
+whole epoch of one path after a whole epoch of another swung the ratio by ±0.1 from run to run.
 """
 
 import time
@@ -20,28 +22,48 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets, transforms
 
 from bench.settings import Settings
-from bench.timing import interleave, paired_ratio
+from bench.timing import paired_ratio
 from bench.training_runs import compose_config, load_datamodule
 from project.data import InMemoryDataModule
 
 WARMUP_STEPS = 20
+CHUNK_STEPS = 5  # ~10 ms of training per turn on a 2-core CPU: narrower spreads than 25 steps gave
 
 
-def train_epoch(cfg, batches: Iterable[tuple[Tensor, Tensor]], device: torch.device, steps: int) -> list[float]:
-    """Seconds for `steps` training steps over `batches` (moved to `device` when they are not there yet)."""
-    torch.manual_seed(cfg.seed)
-    network = instantiate(cfg.model.network).to(device)
-    optimizer = instantiate(cfg.model.optimizer)(network.parameters())
-    start = time.perf_counter()
-    for _, (inputs, labels) in zip(range(steps), batches, strict=False):
-        inputs, labels = inputs.to(device), labels.to(device)
-        loss = nn.functional.cross_entropy(network(inputs), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return [time.perf_counter() - start]
+class TimedTraining:
+    """One path's network and optimizer, fed from its batches, with the seconds its steps took so far."""
+
+    def __init__(self, cfg, batches: Iterable[tuple[Tensor, Tensor]], device: torch.device) -> None:
+        torch.manual_seed(cfg.seed)
+        self.network = instantiate(cfg.model.network).to(device)
+        self.optimizer = instantiate(cfg.model.optimizer)(self.network.parameters())
+        self.batches = iter(batches)
+        self.device = device
+        self.seconds = 0.0
+
+    def run(self, steps: int) -> None:
+        """Train `steps` steps (fetch, move to the device, forward, backward, update) and add their time."""
+        start = time.perf_counter()
+        for _, (inputs, labels) in zip(range(steps), self.batches, strict=False):
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            loss = nn.functional.cross_entropy(self.network(inputs), labels)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - start
+
+
+def epoch_side_by_side(cfg, loaders: dict[str, Callable[[], Iterable]], device: torch.device, steps: int) -> dict:
+    """Seconds of one `steps`-step epoch of every path, the paths taking turns chunk by chunk."""
+    paths = {name: TimedTraining(cfg, make(), device) for name, make in loaders.items()}
+    names = list(paths)
+    for turn, done in enumerate(range(0, steps, CHUNK_STEPS)):
+        rotation = turn % len(names)
+        for name in names[rotation:] + names[:rotation]:
+            paths[name].run(min(CHUNK_STEPS, steps - done))
+    return {name: path.seconds for name, path in paths.items()}
 
 
 def preloaded_slices(datamodule: InMemoryDataModule, device: torch.device) -> Iterable[tuple[Tensor, Tensor]]:
@@ -75,11 +97,11 @@ def run(settings: Settings, recipe: list[str], scratch) -> dict:
     }
     if settings.resident:
         loaders["datamodule, resident"] = load_datamodule(cfg, device).train_dataloader
-    train_epoch(cfg, preloaded_slices(datamodule, device), device, WARMUP_STEPS)  # first-use costs, untimed
-    seconds = interleave(
-        {name: (lambda make=make: train_epoch(cfg, make(), device, steps)) for name, make in loaders.items()},
-        settings.repeats,
-    )
+    TimedTraining(cfg, preloaded_slices(datamodule, device), device).run(WARMUP_STEPS)  # first-use costs, untimed
+    seconds: dict[str, list[list[float]]] = {name: [] for name in loaders}
+    for _ in range(settings.repeats):
+        for name, epoch_seconds in epoch_side_by_side(cfg, loaders, device, steps).items():
+            seconds[name].append([epoch_seconds])
     samples = steps * datamodule.batch_size
     return {
         "steps": steps,

@@ -101,4 +101,8 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
     cfg = compose_config([*recipe, trainer, "trainer.max_epochs=1"], scratch / "profiled")
     datamodule = load_datamodule(cfg, torch.device(settings.device) if settings.resident else None)
     profiled, _ = lightning_fit(cfg, datamodule, [profiler])
-    return result | {"profile_ms_per_step": profiler.milliseconds_per_step(len(profiled.clock.step_ends))}
+    steps = len(profiled.clock.step_ends)
+    return result | {
+        "profile_ms_per_step": profiler.milliseconds_per_step(steps),
+        "hook_calls_per_step": profiler.hook_calls_per_step(steps),
+    }

@@ -24,13 +24,24 @@ PARTS = (
     ("TensorBoard", ("loggers/tensorboard.py", "site-packages/tensorboard/", "torch/utils/tensorboard/")),
     ("torchmetrics updates", ("site-packages/torchmetrics/",)),
     ("project callbacks (history, learning rate)", ("project/history.py", "project/learning_rate.py")),
-    ("Lightning loop and hook dispatch", ("lightning/pytorch/", "lightning/fabric/", "lightning_utilities/")),
+    # Lightning's own per-step work, which no Trainer flag turns off (the `bare` variant still pays it):
+    ("Lightning: hook dispatch", ("pytorch/trainer/call.py", "pytorch/core/hooks.py", "callbacks/callback.py")),
+    ("Lightning: optimizer step and closure", ("loops/optimization/", "core/optimizer.py", "plugins/precision/")),
+    ("Lightning: hook-signature checks", ("signature_utils.py", "model_helpers.py", "core/overrides.py")),
+    ("Lightning: batch fetch and transfer", ("loops/fetchers.py", "combined_loader.py", "apply_func.py")),
+    ("Lightning: loops, strategy and progress", ("lightning/pytorch/", "lightning/fabric/", "lightning_utilities/")),
     ("torch Python (optimizer, autograd, nn.Module calls)", ("torch/",)),
 )
 OTHER = "Python runtime and the rest"
 
 
 CALLER_DEPTH = 4  # how far up the callers a Python runtime function's time is passed on
+CALL_FILE = "lightning/pytorch/trainer/call.py"
+HOOK_DISPATCHERS = {  # label: the function in CALL_FILE that dispatches it (one call per hook)
+    "LightningModule hooks": "_call_lightning_module_hook",
+    "callback hooks": "_call_callback_hooks",
+    "strategy hooks": "_call_strategy_hook",
+}
 
 
 def part_of(location: str) -> str:
@@ -78,3 +89,13 @@ class ProfileTraining(L.Callback):
         """Each part's self time per training step, largest first."""
         parts = split_self_time(pstats.Stats(self.profiler).stats)
         return {part: seconds / steps * 1000 for part, seconds in parts.most_common()}
+
+    def hook_calls_per_step(self, steps: int) -> dict[str, float]:
+        """How many hooks Lightning dispatches per training step (the epoch's validation included, spread over its
+        training steps); each callback-hook dispatch goes to every callback."""
+        stats = pstats.Stats(self.profiler).stats
+        return {
+            label: sum(entry[1] for (file, _, name), entry in stats.items() if file.endswith(CALL_FILE) and name == fn)
+            / steps
+            for label, fn in HOOK_DISPATCHERS.items()
+        }

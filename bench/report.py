@@ -120,6 +120,8 @@ def format_table(record: dict) -> str:
         total = sum(costs.values())
         lines.append("Lightning default, one profiled epoch, self time per training step (cProfile):")
         lines += [f"  {part:<54}{ms:6.2f} ms  {ms / total:4.0%}" for part, ms in costs.items()]
+        calls = record["suites"]["lightning_overhead"].get("hook_calls_per_step", {})
+        lines += [f"  calls per step: {label} {count:.1f}" for label, count in calls.items()]
     lines.append(f"{record['seconds']:.0f} s in all; ratios: median (low-high) of per-repeat ratios")
     rule = "-" * max(len(line) for line in [title, *lines])
     return "\n".join([rule, title, rule, *lines, rule])
