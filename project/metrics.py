@@ -20,12 +20,29 @@ class ClassificationTotals(Metric):
     alone, such as the reference path's rank-0 evaluation.
     """
 
-    full_state_update = False  # an update needs only its own batch: no recompute of the global state per step
+    # torchmetrics asks every metric to say whether `forward()` needs the whole state; sums do not (neither path
+    # calls `forward()`, but the answer spares torchmetrics a check at first use).
+    full_state_update = False
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        for name in ("loss_sum", "correct", "count"):
-            self.add_state(name, default=torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("loss_sum", default=torch.tensor(0.0), dist_reduce_fx="sum")
+        # Integer counts stay exact however many samples an epoch has (a float32 count stops at 2**24).
+        self.add_state("correct", default=torch.tensor(0), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")
+
+    def _apply(self, fn, *args, **kwargs) -> "ClassificationTotals":
+        """Move the states with the module, but keep their dtypes.
+
+        Lightning's `16-true` and `bf16-true` precisions cast the whole LightningModule with `.to(dtype)`, which
+        torchmetrics passes on to the states: a half-precision sum of an epoch's losses keeps about 3 digits.
+        """
+        dtypes = {name: getattr(self, name).dtype for name in self._defaults}
+        moved = super()._apply(fn, *args, **kwargs)
+        for name, dtype in dtypes.items():
+            setattr(moved, name, getattr(moved, name).to(dtype))
+            moved._defaults[name] = moved._defaults[name].to(dtype)
+        return moved
 
     def update(self, logits: Tensor, labels: Tensor, loss: Tensor) -> None:
         """Count one batch; `loss` is the batch's mean loss (as `cross_entropy` returns it)."""

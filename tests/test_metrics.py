@@ -1,6 +1,7 @@
 """The metric both paths count with: sample-weighted loss, accuracy, reset, and the sum over DDP processes."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from torch import nn
 
 from project.metrics import ClassificationTotals
 from tests.conftest import free_port
+
+SPAWN_TIMEOUT = 120
 
 
 def batches(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -51,8 +54,24 @@ def test_reset_starts_a_new_epoch():
     assert metric.compute()["loss"].item() == pytest.approx(expected(batches(seed=2))[0], abs=1e-6)
 
 
+def test_half_precision_modules_keep_exact_counts_and_a_float32_loss_sum():
+    """Lightning's `bf16-true` casts the whole LightningModule with `.to(dtype)`; the states must not follow."""
+    metric = ClassificationTotals().to(dtype=torch.bfloat16)
+    assert (metric.loss_sum.dtype, metric.correct.dtype, metric.count.dtype) == (
+        torch.float32,
+        torch.int64,
+        torch.int64,
+    )
+    count(metric, batches() * 400)  # 6400 samples: a bfloat16 count would already be off
+    assert metric.count.item() == 6400
+    metric.reset()
+    assert metric.loss_sum.dtype == torch.float32
+
+
 def count_on_rank(rank: int, port: int, results: dict) -> None:
-    """Rank r counts every other batch, starting at r; `compute()` must cover both ranks' batches."""
+    """Rank r counts every other batch, starting at r; `compute()` must cover both ranks' batches. Then rank 0
+    alone computes a `sync_on_compute=False` metric, as the reference's evaluation does: it must not wait for
+    rank 1."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -62,6 +81,11 @@ def count_on_rank(rank: int, port: int, results: dict) -> None:
         local = int(metric.count.item())
         values = metric.compute()
         results[rank] = (local, values["loss"].item(), values["acc"].item(), int(metric.count.item()))
+        if rank == 0:
+            alone = ClassificationTotals(sync_on_compute=False)
+            count(alone, batches())
+            results["rank 0 alone"] = alone.compute()["loss"].item()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -69,9 +93,16 @@ def count_on_rank(rank: int, port: int, results: dict) -> None:
 def test_compute_sums_over_ddp_processes_on_every_rank():
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(count_on_rank, args=(free_port(), results), nprocs=2)
+        processes = mp.spawn(count_on_rank, args=(free_port(), results), nprocs=2, join=False)
+        deadline = time.monotonic() + SPAWN_TIMEOUT
+        while not processes.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in processes.processes:
+                    process.kill()
+                pytest.fail(f"the two ranks did not finish in {SPAWN_TIMEOUT} s (a sync waiting for a rank?)")
         results = dict(results)
     loss, accuracy = expected(batches())
+    assert results["rank 0 alone"] == pytest.approx(loss, abs=1e-6)
     assert (results[0][0], results[1][0]) == (13, 3), "each rank counted its own batches"
     for rank in (0, 1):
         _, rank_loss, rank_accuracy, local_after = results[rank]
