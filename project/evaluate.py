@@ -8,19 +8,28 @@ project is refused with one line.
 
 import hydra
 import lightning as L
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from project.checkpoints import load_project_checkpoint
-from project.errors import exit_on_user_error
+from project.errors import UserError, exit_on_user_error, find_user_error
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
     checkpoint = load_project_checkpoint(cfg.ckpt_path)
     trained = OmegaConf.create(checkpoint["config"])
-    datamodule = instantiate(trained.data)
-    module = instantiate(trained.model)
+    try:
+        datamodule = instantiate(trained.data)
+        module = instantiate(trained.model)
+    except InstantiationException as error:
+        if find_user_error(error):  # the user's own mistake, already worded (e.g. data that is missing)
+            raise
+        raise UserError(
+            f"{cfg.ckpt_path}: its stored config no longer builds with this version of the project ({error}); "
+            "evaluate it with the version that trained it"
+        ) from None
     module.load_state_dict(checkpoint["state_dict"])
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_checkpointing=False)
     trainer.test(module, datamodule=datamodule, verbose=False)

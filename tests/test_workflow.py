@@ -99,7 +99,7 @@ def test_run_killed_after_epoch_one_resumes_to_the_same_weights(tmp_path: Path, 
             assert (tensor - again[name]).abs().max() <= 1e-6
 
 
-def test_evaluate_reproduces_the_test_metrics_of_training(tmp_path: Path, mnist_root: Path):
+def test_evaluate_reproduces_training_metrics_and_refuses_a_config_it_cannot_build(tmp_path: Path, mnist_root: Path):
     check_ok(
         run_module(
             "project.train",
@@ -120,6 +120,20 @@ def test_evaluate_reproduces_the_test_metrics_of_training(tmp_path: Path, mnist_
     printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("test/"))
     assert float(printed["test/acc"]) == trained["test/acc"]
     assert float(printed["test/loss"]) == trained["test/loss"]
+
+    # A checkpoint of an earlier version, whose ClassifierModule still took `num_classes`: one line, exit 2.
+    earlier = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=True)
+    earlier["config"]["model"]["num_classes"] = 10
+    torch.save(earlier, tmp_path / "earlier.ckpt")
+    result = run_module(
+        "project.evaluate",
+        f"ckpt_path={tmp_path / 'earlier.ckpt'}",
+        f"hydra.run.dir={tmp_path / 'eval2'}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "no longer builds" in error_lines[0] and "num_classes" in error_lines[0]
 
 
 @pytest.mark.parametrize("content", [b"not a checkpoint at all", None])
