@@ -18,6 +18,7 @@ from tests.conftest import (
     free_port,
     histories,
     mnist_overrides,
+    read_json,
     run_module,
     simulated_slurm_nodes,
 )
@@ -106,6 +107,10 @@ def test_lightning_multi_process_strategies_equal_torchrun(
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     weights = network_weights(checkpoint["state_dict"])
     assert_same_training(run_dir, torchrun_reference, weights)
+    # The logged epoch numbers cover both ranks' data, as the reference's do (its rank 0 evaluates alone).
+    got, expected = read_json(run_dir / "results.json"), read_json(torchrun_reference / "results.json")
+    for name in ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc"):
+        assert got[name] == pytest.approx(expected[name], abs=1e-6), name
 
 
 def train_in_process(tmp_path: Path, seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:
