@@ -28,7 +28,7 @@ PARTS = (
     ("Lightning: hook dispatch", ("pytorch/trainer/call.py", "pytorch/core/hooks.py", "callbacks/callback.py")),
     ("Lightning: optimizer step and closure", ("loops/optimization/", "core/optimizer.py", "plugins/precision/")),
     ("Lightning: hook-signature checks", ("signature_utils.py", "model_helpers.py", "core/overrides.py")),
-    ("Lightning: batch fetch and transfer", ("loops/fetchers.py", "combined_loader.py", "apply_func.py")),
+    ("Lightning: batch fetching", ("loops/fetchers.py", "combined_loader.py")),
     ("Lightning: loops, strategy and progress", ("lightning/pytorch/", "lightning/fabric/", "lightning_utilities/")),
     ("torch Python (optimizer, autograd, nn.Module calls)", ("torch/",)),
 )
