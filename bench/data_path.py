@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterable
 
 import torch
 from hydra.utils import instantiate
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets, transforms
 
 from bench.settings import Settings
 from bench.timing import paired_ratio
-from bench.training_runs import compose_config, load_datamodule
+from bench.training_runs import compose_config, load_datamodule, train_step
 from project.data import InMemoryDataModule
 
 WARMUP_STEPS = 20
@@ -48,11 +48,7 @@ class TimedTraining:
         """Train `steps` steps (fetch, move to the device, forward, backward, update) and add their time."""
         start = time.perf_counter()
         for _, (inputs, labels) in zip(range(steps), self.batches, strict=False):
-            inputs, labels = inputs.to(self.device), labels.to(self.device)
-            loss = nn.functional.cross_entropy(self.network(inputs), labels)
-            self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
+            train_step(self.network, self.optimizer, inputs.to(self.device), labels.to(self.device))
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - start

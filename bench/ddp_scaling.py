@@ -15,14 +15,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from hydra.utils import instantiate
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from bench.settings import Settings
 from bench.timing import paired_ratio
-from bench.training_runs import compose_config, load_datamodule
+from bench.training_runs import compose_config, load_datamodule, train_step
 from project.compare import free_port
 from project.data.in_memory import EpochShuffleSampler, keep_batch
 
@@ -36,20 +35,13 @@ def timed_epoch(cfg, datamodule, batch_size: int, sampler: Sampler, distributed:
     model = DistributedDataParallel(network) if distributed else network
     optimizer = instantiate(cfg.model.optimizer)(network.parameters())
     loader = DataLoader(datamodule.train_set, batch_size=batch_size, sampler=sampler, collate_fn=keep_batch)
-
-    def step(inputs, labels) -> None:
-        loss = nn.functional.cross_entropy(model(inputs), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
     for _, batch in zip(range(WARMUP_STEPS), loader, strict=False):
-        step(*batch)
+        train_step(model, optimizer, *batch)
     if distributed:
         dist.barrier()
     start = time.perf_counter()
     for batch in loader:
-        step(*batch)
+        train_step(model, optimizer, *batch)
     if distributed:
         dist.barrier()  # the epoch ends when the slower rank is done
     return time.perf_counter() - start

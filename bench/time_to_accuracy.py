@@ -10,10 +10,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from torch import nn
 
 from bench.settings import Settings
 from bench.training_runs import compose_config, lightning_fit, load_datamodule
 from project.data import InMemoryDataset
+from project.metrics import ClassificationTotals
 
 TARGETS = (0.85, 0.88)
 
@@ -41,14 +43,17 @@ class TestAccuracyProbe(L.Callback):
 
 @torch.no_grad()
 def test_accuracy(module: L.LightningModule, test_set: InMemoryDataset, chunk: int = 2000) -> float:
+    """Counted with the metric both training paths use, in this process alone."""
     was_training = module.training
     module.eval()
-    correct = 0
+    totals = ClassificationTotals(sync_on_compute=False).to(module.device)
     for start in range(0, len(test_set), chunk):
-        inputs, targets = test_set.inputs[start : start + chunk], test_set.targets[start : start + chunk]
-        correct += (module(inputs.to(module.device)).argmax(dim=1) == targets.to(module.device)).sum().item()
+        inputs = test_set.inputs[start : start + chunk].to(module.device)
+        targets = test_set.targets[start : start + chunk].to(module.device)
+        logits = module(inputs)
+        totals.update(logits, targets, nn.functional.cross_entropy(logits, targets))
     module.train(was_training)
-    return correct / len(test_set)
+    return totals.compute()["acc"].item()
 
 
 def first_reaching(points: list[dict], target: float) -> dict | None:

@@ -47,7 +47,7 @@ class ClassificationTotals(Metric):
     def update(self, logits: Tensor, labels: Tensor, loss: Tensor) -> None:
         """Count one batch; `loss` is the batch's mean loss (as `cross_entropy` returns it)."""
         self.loss_sum += loss.detach() * len(labels)
-        self.correct += (logits.detach().argmax(dim=1) == labels).sum()
+        self.correct += (logits.argmax(dim=1) == labels).sum()  # argmax carries no gradient
         self.count += len(labels)
 
     def compute(self) -> dict[str, Tensor]:
