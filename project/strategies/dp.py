@@ -5,12 +5,13 @@ between them, and gathers the outputs on the first GPU. Here only the LightningM
 (`module_attribute`, "network" by default) is wrapped, not the LightningModule: the loss, the torchmetrics and
 `self.log` then run once, in the main thread, on the gathered outputs of the whole batch, so they are logged once
 and need no per-replica reduction (what made Lightning 1.x's version fragile). Checkpoints hold the plain network's
-keys, without DataParallel's `module.` prefix.
+keys, without DataParallel's `module.` prefix. The replicas run under the caller's autocast dtype
+(`AutocastDataParallel`), so `precision=bf16-mixed` stays bfloat16 on every GPU.
 
 Without a GPU there is nothing to split over: the strategy says so in one line and trains on the one device.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,6 +22,31 @@ from torch import Tensor
 from torch.nn import DataParallel, Module
 
 from project.errors import UserError
+
+
+def under_callers_autocast(module: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    """Bind `module` to this thread's autocast state for `device_type`, to be called from another thread.
+
+    Autocast state (on/off and dtype) is per thread, and `parallel_apply` re-enters autocast in each worker thread
+    with only `enabled`: the dtype falls back to the device's default, float16 on CUDA, so `bf16-mixed` would run
+    the replicas in float16. Called in the thread that holds the state, this carries both into the replica's thread.
+    """
+    enabled = torch.is_autocast_enabled(device_type)
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            return module(*args, **kwargs)
+
+    return forward
+
+
+class AutocastDataParallel(DataParallel):
+    """`nn.DataParallel` whose replicas run under the caller's autocast dtype instead of the device's default."""
+
+    def parallel_apply(self, replicas: Sequence[Module], inputs: Sequence[Any], kwargs: Any) -> list[Any]:
+        device_type = self.src_device_obj.type
+        return super().parallel_apply([under_callers_autocast(r, device_type) for r in replicas], inputs, kwargs)
 
 
 class DataParallelStrategy(ParallelStrategy):
@@ -66,7 +92,7 @@ class DataParallelStrategy(ParallelStrategy):
             rank_zero_info(f"dp: no GPU in use, so DataParallel does not split batches: training on {self.root_device}")
         elif not isinstance(network, DataParallel):
             device_ids = [device.index for device in self.parallel_devices]
-            setattr(self.lightning_module, self.module_attribute, DataParallel(network, device_ids=device_ids))
+            setattr(self.lightning_module, self.module_attribute, AutocastDataParallel(network, device_ids=device_ids))
         return model
 
     @contextmanager
