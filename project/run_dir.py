@@ -1,12 +1,14 @@
-"""The run directory's name, computed alike by every process of one launch.
+"""The run directory, computed alike by every process of one launch and by no other launch.
 
-Hydra's `${now:...}` is resolved by each process on its own. Lightning's DDP children are told the parent's
-directory, but torchrun workers and Slurm tasks each start Hydra themselves and could land a second apart, in two
-directories. `${launch_dir:}` (used by `hydra.run.dir` and `hydra.sweep.dir` in conf/train.yaml) names the launch
+Hydra's `${now:...}` is resolved by each process on its own, and two launches in the same second get the same
+value. `${launch_dir:<parent>}` (used by `hydra.run.dir` and `hydra.sweep.dir` in conf/train.yaml) names the launch
 instead of the moment:
-- a Slurm step (`srun`): `slurm-<job id>.<step id>`, which a requeued job gets again, so it finds its checkpoints;
+- a task that `srun` started (the program itself, not a shell in `salloc` or `srun --pty bash`):
+  `slurm-<job id>.<step id>`, which a requeued job gets again, so it finds its checkpoints;
 - a torchrun worker: the date and time the torchrun agent (the workers' parent process) started;
 - anything else: the date and time now.
+Each launch but a Slurm task then claims its directory (`claim`): a launch that finds it claimed by another takes
+the same name with `-1`, `-2`, ... appended. Lightning's DDP children are given their parent's directory.
 
 Every process of a launch writes into that one directory, so only rank 0 saves Hydra's `.hydra/` config
 (`${rank_zero_only:...}`) and the others log to `<job>.rank<N>.log` (`${rank_log_suffix:}`).
@@ -19,6 +21,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 TIME_FORMAT = "%Y-%m-%d/%H-%M-%S"
+# The file in a run dir that says which launch it belongs to.
+CLAIM_FILE = ".launch_id"
 
 
 def _process_start_time(pid: int) -> float:
@@ -30,14 +34,47 @@ def _process_start_time(pid: int) -> float:
     return boot_time + ticks_since_boot / os.sysconf("SC_CLK_TCK")
 
 
-def launch_dir() -> str:
-    """The run directory's name below `outputs/` (or `outputs/multirun/`) for this process's launch."""
-    if "SLURM_JOB_ID" in os.environ and "SLURM_STEP_ID" in os.environ:
-        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
-    started = time.time()
+def is_slurm_task() -> bool:
+    """Whether `srun` started this very process as a task (then it has ranks, and siblings on other nodes)."""
+    return "SLURM_STEP_ID" in os.environ and os.environ.get("SLURM_TASK_PID") == str(os.getpid())
+
+
+def claim(directory: Path, launch_id: str) -> bool:
+    """Make `directory` this launch's, unless another launch has; whether it is ours.
+
+    The claim file is linked into place whole, so of processes racing for one directory exactly one launch wins,
+    and the processes of that launch (same `launch_id`) all find it theirs.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    claim_file = directory / CLAIM_FILE
+    draft = directory / f".{CLAIM_FILE}.{os.getpid()}"
+    draft.write_text(launch_id)
+    try:
+        os.link(draft, claim_file)
+    except FileExistsError:
+        pass
+    finally:
+        draft.unlink()
+    return claim_file.read_text() == launch_id
+
+
+def launch_dir(parent: str = "outputs") -> str:
+    """This process's run (or sweep) directory below `parent`, claimed for its launch."""
+    if is_slurm_task():
+        return f"{parent}/slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        started = _process_start_time(os.getppid())
-    return time.strftime(TIME_FORMAT, time.localtime(started))
+        agent = os.getppid()
+        started = _process_start_time(agent)
+        launch_id = f"torchrun {agent} {started}"
+    else:
+        started = time.time()
+        launch_id = f"process {os.getpid()} {time.time_ns()}"
+    name = f"{parent}/{time.strftime(TIME_FORMAT, time.localtime(started))}"
+    candidate, suffix = name, 0
+    while not claim(Path(candidate), launch_id):
+        suffix += 1
+        candidate = f"{name}-{suffix}"
+    return candidate
 
 
 def process_rank() -> int:

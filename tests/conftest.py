@@ -102,9 +102,11 @@ def simulated_slurm_nodes(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
         }
+        # As srun starts a task: SLURM_TASK_PID is the program's own pid (`exec` keeps the shell's).
+        task = ["sh", "-c", 'SLURM_TASK_PID=$$ exec "$@"', "srun-task", sys.executable, "-m", module, *args]
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", module, *args],
+                task,
                 cwd=cwd,
                 env=env,
                 text=True,
