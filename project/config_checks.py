@@ -2,6 +2,8 @@
 
 import os
 
+import lightning as L
+import torch.distributed as dist
 from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig
 
@@ -25,6 +27,7 @@ def check_config(cfg: DictConfig) -> None:
         raise UserError(f"trainer.devices must be a positive number of devices (or -1 for all), got {devices!r}")
     if cfg.optimized_mode not in ("min", "max"):
         raise UserError(f"optimized_mode must be min or max, got {cfg.optimized_mode!r}")
+    check_results_from(cfg)
     strategy = cfg.trainer.get("strategy", "auto")
     if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
         raise UserError(
@@ -34,12 +37,39 @@ def check_config(cfg: DictConfig) -> None:
     check_slurm_allocation(cfg)
 
 
+def check_results_from(cfg: DictConfig) -> None:
+    """`results_from=best` needs the checkpoint callback that keeps the best weights, and a run that saves it."""
+    if cfg.results_from not in ("last", "best"):
+        raise UserError(f"results_from must be last or best, got {cfg.results_from!r}")
+    if cfg.results_from != "best":
+        return
+    if "model_checkpoint" not in cfg.callbacks:
+        raise UserError(
+            "results_from=best needs the best checkpoint, which only callbacks=default saves: "
+            "use callbacks=default, or results_from=last"
+        )
+    if cfg.trainer.get("fast_dev_run"):
+        raise UserError(
+            "trainer.fast_dev_run (debug=fast) saves no checkpoint, so results_from=best has none: "
+            "add results_from=last"
+        )
+
+
 def check_slurm_allocation(cfg: DictConfig) -> None:
-    """Under `srun`, the job's shape must be the config's: Lightning trusts Slurm for ranks and would hang or fail."""
+    """Under `srun`, the job's shape must be the config's: Lightning trusts Slurm for ranks and would hang or fail.
+
+    DataParallel (`trainer=dp`) is one process whatever its `devices`, so it needs one task per node.
+    """
     if "SLURM_NTASKS" not in os.environ or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
         return
     tasks_per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-    if tasks_per_node.isdigit() and int(tasks_per_node) != cfg.trainer.devices:
+    if cfg.trainer.get("strategy") == "dp":
+        if tasks_per_node.isdigit() and int(tasks_per_node) != 1:
+            raise UserError(
+                f"trainer=dp runs one process per node but Slurm runs {tasks_per_node} task(s) per node: "
+                "submit with --ntasks-per-node=1 (or use trainer=slurm for one process per device)"
+            )
+    elif tasks_per_node.isdigit() and int(tasks_per_node) != cfg.trainer.devices:
         raise UserError(
             f"Slurm runs {tasks_per_node} task(s) per node (--ntasks-per-node) but trainer.devices="
             f"{cfg.trainer.devices}: set trainer.devices={tasks_per_node} or submit with "
@@ -51,3 +81,35 @@ def check_slurm_allocation(cfg: DictConfig) -> None:
             f"Slurm gave the job {nodes} node(s) (--nodes) but trainer.num_nodes={cfg.trainer.num_nodes}: "
             f"set trainer.num_nodes={nodes} or submit with --nodes={cfg.trainer.num_nodes}"
         )
+
+
+def differing_keys(first: object, second: object, prefix: str = "") -> list[str]:
+    """The dotted keys at which two plain configs (nested dicts and lists) differ."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        keys = sorted(set(first) | set(second), key=str)
+        return [key for k in keys for key in differing_keys(first.get(k), second.get(k), f"{prefix}{k}.")]
+    return [] if first == second else [prefix.rstrip(".") or "<root>"]
+
+
+class SameConfigOnEveryRank(L.Callback):
+    """Stops a distributed run, in one line on every rank, when its ranks did not compose the same config.
+
+    Each torchrun worker, Slurm task and DDP child composes the config itself; a different config dir, config
+    name or override on one rank would otherwise train different things silently under one run.
+    """
+
+    def __init__(self, config: dict) -> None:
+        self.config = config
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+            return
+        configs: list[dict | None] = [None] * trainer.world_size
+        dist.all_gather_object(configs, self.config)
+        for rank, config in enumerate(configs):
+            keys = differing_keys(configs[0], config)
+            if keys:
+                raise UserError(
+                    f"rank {rank} composed a different config than rank 0 (at {', '.join(keys[:5])}): start every "
+                    "rank with the same --config-dir, --config-name and overrides"
+                )

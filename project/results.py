@@ -18,6 +18,7 @@ def format_results_table(results: dict) -> str:
         f"processes   {results['world_size']}",
         f"wall time   {results['fit_seconds']:.2f} s (fit: train + validation)",
         f"samples/s   {results['samples_per_second']:.0f} (training samples, all processes)",
+        f"weights     {results.get('weights', 'last')} (val and test)",
         f"run dir     {results['run_dir']}",
     ]
     width = max(len(line) for line in lines)

@@ -5,6 +5,7 @@ writes into one Hydra run dir (`run_dir`); rank 0 alone writes results. `main` r
 so Hydra sweepers can optimise it.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -15,38 +16,70 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from project.checkpoints import resume_path
-from project.config_checks import check_config
+from project.config_checks import SameConfigOnEveryRank, check_config
 from project.errors import exit_on_user_error
 from project.history import TrainingHistory
 from project.results import format_results_table, save_results
-from project.strategies import finish_job
+from project.strategies import isolated_job
 
 FINAL_METRICS = ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc")
 
 
-def train(cfg: DictConfig) -> dict:
-    """Fit and test the model `cfg` describes; return the results every run prints."""
+@dataclass
+class TrainingSetup:
+    """What `build` makes of a config: the pieces `trainer.fit` takes, and the checkpoint to resume from."""
+
+    datamodule: L.LightningDataModule
+    module: L.LightningModule
+    trainer: L.Trainer
+    ckpt_path: str | None
+
+
+def build(cfg: DictConfig, outputs_dir: Path) -> TrainingSetup:
+    """Check `cfg`, then seed and instantiate everything a run needs, in the order the reference path does.
+
+    `cfg.ckpt_path` is resolved here to the file itself (`last` names the newest earlier run's `last.ckpt` under
+    `outputs_dir`), so the stored config says which file a run resumed from and every rank resumes from the same.
+    """
     check_config(cfg)
-    ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), Path(get_original_cwd()) / "outputs")
+    cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir)
     L.seed_everything(cfg.seed, workers=True)
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     module: L.LightningModule = instantiate(cfg.model)
     module.run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks = [instantiate(callback) for callback in cfg.callbacks.values()]
+    callbacks.append(SameConfigOnEveryRank(module.run_config))
     loggers = [instantiate(logger) for logger in cfg.logger.values()]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-    failed = True
-    try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-        fit_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
-        trainer.test(module, datamodule=datamodule, verbose=False)
-        test_metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
-        failed = False
-    finally:
-        finish_job(trainer, failed)
-    results = fit_metrics | test_metrics | summarise_history(cfg.run_dir, trainer.world_size)
+    return TrainingSetup(datamodule, module, trainer, cfg.ckpt_path)
+
+
+def train(cfg: DictConfig) -> dict:
+    """Fit and test the model `cfg` describes; return the results every run prints.
+
+    `results_from` picks the weights the validation and test numbers (and so the value a sweep optimises) come
+    from: `last`, the final epoch's, or `best`, the checkpoint with the best `optimized_metric`.
+    """
+    setup = build(cfg, Path(get_original_cwd()) / "outputs")
+    trainer, module, datamodule = setup.trainer, setup.module, setup.datamodule
+    with isolated_job(trainer):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=setup.ckpt_path)
+        results = metrics_of(trainer)
+        weights = "last"
+        if cfg.results_from == "best":
+            weights = trainer.checkpoint_callback.best_model_path
+            trainer.validate(module, datamodule=datamodule, ckpt_path=weights, verbose=False)
+            results |= metrics_of(trainer)
+        trainer.test(module, datamodule=datamodule, ckpt_path=None if weights == "last" else weights, verbose=False)
+        results |= metrics_of(trainer)
+    results |= summarise_history(cfg.run_dir, trainer.world_size) | {"weights": weights}
     log_hyperparameters(trainer, cfg, results)
     return results
+
+
+def metrics_of(trainer: L.Trainer) -> dict[str, float]:
+    """The numbers the last fit, validate or test call logged."""
+    return {name: value.item() for name, value in trainer.callback_metrics.items()}
 
 
 def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:

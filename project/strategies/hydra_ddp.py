@@ -1,55 +1,97 @@
 """DDP whose extra processes re-run this Hydra *job*, not the command line, so `-m` sweeps stay correct.
 
-Lightning's DDP starts ranks 1..N-1 by re-running `sys.argv` with `hydra.run.dir` appended. Under `-m` that argv
-is the whole sweep: every child re-runs the sweep and joins the wrong job (or none), and `HydraConfig.run.dir` is
-not the job's directory anyway. `HydraJobLauncher` starts each child as a single run of the current job instead:
-the job's own overrides (one sweep point), `hydra.run.dir` = the job's output dir, no `.hydra/` copy.
+Lightning's DDP starts ranks 1..N-1 by re-running `sys.argv` with `hydra.run.dir` appended. Under `-m` (or an
+Optuna search, which is a sweep too) that argv is the whole sweep: every child re-runs the sweep and joins the wrong
+job (or none). `HydraJobLauncher` starts each child as a single run (`hydra.mode=RUN`) of the current job instead:
+the same config source (`--config-dir`, `--config-name`, `hydra.searchpath`), the job's own overrides (one sweep
+point), the checkpoint rank 0 resumes from (so `ckpt_path=last` is resolved once), `hydra.run.dir` = the job's
+output dir, and no `.hydra/` copy. `project.config_checks.SameConfigOnEveryRank` then proves that every rank
+composed the same config.
 
-It also makes a job leave nothing behind for the next one (`finish_job`): the children are waited for, the
-process group is destroyed, and the variables the launcher exported (LOCAL_RANK, WORLD_SIZE, MASTER_PORT, ...)
-are restored, since Lightning reads LOCAL_RANK as "processes were started for me" and would not launch the next
-job's children. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0 leaves no orphans
-stuck in a collective; a child that dies is named at once on stderr, and the run stops (rank 0 fails in its next
-collective, or Lightning's observer kills it within 5 s).
+A job leaves nothing behind for the next one (`isolated_job`): the children are waited for, the process group is
+destroyed, and the variables the launch exported (LOCAL_RANK, WORLD_SIZE, MASTER_PORT, OMP_NUM_THREADS, ...) and
+torch's thread count are restored, since Lightning reads LOCAL_RANK as "processes were started for me" and would
+not launch the next job's children. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0
+leaves no orphans stuck in a collective; a child that dies is named at once on stderr, and the run stops (rank 0
+fails in its next collective).
+
+The launcher subclasses Lightning's private `_SubprocessScriptLauncher` (hence the `lightning<2.7` pin); it can go
+once Lightning starts Hydra children as single runs of the current job.
 """
 
+import _thread
 import ctypes
+import inspect
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import lightning as L
+import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_original_cwd
+from hydra.utils import get_original_cwd, to_absolute_path
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 import __main__
 
-LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+# What a launch may change in this process's environment: restored when the job ends.
+JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")
+# Hydra overrides the child command sets itself (each may appear once).
+CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
 PR_SET_PDEATHSIG = 1
+# After naming a dead child, how long rank 0 gets to fail on its own (its next collective) before it is interrupted.
+STOP_GRACE_SECONDS = 30.0
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: the kernel sends SIGKILL when the parent process ends."""
+    """Runs in the child before exec: the kernel sends SIGKILL when the parent process ends (Linux only)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def child_command() -> list[str]:
-    """The command that runs the current Hydra job once more, as a plain run in the same directory."""
+def _quoted(value: str) -> str:
+    """`value` as one Hydra override value, whatever characters it holds."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def child_command(ckpt_path: str | None = None) -> list[str]:
+    """The command that runs the current Hydra job once more, as a plain run in the same directory.
+
+    The program is started as this one was (`python -m <module>`, or `python <script>`), from the same config
+    source, with the job's own overrides; `ckpt_path` replaces the job's `ckpt_path=` override when given.
+    """
     hydra = HydraConfig.get()
-    job_overrides = [override for override in hydra.overrides.task if not override.startswith("hydra.")]
-    run_dir = hydra.runtime.output_dir.replace('"', '\\"')
+    script_mode = __main__.__spec__ is None  # `python project/train.py` rather than `python -m project.train`
+    program = [to_absolute_path(sys.argv[0])] if script_mode else ["-m", __main__.__spec__.name]
+    config_dirs = [source.path for source in hydra.runtime.config_sources if source.provider == "command-line"]
+    config_source = [f"--config-name={hydra.job.config_name}", *(f"--config-dir={path}" for path in config_dirs)]
+    hydra_overrides = [
+        override
+        for override in hydra.overrides.hydra
+        if not override.startswith(tuple(f"{key}=" for key in CHILD_HYDRA_KEYS))
+    ]
+    job_overrides = list(hydra.overrides.task)
+    if ckpt_path is not None:
+        job_overrides = [o for o in job_overrides if not o.startswith("ckpt_path=")] + [
+            f"ckpt_path={_quoted(ckpt_path)}"
+        ]
     return [
         sys.executable,
-        "-m",
-        __main__.__spec__.name,
+        *program,
+        *config_source,
+        *hydra_overrides,
         *job_overrides,
-        f'hydra.run.dir="{run_dir}"',
+        "hydra.mode=RUN",
+        f"hydra.run.dir={_quoted(hydra.runtime.output_dir)}",
         f"hydra.job.name={hydra.job.name}",
         "hydra.output_subdir=null",
     ]
@@ -58,10 +100,26 @@ def child_command() -> list[str]:
 class HydraJobLauncher(_SubprocessScriptLauncher):
     """Starts local ranks 1..N-1 as single runs of the current Hydra job (see the module docstring)."""
 
-    def _call_children_scripts(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stopping = threading.Event()
+        self._failure_named = False
+
+    def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
+        """Lightning's `launch`, with this launcher's children and watcher.
+
+        Lightning's own child observer is not started: it outlives the job and, once a child of a finished job has
+        been stopped, SIGKILLs the whole process, and with it the rest of a sweep.
+        """
+        self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            ckpt_path = inspect.signature(function).bind(*args, **kwargs).arguments.get("ckpt_path")
+            self._start_children(None if ckpt_path is None else str(ckpt_path))
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)
+
+    def _start_children(self, ckpt_path: str | None) -> None:
         self._check_can_spawn_children()
-        self.procs = []
-        self._saved_environment = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}
         os.environ.update(
             MASTER_ADDR=self.cluster_environment.main_address,
             MASTER_PORT=str(self.cluster_environment.main_port),
@@ -69,49 +127,57 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             LOCAL_RANK="0",
             WORLD_SIZE=str(self.num_processes * self.num_nodes),
         )
-        command = child_command()
+        command = child_command(ckpt_path)
+        die_with_parent = _die_with_parent if sys.platform == "linux" else None
         for local_rank in range(1, self.num_processes):
             environment = os.environ | {"LOCAL_RANK": str(local_rank)}
-            child = subprocess.Popen(command, env=environment, cwd=get_original_cwd(), preexec_fn=_die_with_parent)
+            child = subprocess.Popen(command, env=environment, cwd=get_original_cwd(), preexec_fn=die_with_parent)
             self.procs.append(child)
-        self._stopping = False
-        threading.Thread(target=self._name_first_failure, daemon=True, name="first-failure").start()
+        threading.Thread(target=self._watch_children, daemon=True, name="child-watcher").start()
 
-    def _name_first_failure(self) -> None:
-        """Beside training: print which rank ended badly first (gloo's own error names only an address)."""
-        while not self._stopping and not self._report_failed_child():
+    def _watch_children(self) -> None:
+        """Beside training: name the first rank that ended badly (gloo's own error names only an address).
+
+        Rank 0 then fails in its next collective; should it still run `STOP_GRACE_SECONDS` later, it is
+        interrupted, as Ctrl-C would.
+        """
+        while not self._stopping.is_set():
+            if self._report_failed_child():
+                if not self._stopping.wait(STOP_GRACE_SECONDS):
+                    _thread.interrupt_main()
+                return
             if all(child.returncode == 0 for child in self.procs):
                 return
-            time.sleep(0.2)
+            self._stopping.wait(0.2)
 
     def _report_failed_child(self) -> bool:
         """Print one line for the first child that has ended with an error; whether there was one."""
         first_rank = self.cluster_environment.node_rank() * self.num_processes
         for local_rank, child in enumerate(self.procs, start=1):
             code = child.poll()
-            if code:
+            if code and not self._stopping.is_set():
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
                 print(
                     f"error: rank {first_rank + local_rank} (pid {child.pid}) {how}: the run stops",
                     file=sys.stderr,
                     flush=True,
                 )
-                self._stopping = True
+                self._failure_named = True
                 return True
         return False
 
     def finish(self, failed: bool, timeout: float = 60.0) -> None:
-        """End the children and restore the environment.
+        """End the children.
 
         After a success, wait for them (up to `timeout` s). After a failure here, first name a child that died (it
         is often the cause: its death broke rank 0's collective), then kill the others, which would otherwise sit
         in a collective until gloo's 30-minute timeout.
         """
-        if failed and not self._stopping:
+        if failed and not self._failure_named:
             deadline = time.monotonic() + 1.0  # let a dying child be reaped
             while not self._report_failed_child() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        self._stopping = True
+        self._stopping.set()
         for child in self.procs:
             if failed:
                 child.kill()
@@ -120,11 +186,6 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        for name, value in getattr(self, "_saved_environment", {}).items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class HydraDDPStrategy(DDPStrategy):
@@ -136,10 +197,28 @@ class HydraDDPStrategy(DDPStrategy):
             self._launcher = HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
 
-def finish_job(trainer: L.Trainer, failed: bool) -> None:
-    """End this job's extra processes and process group, so the next job of a sweep starts clean."""
-    launcher = trainer.strategy.launcher
-    if isinstance(launcher, HydraJobLauncher):
-        launcher.finish(failed)
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+@contextmanager
+def isolated_job(trainer: L.Trainer) -> Iterator[None]:
+    """Run one job's fit and test inside; afterwards nothing of it is left for the next job of a sweep.
+
+    Its extra processes end (killed if the job failed), its process group is destroyed, and the environment
+    variables and torch thread count a launch changes are put back as they were before the job.
+    """
+    saved_variables = {name: os.environ.get(name) for name in JOB_VARIABLES}
+    saved_threads = torch.get_num_threads()
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        launcher = trainer.strategy.launcher
+        if isinstance(launcher, HydraJobLauncher):
+            launcher.finish(failed)
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for name, value in saved_variables.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        torch.set_num_threads(saved_threads)

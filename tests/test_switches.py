@@ -1,0 +1,239 @@
+"""Switches that combine: a launch's directory, its ranks' config, its weights, and what a job leaves behind."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from hydra import compose, initialize_config_dir
+
+import project  # noqa: F401  (registers the ${launch_dir:} resolver)
+from project import run_dir
+from project.config_checks import SameConfigOnEveryRank, differing_keys
+from project.errors import UserError
+from project.strategies import isolated_job
+from tests.conftest import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
+
+
+def compose_train(*overrides: str):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def test_choosing_data_and_model_gives_their_own_settings_not_the_toy_recipe():
+    cfg = compose_train("data=fashion_mnist", "model=mnist_mlp", "data.root=/datasets", "data.download=false")
+    assert (cfg.data.name, cfg.data.root, cfg.data.batch_size, cfg.data.val_size) == (
+        "fashion_mnist",
+        "/datasets",
+        128,
+        5000,
+    )
+    assert (cfg.trainer.max_epochs, cfg.trainer.log_every_n_steps) == (10, 50)
+    toy = compose_train()
+    assert (toy.data.batch_size, toy.trainer.max_epochs, toy.trainer.log_every_n_steps) == (2, 3, 1)
+    assert compose_train("trainer=ddp").trainer.max_epochs == 3, "the toy's run length whatever the strategy"
+
+
+def test_launches_in_the_same_second_get_their_own_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(run_dir.time, "time", lambda: 1_800_000_000.0)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    parent = str(tmp_path / "outputs")
+    first, second, third = (run_dir.launch_dir(parent) for _ in range(3))
+    assert first == f"{parent}/{time.strftime(run_dir.TIME_FORMAT, time.localtime(1_800_000_000.0))}"
+    assert (second, third) == (f"{first}-1", f"{first}-2")
+    assert all((Path(d) / run_dir.CLAIM_FILE).is_file() for d in (first, second, third))
+
+
+def test_processes_of_one_torchrun_launch_share_a_directory_another_launch_does_not(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setattr(run_dir, "_process_start_time", lambda pid: 1_800_000_000.0)
+    parent = str(tmp_path / "outputs")
+    worker_one, worker_two = run_dir.launch_dir(parent), run_dir.launch_dir(parent)
+    assert worker_one == worker_two, "same agent: same launch"
+    monkeypatch.setattr(run_dir.os, "getppid", lambda: 1)
+    assert run_dir.launch_dir(parent) == f"{worker_one}-1", "another agent started in the same second"
+
+
+def test_runs_typed_in_an_interactive_slurm_shell_do_not_share_the_jobs_directory(tmp_path: Path):
+    """`srun --pty bash` then `python -m project.train`: Slurm's job and step ids are those of the shell."""
+    shell_environment = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_TASK_PID": str(os.getpid())}
+    for _ in range(2):
+        check_ok(run_module("project.train", "logger=none", cwd=tmp_path, env=shell_environment))
+    run_dirs = sorted(p.relative_to(tmp_path / "outputs") for p in (tmp_path / "outputs").glob("*/*"))
+    assert len(run_dirs) == 2 and not any(str(p).startswith("slurm-") for p in run_dirs), run_dirs
+    assert all(read_json(tmp_path / "outputs" / p / "results.json")["epochs"] == 3 for p in run_dirs)
+
+
+DP_UNDER_SLURM_ERROR = (
+    "error: trainer=dp runs one process per node but Slurm runs 2 task(s) per node: submit with "
+    "--ntasks-per-node=1 (or use trainer=slurm for one process per device)"
+)
+
+
+@pytest.mark.parametrize(("tasks_per_node", "expected_error"), [("1", None), ("2", DP_UNDER_SLURM_ERROR)])
+def test_dataparallel_under_slurm_takes_one_task_per_node(tmp_path: Path, tasks_per_node: str, expected_error):
+    slurm = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_NTASKS": tasks_per_node,
+        "SLURM_NTASKS_PER_NODE": tasks_per_node,
+        "SLURM_NNODES": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "localhost",
+    }
+    result = run_module(
+        "project.train", "trainer=dp", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=slurm
+    )
+    if expected_error is None:
+        check_ok(result)
+        assert read_json(tmp_path / "run" / "results.json")["test/acc"] == 1.0
+    else:
+        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == expected_error
+
+
+@pytest.mark.slow
+def test_ddp_started_as_a_script_trains_two_ranks(tmp_path: Path):
+    """`python project/train.py trainer=ddp`: the children are started as the script, not as a module."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "project" / "train.py"),
+            "trainer=ddp",
+            "logger=none",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    check_ok(result)
+    assert [h["world_size"] for h in histories(tmp_path / "run")] == [2, 2]
+    assert "AttributeError" not in result.stderr
+
+
+@pytest.mark.slow
+def test_ddp_resuming_last_hands_rank_zeros_choice_to_every_rank(tmp_path: Path):
+    check_ok(run_module("project.train", "logger=none", "trainer.max_epochs=1", cwd=tmp_path))
+    (earlier,) = (tmp_path / "outputs").glob("*/*/checkpoints/last.ckpt")
+    check_ok(run_module("project.train", "logger=none", "trainer=ddp", "ckpt_path=last", cwd=tmp_path))
+    (resumed,) = [p for p in (tmp_path / "outputs").glob("*/*/checkpoints/last.ckpt") if p != earlier]
+    checkpoint = torch.load(resumed, weights_only=False)
+    assert checkpoint["config"]["ckpt_path"] == str(earlier), "the stored config names the file resumed from"
+    assert (checkpoint["epoch"], checkpoint["global_step"]) == (2, 1 * 2 + 2 * 1), "2 steps alone, then 1 per DDP epoch"
+
+
+def _gather_configs(rank: int, port: int, configs: list[dict], errors: "mp.Queue") -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    trainer = type("Trainer", (), {"world_size": 2})()
+    try:
+        SameConfigOnEveryRank(configs[rank]).setup(trainer, None, "fit")
+        errors.put((rank, None))
+    except UserError as error:
+        errors.put((rank, str(error)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("second_seed", [1, 2])
+def test_ranks_that_composed_different_configs_stop_with_one_line_naming_the_keys(second_seed: int):
+    torch.set_num_threads(1)
+    configs = [{"seed": 1, "data": {"batch_size": 2}}, {"seed": second_seed, "data": {"batch_size": 2}}]
+    errors = mp.get_context("spawn").Queue()
+    mp.start_processes(_gather_configs, args=(free_port(), configs, errors), nprocs=2, start_method="spawn")
+    reported = dict(errors.get(timeout=60) for _ in range(2))
+    if second_seed == 1:
+        assert reported == {0: None, 1: None}
+    else:
+        expected = "rank 1 composed a different config than rank 0 (at seed): start every rank with the same"
+        assert all(message.startswith(expected) for message in reported.values()), reported
+
+
+def test_differing_keys_names_nested_and_missing_keys():
+    first = {"a": 1, "b": {"c": [1, 2], "d": 0}}
+    assert differing_keys(first, {"a": 1, "b": {"c": [1, 3]}, "e": None}) == ["b.c", "b.d"]
+    assert differing_keys(first, first) == []
+
+
+def test_a_job_gives_back_the_threads_and_variables_its_launch_changed(monkeypatch: pytest.MonkeyPatch):
+    """A single-process sweep job after a DDP job would otherwise run with the DDP job's one thread."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    threads = torch.get_num_threads()
+    trainer = type("Trainer", (), {"strategy": type("Strategy", (), {"launcher": None})()})()
+    with isolated_job(trainer):
+        torch.set_num_threads(max(1, threads // 2) if threads > 1 else 2)
+        os.environ.update(OMP_NUM_THREADS="1", LOCAL_RANK="0")
+    assert torch.get_num_threads() == threads
+    assert "OMP_NUM_THREADS" not in os.environ and "LOCAL_RANK" not in os.environ
+
+
+@pytest.mark.slow
+def test_results_from_best_reports_and_tests_the_best_checkpoint(tmp_path: Path, mnist_root: Path):
+    args = mnist_overrides(mnist_root, "trainer.max_epochs=3", "data.batch_size=50", "model.optimizer.lr=0.05")
+    check_ok(run_module("project.train", *args, "results_from=best", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
+    results = read_json(tmp_path / "run" / "results.json")
+    best = torch.load(results["weights"], weights_only=False)
+    assert Path(results["weights"]).name.startswith("best-epoch")
+    score = next(v for k, v in best["callbacks"].items() if "'monitor': 'val/acc'" in k)["best_model_score"]
+    assert results["val/acc"] == pytest.approx(float(score), abs=1e-6)
+    check_ok(run_module("project.evaluate", f"ckpt_path={results['weights']}", cwd=tmp_path))
+
+
+def test_results_from_best_without_a_best_checkpoint_is_refused(tmp_path: Path):
+    result = run_module(
+        "project.train", "results_from=best", "callbacks=none", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: results_from=best needs the best checkpoint")
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_a_sweep_job_after_a_ddp_job_keeps_every_thread(tmp_path: Path):
+    """`-m trainer=ddp,cpu`: the second job's torch thread count is the machine's, not the DDP job's."""
+    script = (
+        "import torch, lightning as L\n"
+        "class Threads(L.Callback):\n"
+        "    def on_train_start(self, trainer, module):\n"
+        "        print(f'threads={torch.get_num_threads()} world={trainer.world_size}', flush=True)\n"
+    )
+    (tmp_path / "thread_probe.py").write_text(script)
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env_without_omp = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "project.train",
+            "-m",
+            "trainer=ddp,cpu",
+            "logger=none",
+            "+callbacks.probe._target_=thread_probe.Threads",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env_without_omp, **env, "PYTHONUNBUFFERED": "1"},
+    )
+    check_ok(result)
+    probes = re.findall(r"threads=\d+ world=\d+", result.stdout)  # lines shared with the progress bar
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        env=env_without_omp,
+        check=True,
+    )
+    assert probes[0] == "threads=1 world=2" and probes[-1] == f"threads={fresh.stdout.strip()} world=1", probes
