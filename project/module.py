@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from project.errors import UserError
 from project.metrics import ClassificationTotals
 
 STAGES = ("train", "val", "test")
@@ -38,6 +39,8 @@ class ClassifierModule(L.LightningModule):
         # The run's whole resolved config, set by the entry point and stored in every checkpoint, so a checkpoint
         # alone can rebuild its network (`checkpoint["config"]["model"]`).
         self.run_config: dict | None = None
+        # The learning-rate schedule's length stored in the checkpoint being resumed, if any (`on_load_checkpoint`).
+        self.resumed_total_steps: int | None = None
         # One loss-and-accuracy count per stage (submodules, so they follow the network to its device).
         for stage in STAGES:
             setattr(self, f"{stage}_totals", ClassificationTotals())
@@ -106,15 +109,35 @@ class ClassifierModule(L.LightningModule):
         if self.run_config is not None:
             checkpoint["config"] = self.run_config
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Remember the length of the resumed run's schedule, for `configure_optimizers` to check.
+
+        Lightning calls this before `configure_optimizers` when resuming (`Trainer._run` restores the module, then
+        sets up the strategy, which builds the optimizers; only sharding strategies such as FSDP restore later).
+        """
+        schedules = checkpoint.get("lr_schedulers") or [{}]
+        self.resumed_total_steps = schedules[0].get("total_steps")
+
     def configure_optimizers(self) -> torch.optim.Optimizer | dict:
         """The optimizer, and the schedule (if any) sized to the run and stepped after every optimizer step.
 
         `total_steps` is Lightning's count of this process's optimizer steps over the whole fit (batches per epoch
         after any DistributedSampler, times `trainer.max_epochs`); `project.reference.loop.build` sizes and steps
-        the schedule the same way, so both paths keep giving the same numbers.
+        the schedule the same way, so both paths keep giving the same numbers. A resumed run gets the schedule
+        stored in its checkpoint, so it must span as many steps as this one: otherwise a `UserError`.
         """
         optimizer = self.optimizer_factory(self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer, total_steps=self.trainer.estimated_stepping_batches)
+        total_steps = self.trainer.estimated_stepping_batches
+        if self.resumed_total_steps not in (None, total_steps):
+            # Lightning loads the stored schedule over this one: a shorter one runs out of steps mid-run, a longer
+            # one stops before the end of its cycle.
+            raise UserError(
+                f"ckpt_path: the checkpoint's learning-rate schedule spans {self.resumed_total_steps} steps, this "
+                f"run's would span {total_steps}, and a one-cycle schedule cannot be stretched mid-run; resume with "
+                "the checkpoint's own trainer.max_epochs, data.batch_size and device count, or start a new run "
+                "without ckpt_path"
+            )
+        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
