@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import lightning as L
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
@@ -72,7 +73,8 @@ class InMemoryDataModule(L.LightningDataModule):
     """Serves `train_set`, `val_set` and `test_set` (set by a subclass's `setup`) in batches.
 
     The training order comes from `seed` and the epoch (`EpochShuffleSampler`), not from the global RNG, so the
-    Lightning path and the reference path see the same batches whatever else consumed random numbers.
+    Lightning path and the reference path see the same batches whatever else consumed random numbers. Validation
+    and test count every sample exactly once under every strategy (`evaluation_loader`).
     """
 
     train_set: InMemoryDataset
@@ -100,8 +102,31 @@ class InMemoryDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return self.loader(self.train_set, EpochShuffleSampler(self.train_set, self.seed), train=True)
 
+    def evaluation_loader(self, dataset: InMemoryDataset, name: str) -> DataLoader:
+        """A loader over all of `dataset`, or over this process's share when a multi-process Trainer runs it.
+
+        Lightning would otherwise give each process a `DistributedSampler`, which repeats samples to even out the
+        shares, so a set the processes cannot split evenly would count some samples twice. Lightning leaves a
+        `DistributedSampler` it finds in place; `UnrepeatedDistributedSampler` is one that gives process r the
+        samples r, r + N, r + 2N, ... and nothing twice. The shares may differ by a batch: the metric sums them once
+        per epoch. Without a Trainer (the reference path) the loader covers the whole set.
+        """
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return self.loader(dataset)
+        if len(dataset) < trainer.world_size:
+            # A process without a sample would skip the epoch's sum over processes and leave the others waiting.
+            raise UserError(
+                f"the {name} set has {len(dataset)} samples, fewer than the {trainer.world_size} processes: "
+                "run on fewer devices or use a larger set"
+            )
+        sampler = UnrepeatedDistributedSampler(
+            dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
+        )
+        return self.loader(dataset, sampler)
+
     def val_dataloader(self) -> DataLoader:
-        return self.loader(self.val_set)
+        return self.evaluation_loader(self.val_set, "validation")
 
     def test_dataloader(self) -> DataLoader:
-        return self.loader(self.test_set)
+        return self.evaluation_loader(self.test_set, "test")
