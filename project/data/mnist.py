@@ -1,17 +1,27 @@
 """MNIST, Fashion-MNIST and KMNIST, read by torchvision once and then held in memory as normalised tensors.
 
-torchvision's dataset classes find, download and parse the IDX files; after that no image goes through PIL or
-`ToTensor` again: each split becomes one float tensor `[N, 1, 28, 28]`, normalised with the dataset's own mean and
-standard deviation.
+torchvision's dataset classes download the IDX files and its parser reads them; after that no image goes through
+PIL or `ToTensor` again: each split becomes one float tensor `[N, 1, 28, 28]`, normalised with the dataset's own mean
+and standard deviation.
+
+The files are checked here first because torchvision's parser does not say which file is wrong: a damaged download
+or copy would end in a bare assert or reshape traceback. Each `.gz` is checked as it is unpacked and each IDX file's
+header (magic number, 28×28, item count against the file's size) before it is parsed; damage raises a `UserError`
+naming the file and the fix. The checks read headers and sizes only, never the data a second time.
 """
 
+import contextlib
 import gzip
 import os
 import shutil
+import struct
+import tempfile
+import zlib
 from pathlib import Path
 
 import torch
 from torchvision import datasets
+from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from project.data.in_memory import InMemoryDataModule, InMemoryDataset
 from project.errors import UserError
@@ -22,6 +32,77 @@ DATASETS = {
     "fashion_mnist": (datasets.FashionMNIST, 0.2860, 0.3530),
     "kmnist": (datasets.KMNIST, 0.1918, 0.3483),
 }
+
+# kind → (magic number, header bytes, bytes per item): big-endian uint32 magic, count, then rows and columns for images
+IDX_FORMATS = {"images": (0x803, 16, 28 * 28), "labels": (0x801, 8, 1)}
+
+
+def split_files(train: bool) -> dict[str, str]:
+    """The IDX file of each kind in one split, named as torchvision names them for the whole family."""
+    prefix = "train" if train else "t10k"
+    return {"images": f"{prefix}-images-idx3-ubyte", "labels": f"{prefix}-labels-idx1-ubyte"}
+
+
+# All four files: name → kind.
+IDX_FILES = {name: kind for train in (True, False) for kind, name in split_files(train).items()}
+
+
+def damaged(path: Path, problem: str) -> UserError:
+    """The error for a damaged file: which one, what is wrong with it, and how to replace it."""
+    return UserError(
+        f"{path} {problem}. Delete it so it is downloaded again (data.download=true), or put an intact copy there"
+    )
+
+
+def check_idx_file(path: Path, kind: str, shown: Path | None = None) -> int:
+    """The number of items in the IDX file `path`, after checking its header against its size.
+
+    Damage raises a `UserError` naming `shown` (default `path`): the `.gz` a file was just unpacked from, since that is
+    the file the user must replace.
+    """
+    shown = shown or path
+    magic, header_size, item_size = IDX_FORMATS[kind]
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        header = file.read(header_size)
+    if size == 0:
+        raise damaged(shown, "is empty")
+    if size < header_size:
+        raise damaged(shown, f"holds {size} bytes, fewer than the {header_size}-byte header of IDX {kind}")
+    found, count, *dims = struct.unpack(f">{header_size // 4}I", header)
+    if found != magic:
+        raise damaged(shown, f"is not a file of IDX {kind}: it starts with {found:#010x}, not {magic:#010x}")
+    if dims and dims != [28, 28]:
+        raise damaged(shown, f"holds {dims[0]}×{dims[1]} images, not 28×28")
+    expected = header_size + count * item_size
+    if size != expected:
+        damage = "it is cut short" if size < expected else "it has extra bytes at its end"
+        raise damaged(shown, f"holds {size} bytes but its header promises {count} {kind} ({expected} bytes): {damage}")
+    return count
+
+
+def unpack_idx(packed: Path, target: Path, kind: str) -> None:
+    """Unpack `packed` into `target` through a file of this process's own, checked before it is renamed into place.
+
+    Ranks that start together so never read a half-written file, a damaged `.gz` never leaves a damaged IDX file
+    behind to be blamed later, and the process's file is removed whatever happens.
+    """
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        with gzip.open(packed, "rb") as source, open(partial, "wb") as sink:
+            shutil.copyfileobj(source, sink)
+        check_idx_file(partial, kind, shown=packed)
+        os.replace(partial, target)
+    except EOFError:
+        raise damaged(packed, "is cut short: its gzip stream ends early") from None
+    except (gzip.BadGzipFile, zlib.error) as error:
+        raise damaged(packed, f"is not a valid gzip file ({error})") from None
+    except OSError as error:
+        raise UserError(
+            f"cannot unpack {packed} into {target.parent} ({error}). Make the file readable and room in that dir"
+        ) from None
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 class MNISTDataModule(InMemoryDataModule):
@@ -52,8 +133,18 @@ class MNISTDataModule(InMemoryDataModule):
         return self.root / self.dataset_class.__name__ / "raw"
 
     def prepare_data(self) -> None:
-        """Make the four IDX files available (called once per node by Lightning, before `setup`)."""
-        self._extract_gzipped_files()
+        """Make the four IDX files available (called once per node by Lightning, before `setup`).
+
+        `<file>.gz` placed by hand is unpacked next to itself, so copies of the originals work offline like a download.
+        A raw dir this process cannot write (a shared, read-only copy of the originals) is left as it is: `setup`
+        unpacks into a temporary dir of its own instead, as a user who can read the data would expect to train on it
+        without copying it first.
+        """
+        if os.access(self.raw_dir, os.W_OK):
+            for name, kind in IDX_FILES.items():
+                packed = self.raw_dir / f"{name}.gz"
+                if not (self.raw_dir / name).is_file() and packed.is_file():
+                    unpack_idx(packed, self.raw_dir / name, kind)
         if self._missing_files() and self.download:
             try:
                 self.dataset_class(str(self.root), train=True, download=True)
@@ -68,42 +159,44 @@ class MNISTDataModule(InMemoryDataModule):
         if hasattr(self, "train_set"):
             return
         self.prepare_data()
-        full_train = self._load_split(train=True)
+        with contextlib.ExitStack() as scratch_dirs:
+            full_train = self._load_split(True, scratch_dirs)
+            self.test_set = self._load_split(False, scratch_dirs)
         if not 0 < self.val_size < len(full_train):
             raise UserError(f"data.val_size must be between 1 and {len(full_train) - 1}, got {self.val_size}")
         order = torch.randperm(len(full_train), generator=torch.Generator().manual_seed(self.seed))
         val_index, train_index = order[: self.val_size], order[self.val_size :]
         self.train_set = InMemoryDataset(full_train.inputs[train_index], full_train.targets[train_index])
         self.val_set = InMemoryDataset(full_train.inputs[val_index], full_train.targets[val_index])
-        self.test_set = self._load_split(train=False)
 
-    def _load_split(self, train: bool) -> InMemoryDataset:
-        split = self.dataset_class(str(self.root), train=train, download=False)
-        images = split.data.unsqueeze(1).float().div_(255).sub_(self.mean).div_(self.std)
-        return InMemoryDataset(images.contiguous(), split.targets.long())
+    def _load_split(self, train: bool, scratch_dirs: contextlib.ExitStack) -> InMemoryDataset:
+        names = split_files(train)
+        files = {kind: self._idx_file(name, kind, scratch_dirs) for kind, name in names.items()}
+        counts = {kind: check_idx_file(path, kind) for kind, path in files.items()}
+        if counts["images"] != counts["labels"]:
+            raise UserError(
+                f"{self.raw_dir}: {names['images']} holds {counts['images']} images but {names['labels']} holds "
+                f"{counts['labels']} labels. Delete both (and their .gz) so they are downloaded again "
+                "(data.download=true), or put intact copies of the same release there"
+            )
+        images = read_image_file(str(files["images"])).unsqueeze(1).float().div_(255).sub_(self.mean).div_(self.std)
+        return InMemoryDataset(images.contiguous(), read_label_file(str(files["labels"])))
 
-    def _file_names(self) -> list[str]:
-        return [Path(file_name).name.removesuffix(".gz") for file_name, _ in self.dataset_class.resources]
+    def _idx_file(self, name: str, kind: str, scratch_dirs: contextlib.ExitStack) -> Path:
+        """`name` in the raw dir, or its `.gz` unpacked into a temporary dir `scratch_dirs` removes once it is read."""
+        path = self.raw_dir / name
+        if path.is_file():
+            return path
+        scratch = Path(scratch_dirs.enter_context(tempfile.TemporaryDirectory(prefix=f"{self.name}-")))
+        unpack_idx(self.raw_dir / f"{name}.gz", scratch / name, kind)
+        return scratch / name
 
     def _missing_files(self) -> list[str]:
-        return [name for name in self._file_names() if not (self.raw_dir / name).is_file()]
-
-    def _extract_gzipped_files(self) -> None:
-        """Unpack `<file>.gz` placed by hand, so copies of the originals work offline like a download.
-
-        Each process unpacks into a file of its own and renames it into place, so ranks that start together never
-        read a half-written file.
-        """
-        for name in self._missing_files():
-            packed = self.raw_dir / f"{name}.gz"
-            if packed.is_file():
-                partial = self.raw_dir / f".{name}.{os.getpid()}.partial"
-                with gzip.open(packed, "rb") as source, open(partial, "wb") as target:
-                    shutil.copyfileobj(source, target)
-                os.replace(partial, self.raw_dir / name)
+        """Files found in the raw dir neither unpacked nor as `.gz`."""
+        return [name for name in IDX_FILES if not any((self.raw_dir / f"{name}{end}").is_file() for end in ("", ".gz"))]
 
     def _missing_message(self, why: str) -> str:
         return (
             f"{self.name}: {len(self._missing_files())} of its 4 files are missing in {self.raw_dir} and {why}. "
-            f"Put these files there (each may be .gz): {', '.join(self._file_names())}"
+            f"Put these files there (each may be .gz): {', '.join(IDX_FILES)}"
         )
