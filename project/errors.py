@@ -1,24 +1,47 @@
-"""The one exception type for mistakes a user can fix, and the entry points' way of reporting it.
+"""The exceptions for runs that end early through no bug, and the entry points' way of reporting any failure.
 
-Entry points wrap their work in `exit_on_user_error`: a `UserError` (or Lightning's own misconfiguration error),
-even when Hydra's `instantiate` has wrapped it, becomes one line on stderr and exit status 2. Anything else is a
-bug and keeps its traceback.
+Entry points wrap their work in `exit_on_user_error`:
+- a `UserError` (or Lightning's own misconfiguration error), even when Hydra's `instantiate` has wrapped it,
+  becomes one `error: ...` line on stderr (and in the run's log file) and exit status 2; a `RunStopped` (a signal,
+  Ctrl-C) likewise, with its own status. Anything else is a bug and keeps its traceback.
+- inside a sweep (`-m`, an Optuna search, the jobs of `hydra/launcher=slurm`) one failing job must not end the
+  sweep: the job reports its error the same way (a bug's traceback first), writes the error line to `error.txt`
+  in its directory and returns NaN, which Optuna records as a failed trial; the sweep's summary lists the job as
+  failed, and the sweep exits non-zero (`project.sweep_summary`). Only a stop (`RunStopped`) ends the sweep.
 """
 
 import functools
-import os
+import logging
 import sys
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+from project.run_dir import process_rank
+from project.run_log import report, to_log_file
 
 P = ParamSpec("P")
 R = TypeVar("R")
+ERROR_FILE = "error.txt"
 
 
 class UserError(Exception):
     """A problem in the user's input or environment; its message says what to change."""
+
+    exit_status = 2
+
+
+class RunStopped(UserError):
+    """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def find_user_error(error: BaseException | None) -> BaseException | None:
@@ -30,8 +53,27 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
     return None
 
 
+def in_sweep_job() -> bool:
+    """Whether this process runs one job of a Hydra sweep (its extra DDP ranks run as single runs)."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def error_line(error: BaseException) -> str:
+    """The one line that reports `error`: its message, whitespace folded."""
+    user_error = find_user_error(error)
+    if user_error is not None:
+        return "error: " + " ".join(str(user_error).split())
+    return "error: " + " ".join(traceback.format_exception_only(error)[-1].split())
+
+
+def record_failed_job(line: str) -> None:
+    """Leave the error line in the sweep job's directory, where the sweep summary finds it."""
+    if process_rank() == 0:
+        Path(HydraConfig.get().runtime.output_dir, ERROR_FILE).write_text(line + "\n")
+
+
 def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
-    """Run `function`; turn a user's mistake into one `error: ...` line and exit status 2."""
+    """Run `function`; report a failure as the module docstring says."""
 
     @functools.wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -39,12 +81,18 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
             return function(*args, **kwargs)
         except Exception as error:
             user_error = find_user_error(error)
-            if user_error is None:
+            sweep_job = in_sweep_job() and not isinstance(user_error, RunStopped)
+            if user_error is None and not sweep_job:
+                to_log_file("".join(traceback.format_exception(error)), logging.ERROR)
                 raise
-            message = " ".join(str(user_error).split())
-            print(f"error: {message}", file=sys.stderr, flush=True)
-            if "SUBMITIT_EXECUTOR" in os.environ:
-                raise  # a submitit job reports an exception as its failure; an exit would leave the sweep waiting
-            sys.exit(2)
+            if user_error is None:
+                traceback.print_exc()
+                to_log_file("".join(traceback.format_exception(error)), logging.ERROR)
+            line = error_line(error)
+            report(line, sys.stderr, logging.ERROR)
+            if sweep_job:
+                record_failed_job(line)
+                return float("nan")
+            sys.exit(getattr(user_error, "exit_status", 2))
 
     return wrapper

@@ -1,37 +1,61 @@
 """The table printed at the end of every `-m` sweep: one line per job, its overrides, its metric, its dir.
 
-It reads what each job left in its directory (`results.json`, `.hydra/overrides.yaml`) rather than what the jobs
-returned, so it works the same whichever launcher ran them (in this process, or as Slurm jobs via submitit).
+It reads what each job left in its directory (`results.json`, `error.txt`, `.hydra/overrides.yaml`) rather than
+what the jobs returned, so it works the same whichever launcher ran them (in this process, or as Slurm jobs via
+submitit). A job that failed shows its error line instead of a metric, and the sweep then ends with exit status 1,
+after every other job has run.
 """
 
 import json
 import math
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from project.errors import ERROR_FILE
+from project.run_log import report
 
-def job_rows(sweep_dir: Path, metric: str) -> list[tuple[str, str, float, str]]:
-    """(job, overrides, metric, dir) for each job directory of the sweep, in job order; NaN where a job failed."""
+SWEEP_FAILED_STATUS = 1
+
+
+class JobRow(NamedTuple):
+    job: str
+    overrides: str
+    value: float  # NaN where the job failed or reported none
+    directory: str
+    error: str | None  # the job's error line, if it failed
+
+
+def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
+    """One row for each job directory of the sweep, in job order."""
     rows = []
     job_dirs = [path for path in sweep_dir.iterdir() if (path / ".hydra" / "overrides.yaml").is_file()]
     for job_dir in sorted(job_dirs, key=lambda path: (len(path.name), path.name)):
         overrides = " ".join(yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or [])
-        results_file = job_dir / "results.json"
+        results_file, error_file = job_dir / "results.json", job_dir / ERROR_FILE
         value = json.loads(results_file.read_text()).get(metric, math.nan) if results_file.is_file() else math.nan
-        rows.append((job_dir.name, overrides, value, str(job_dir)))
+        error = error_file.read_text().strip() if error_file.is_file() else None
+        if error is None and not results_file.is_file():
+            error = "error: the job left no results.json (killed?): see its log in that directory"
+        rows.append(JobRow(job_dir.name, overrides, value, str(job_dir), error))
     return rows
 
 
-def format_sweep_table(rows: list[tuple[str, str, float, str]], metric: str) -> str:
-    width = max([len("overrides"), *(len(overrides) for _, overrides, _, _ in rows)])
+def format_sweep_table(rows: list[JobRow], metric: str) -> str:
+    width = max([len("overrides"), *(len(row.overrides) for row in rows)])
     lines = [f"{'job':<5}{'overrides':<{width + 2}}{metric:>12}  dir"]
-    lines += [f"{job:<5}{overrides:<{width + 2}}{value:>12.4f}  {path}" for job, overrides, value, path in rows]
+    for row in rows:
+        value = "failed" if row.error else f"{row.value:.4f}"
+        lines.append(f"{row.job:<5}{row.overrides:<{width + 2}}{value:>12}  {row.directory}")
+    lines += [f"job {row.job} {row.error}" for row in rows if row.error]
     rule = "-" * max(len(line) for line in lines)
-    return "\n".join([rule, f"Sweep: {len(rows)} job(s)", rule, *lines, rule])
+    failed = sum(1 for row in rows if row.error)
+    title = f"Sweep: {len(rows)} job(s)" + (f", {failed} failed" if failed else "")
+    return "\n".join([rule, title, rule, *lines, rule])
 
 
 class SweepSummaryCallback(Callback):
@@ -39,6 +63,15 @@ class SweepSummaryCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if sweep_dir.is_dir():
-            rows = job_rows(sweep_dir, config.optimized_metric)
-            print(format_sweep_table(rows, config.optimized_metric), flush=True)
+        if not sweep_dir.is_dir():
+            return
+        rows = job_rows(sweep_dir, config.optimized_metric)
+        report(format_sweep_table(rows, config.optimized_metric))
+        failed = [row.job for row in rows if row.error]
+        if failed:
+            report(
+                f"error: {len(failed)} of {len(rows)} sweep jobs failed (job {', '.join(failed)}): their errors are "
+                "listed above and in error.txt in their directories",
+                sys.stderr,
+            )
+            sys.exit(SWEEP_FAILED_STATUS)
