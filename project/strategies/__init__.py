@@ -1,8 +1,8 @@
 """What Lightning lacks: `strategy="dp"` (registered on import) and Hydra-safe DDP launching."""
 
 from project.strategies.dp import DataParallelStrategy, register
-from project.strategies.hydra_ddp import HydraDDPStrategy, isolated_job
+from project.strategies.hydra_ddp import HydraDDPStrategy
 
 register()
 
-__all__ = ["DataParallelStrategy", "HydraDDPStrategy", "isolated_job"]
+__all__ = ["DataParallelStrategy", "HydraDDPStrategy"]

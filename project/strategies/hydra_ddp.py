@@ -8,12 +8,10 @@ point), the checkpoint rank 0 resumes from (so `ckpt_path=last` is resolved once
 output dir, and no `.hydra/` copy. `project.config_checks.SameConfigOnEveryRank` then proves that every rank
 composed the same config.
 
-A job leaves nothing behind for the next one (`isolated_job`): the children are waited for, the process group is
-destroyed, and the variables the launch exported (LOCAL_RANK, WORLD_SIZE, MASTER_PORT, OMP_NUM_THREADS, ...) and
-torch's thread count are restored, since Lightning reads LOCAL_RANK as "processes were started for me" and would
-not launch the next job's children. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0
-leaves no orphans stuck in a collective; a child that dies is named at once on stderr, and the run stops (rank 0
-fails in its next collective).
+When the job ends (`project.job.isolated_job` calls `finish`) the children are waited for, or killed if the job
+failed. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0 leaves no orphans stuck in a
+collective; a child that dies is named at once on stderr (`failure`), and the run stops (rank 0 fails in its next
+collective, and reports the child's death as its cause).
 
 The launcher subclasses Lightning's private `_SubprocessScriptLauncher` (hence the `lightning<2.7` pin); it can go
 once Lightning starts Hydra children as single runs of the current job.
@@ -28,12 +26,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
-import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
@@ -42,9 +38,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 import __main__
+from project.errors import UserError
 
-# What a launch may change in this process's environment: restored when the job ends.
-JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")
 # Hydra overrides the child command sets itself (each may appear once).
 CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
 PR_SET_PDEATHSIG = 1
@@ -103,7 +98,8 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stopping = threading.Event()
-        self._failure_named = False
+        # The line that named the first child to end badly, once one has.
+        self.failure: str | None = None
 
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
         """Lightning's `launch`, with this launcher's children and watcher.
@@ -157,12 +153,8 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             code = child.poll()
             if code and not self._stopping.is_set():
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-                print(
-                    f"error: rank {first_rank + local_rank} (pid {child.pid}) {how}: the run stops",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                self._failure_named = True
+                self.failure = f"rank {first_rank + local_rank} (pid {child.pid}) {how}: the run stops"
+                print(f"error: {self.failure}", file=sys.stderr, flush=True)
                 return True
         return False
 
@@ -173,7 +165,7 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         is often the cause: its death broke rank 0's collective), then kill the others, which would otherwise sit
         in a collective until gloo's 30-minute timeout.
         """
-        if failed and not self._failure_named:
+        if failed and self.failure is None:
             deadline = time.monotonic() + 1.0  # let a dying child be reaped
             while not self._report_failed_child() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -187,38 +179,32 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
                 child.kill()
                 child.wait()
 
+    def kill(self, signum: signal.Signals) -> None:
+        """Lightning's stop of the children (Ctrl-C, SIGTERM): their ends are then no failure to name."""
+        self._stopping.set()
+        super().kill(signum)
+
 
 class HydraDDPStrategy(DDPStrategy):
-    """Lightning's DDP with `HydraJobLauncher` for the processes it starts itself."""
+    """Lightning's DDP with `HydraJobLauncher` for the processes it starts itself.
+
+    Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
+    MASTER_ADDR) end with one line saying so, instead of torch's store error.
+    """
+
+    def setup_environment(self) -> None:
+        try:
+            super().setup_environment()
+        except dist.DistError as error:
+            address = f"{self.cluster_environment.main_address}:{self.cluster_environment.main_port}"
+            reason = " ".join(str(error).split()[:40])
+            raise UserError(
+                f"the {self.world_size} processes of this run did not all meet at {address} within {self._timeout} "
+                f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
+                "allow more time with trainer.strategy.timeout.seconds"
+            ) from None
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
         if isinstance(self._launcher, _SubprocessScriptLauncher):
             self._launcher = HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
-
-
-@contextmanager
-def isolated_job(trainer: L.Trainer) -> Iterator[None]:
-    """Run one job's fit and test inside; afterwards nothing of it is left for the next job of a sweep.
-
-    Its extra processes end (killed if the job failed), its process group is destroyed, and the environment
-    variables and torch thread count a launch changes are put back as they were before the job.
-    """
-    saved_variables = {name: os.environ.get(name) for name in JOB_VARIABLES}
-    saved_threads = torch.get_num_threads()
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        launcher = trainer.strategy.launcher
-        if isinstance(launcher, HydraJobLauncher):
-            launcher.finish(failed)
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        for name, value in saved_variables.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        torch.set_num_threads(saved_threads)

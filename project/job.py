@@ -1,0 +1,78 @@
+"""One training job from its launch to its end: what it leaves behind, and what its end is reported as.
+
+A sweep runs many jobs in one process, so a job must give back what its launch changed: its extra processes end
+(killed if it failed), its process group is destroyed, and the environment variables and torch thread count a
+launch sets (Lightning reads LOCAL_RANK as "processes were started for me", and lowers OMP_NUM_THREADS for DDP)
+are put back as they were.
+
+A job that ends early is reported by what happened first, in one line (`project.errors`):
+- SIGTERM (what Slurm, Kubernetes and `timeout` send): Lightning stops at the next batch and raises its
+  `SIGTERMException`, a `SystemExit` that would end the process with status 0; here it is a `RunStopped`, exit 143,
+  naming the `last.ckpt` to resume from.
+- Ctrl-C: Lightning stops the run and calls `sys.exit(1)`; here it is a `RunStopped`, exit 130, naming it too.
+- a DDP child that died first: rank 0's own error (a broken collective) is its consequence, so the child's death
+  is the line reported.
+"""
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from project.errors import RunStopped, UserError
+from project.strategies.hydra_ddp import HydraJobLauncher
+
+# What a launch may change in this process's environment: restored when the job ends.
+JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")
+
+
+def resume_hint(trainer: L.Trainer) -> str:
+    """How to carry on from the newest epoch-end checkpoint, if the run wrote one."""
+    for callback in trainer.checkpoint_callbacks:
+        last = Path(callback.dirpath or "") / "last.ckpt"
+        if last.is_file():
+            return f"resume from its last finished epoch with the same command plus ckpt_path={last.resolve()}"
+    return "it had written no checkpoint yet: run it again"
+
+
+@contextmanager
+def isolated_job(trainer: L.Trainer) -> Iterator[None]:
+    """Run one job's fit and test inside; afterwards nothing of it is left for the next job of a sweep."""
+    saved_variables = {name: os.environ.get(name) for name in JOB_VARIABLES}
+    saved_threads = torch.get_num_threads()
+    launcher = trainer.strategy.launcher
+    failed = True
+    try:
+        yield
+        failed = False
+    except SIGTERMException:
+        raise RunStopped(
+            f"stopped by SIGTERM in epoch {trainer.current_epoch}: {resume_hint(trainer)}", 128 + signal.SIGTERM
+        ) from None
+    except SystemExit as stop:
+        if not trainer.interrupted:
+            raise
+        raise RunStopped(f"interrupted by the user (Ctrl-C): {resume_hint(trainer)}", 128 + signal.SIGINT) from stop
+    except Exception as error:
+        if isinstance(launcher, HydraJobLauncher):
+            launcher.finish(failed=True)
+            if launcher.failure is not None:
+                raise UserError(launcher.failure) from error
+        raise
+    finally:
+        if isinstance(launcher, HydraJobLauncher):
+            launcher.finish(failed)
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for name, value in saved_variables.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        torch.set_num_threads(saved_threads)
