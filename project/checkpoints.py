@@ -42,13 +42,15 @@ def newest_last_checkpoint(outputs_dir: Path, exclude: Path) -> Path:
     return max(candidates, key=lambda path: path.stat().st_mtime)
 
 
-def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path) -> str | None:
+def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, network: dict | None = None) -> str | None:
     """The checkpoint `trainer.fit` resumes from.
 
-    `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt), or null. With null, a Slurm job that was
-    requeued (SLURM_RESTART_COUNT > 0) resumes from its own run dir, which it finds again since the dir is named
-    after the job. Lightning resumes by itself from its `hpc_ckpt_*.ckpt` (written when Slurm signals the job) when
-    given no path, so that one is left to it only when it is newer than last.ckpt.
+    `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt), or null. A file whose network differs from
+    `network` (this run's `model.network` config) is refused: its weights would not load.
+
+    With null, a Slurm job that was requeued (SLURM_RESTART_COUNT > 0) resumes from its own run dir, which it finds
+    again since the dir is named after the job. Lightning resumes by itself from its `hpc_ckpt_*.ckpt` (written when
+    Slurm signals the job) when given no path, so that one is left to it only when it is newer than last.ckpt.
     """
     if ckpt_path is None:
         own_last = run_dir / "checkpoints" / "last.ckpt"
@@ -58,7 +60,13 @@ def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path) -> str 
         hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
         return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
     path = newest_last_checkpoint(outputs_dir, exclude=run_dir) if ckpt_path == "last" else Path(ckpt_path)
-    load_project_checkpoint(path)
+    trained = load_project_checkpoint(path)["config"]["model"]["network"]
+    if network is not None and trained != network:
+        raise UserError(
+            f"ckpt_path={path} holds another network ({trained.get('_target_')}) than this run builds "
+            f"({network.get('_target_')}): resume with the checkpoint's own model and data (its run's "
+            ".hydra/overrides.yaml), or train afresh without ckpt_path"
+        )
     return str(path)
 
 

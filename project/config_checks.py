@@ -4,6 +4,7 @@ import os
 
 import lightning as L
 import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig
 
@@ -17,14 +18,20 @@ def _is_int(value: object) -> bool:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise `UserError` naming the key, the bad value and what is allowed."""
-    if not _is_int(cfg.seed):
-        raise UserError(f"seed must be an integer, got {cfg.seed!r}")
+    if not (_is_int(cfg.seed) and 0 <= cfg.seed < 2**32):
+        raise UserError(f"seed must be an integer from 0 to 2**32 - 1, got {cfg.seed!r}")
     max_epochs = cfg.trainer.get("max_epochs")
-    if not (_is_int(max_epochs) and max_epochs >= -1):
+    if not (_is_int(max_epochs) and (max_epochs >= 1 or max_epochs == -1)):
         raise UserError(f"trainer.max_epochs must be an integer >= 1 (or -1 for no limit), got {max_epochs!r}")
     devices = cfg.trainer.get("devices")
     if _is_int(devices) and devices < 1 and devices != -1:
         raise UserError(f"trainer.devices must be a positive number of devices (or -1 for all), got {devices!r}")
+    learning_rate = cfg.model.get("optimizer", {}).get("lr")
+    if learning_rate is not None and not (isinstance(learning_rate, (int, float)) and learning_rate > 0):
+        raise UserError(f"model.optimizer.lr must be a number > 0, got {learning_rate!r}")
+    val_size = cfg.data.get("val_size")
+    if val_size is not None and not (_is_int(val_size) and val_size >= 1):
+        raise UserError(f"data.val_size must be a whole number of images >= 1, got {val_size!r}")
     if cfg.optimized_mode not in ("min", "max"):
         raise UserError(f"optimized_mode must be min or max, got {cfg.optimized_mode!r}")
     check_results_from(cfg)
@@ -34,7 +41,42 @@ def check_config(cfg: DictConfig) -> None:
             f"trainer.strategy={strategy!r} is not a known strategy: pick a trainer config "
             "(trainer=default|cpu|gpu|dp|ddp|ddp_spawn|slurm) or one of Lightning's strategy names"
         )
+    check_added_keys()
+    check_multi_node_launch(cfg)
     check_slurm_allocation(cfg)
+
+
+def check_added_keys() -> None:
+    """`+name=value` for a top-level name that is no config group adds a key nothing reads: most likely a typo."""
+    if not HydraConfig.initialized():
+        return
+    groups = set(HydraConfig.get().runtime.choices)
+    for override in HydraConfig.get().overrides.task:
+        key = override.split("=", 1)[0]
+        if key.startswith("+") and not key.startswith("++") and "." not in key and key[1:] not in groups:
+            raise UserError(
+                f"{override} adds a top-level key that nothing reads; check its spelling against the config "
+                f"(python -m project.train --cfg job), or write +{override} to add it on purpose"
+            )
+
+
+def launched_on_every_node() -> bool:
+    """Whether a launcher that starts processes on every node (srun, torchrun) started this one."""
+    under_srun = "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    return under_srun or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def check_multi_node_launch(cfg: DictConfig) -> None:
+    """More than one node needs each node's processes started there; otherwise rank 0 would wait for them forever."""
+    if cfg.trainer.get("strategy") == "dp":
+        return  # one process on one machine: DataParallelStrategy refuses num_nodes > 1 itself, saying so
+    num_nodes = cfg.trainer.get("num_nodes", 1)
+    if _is_int(num_nodes) and num_nodes > 1 and not launched_on_every_node():
+        raise UserError(
+            f"trainer.num_nodes={num_nodes} but nothing starts the other nodes' processes: submit with "
+            "scripts/slurm/train.sbatch (srun, trainer=slurm), or run torchrun --nnodes on every node; "
+            "on this machine alone use trainer.num_nodes=1"
+        )
 
 
 def check_results_from(cfg: DictConfig) -> None:

@@ -18,6 +18,10 @@ from project.errors import UserError, exit_on_user_error, find_user_error
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
+    if OmegaConf.is_missing(cfg, "ckpt_path"):
+        raise UserError(
+            "give the checkpoint to test: python -m project.evaluate ckpt_path=<run dir>/checkpoints/last.ckpt"
+        )
     checkpoint = load_project_checkpoint(cfg.ckpt_path)
     trained = OmegaConf.create(checkpoint["config"])
     try:

@@ -63,7 +63,7 @@ class HistoryCallback(L.Callback):
         self.history = TrainingHistory()
         self._losses: list[Tensor] = []
         self._samples = 0
-        self._start = 0.0
+        self._start: float | None = None  # None until training starts: a finished run resumed never does
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After a checkpoint was restored, so current_epoch is where training resumes.
@@ -81,6 +81,9 @@ class HistoryCallback(L.Callback):
         self.history.end_epoch(self._losses, self._samples)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.history.fit_seconds = time.perf_counter() - self._start
+        if self._start is None:  # nothing was left to train: the run's epochs are the checkpoint's
+            self.history = TrainingHistory(trainer.global_rank, trainer.world_size, first_epoch=trainer.current_epoch)
+        else:
+            self.history.fit_seconds = time.perf_counter() - self._start
         Path(self.run_dir).mkdir(parents=True, exist_ok=True)
         self.history.save(self.run_dir)

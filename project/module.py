@@ -54,6 +54,29 @@ class ClassifierModule(L.LightningModule):
         else:
             super().__setattr__(name, value)
 
+    def on_fit_start(self) -> None:
+        """Refuse a network that does not take the data's samples, before training starts, in one line.
+
+        One sample goes through the network in eval mode without gradients: no random numbers are drawn and no
+        statistics change, so the run's numbers stay what they would have been.
+        """
+        if self.trainer.datamodule is None:  # loaders passed to fit directly: nothing to look at in advance
+            return
+        inputs = next(iter(self.trainer.datamodule.train_dataloader()))[0][:1].to(self.device)
+        training = self.network.training
+        self.network.eval()
+        try:
+            with torch.no_grad():
+                self.network(inputs)
+        except RuntimeError as error:
+            raise UserError(
+                f"model.network does not take this data's samples (shape {tuple(inputs.shape[1:])}): "
+                f"{' '.join(str(error).split())}; pick a model for the data (model=toy for data=toy, "
+                "model=mnist_mlp for the MNIST family)"
+            ) from None
+        finally:
+            self.network.train(training)
+
     def forward(self, inputs: Tensor) -> Tensor:
         return self.network(inputs)
 
@@ -126,7 +149,10 @@ class ClassifierModule(L.LightningModule):
         the schedule the same way, so both paths keep giving the same numbers. A resumed run gets the schedule
         stored in its checkpoint, so it must span as many steps as this one: otherwise a `UserError`.
         """
-        optimizer = self.optimizer_factory(self.parameters())
+        try:
+            optimizer = self.optimizer_factory(self.parameters())
+        except (TypeError, ValueError) as error:  # torch's optimizers check their arguments, e.g. a negative lr
+            raise UserError(f"model.optimizer: {error}") from None
         if self.scheduler_factory is None:
             return optimizer
         total_steps = self.trainer.estimated_stepping_batches

@@ -7,9 +7,11 @@ so Hydra sweepers can optimise it.
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 import lightning as L
+from hydra.errors import InstantiationException
 from hydra.utils import get_original_cwd, instantiate
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -17,10 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.checkpoints import resume_path
 from project.config_checks import SameConfigOnEveryRank, check_config
-from project.errors import exit_on_user_error
+from project.errors import UserError, exit_on_user_error, find_user_error
 from project.history import TrainingHistory
+from project.job import isolated_job
 from project.results import format_results_table, save_results
-from project.strategies import isolated_job
+from project.run_log import capture_logs, report
 
 FINAL_METRICS = ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc")
 
@@ -42,16 +45,32 @@ def build(cfg: DictConfig, outputs_dir: Path) -> TrainingSetup:
     `outputs_dir`), so the stored config says which file a run resumed from and every rank resumes from the same.
     """
     check_config(cfg)
-    cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir)
+    network = OmegaConf.to_container(cfg.model.network, resolve=True)
+    cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, network)
     L.seed_everything(cfg.seed, workers=True)
-    datamodule: L.LightningDataModule = instantiate(cfg.data)
-    module: L.LightningModule = instantiate(cfg.model)
+    datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
+    module: L.LightningModule = instantiate_group("model", cfg.model)
     module.run_config = OmegaConf.to_container(cfg, resolve=True)
-    callbacks = [instantiate(callback) for callback in cfg.callbacks.values()]
+    callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
     callbacks.append(SameConfigOnEveryRank(module.run_config))
-    loggers = [instantiate(logger) for logger in cfg.logger.values()]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
+    trainer: L.Trainer = instantiate_group("trainer", cfg.trainer, callbacks=callbacks, logger=loggers or False)
     return TrainingSetup(datamodule, module, trainer, cfg.ckpt_path)
+
+
+def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
+    """`instantiate(node)`, where a constructor that rejects a value of the config is the user's error.
+
+    Lightning's Trainer, for one, checks `precision` and `devices` with a ValueError or TypeError, which Hydra wraps;
+    the message already names the value, so it becomes one line naming the config group.
+    """
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__
+        if find_user_error(error) is None and isinstance(cause, (TypeError, ValueError)):
+            raise UserError(f"{group}: {cause}") from None
+        raise
 
 
 def train(cfg: DictConfig) -> dict:
@@ -107,12 +126,14 @@ def summarise_history(run_dir: str, world_size: int) -> dict:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
+    capture_logs()
+    check_config(cfg)  # before the config is printed, so a bad value is the last thing on screen
     if rank_zero_only.rank == 0:
-        print(f"Config\n{OmegaConf.to_yaml(cfg, resolve=True)}", flush=True)
+        report(f"Config\n{OmegaConf.to_yaml(cfg, resolve=True)}")
     results = train(cfg)
     if rank_zero_only.rank == 0:
         save_results(results, cfg.run_dir)
-        print(format_results_table(results), flush=True)
+        report(format_results_table(results))
     return results.get(cfg.optimized_metric)
 
 

@@ -17,7 +17,7 @@ import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project import run_dir
 from project.config_checks import SameConfigOnEveryRank, differing_keys
 from project.errors import UserError
-from project.strategies import isolated_job
+from project.job import isolated_job
 from tests.conftest import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
 
 

@@ -100,6 +100,15 @@ class InMemoryDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
+        """Training batches in the seeded order; refused when `drop_last` would leave no batch at all."""
+        processes = self.trainer.world_size if self.trainer is not None else 1
+        samples = -(-len(self.train_set) // processes)  # each process's share, as DistributedSampler pads it
+        if self.drop_last and samples < self.batch_size:
+            raise UserError(
+                f"data.batch_size={self.batch_size} is more than the {samples} training samples each of the "
+                f"{processes} process(es) gets, and data.drop_last=true drops that incomplete batch, so no training "
+                f"step would run: use data.batch_size <= {samples} (or data.drop_last=false)"
+            )
         return self.loader(self.train_set, EpochShuffleSampler(self.train_set, self.seed), train=True)
 
     def evaluation_loader(self, dataset: InMemoryDataset, name: str) -> DataLoader:
