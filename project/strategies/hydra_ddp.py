@@ -17,7 +17,6 @@ The launcher subclasses Lightning's private `_SubprocessScriptLauncher` (hence t
 once Lightning starts Hydra children as single runs of the current job.
 """
 
-import _thread
 import ctypes
 import inspect
 import os
@@ -134,13 +133,17 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
     def _watch_children(self) -> None:
         """Beside training: name the first rank that ended badly (gloo's own error names only an address).
 
-        Rank 0 then fails in its next collective; should it still run `STOP_GRACE_SECONDS` later, it is
-        interrupted, as Ctrl-C would.
+        Rank 0 then fails in its next collective. Should it still run `STOP_GRACE_SECONDS` later, it is blocked
+        where Python cannot interrupt it (waiting for the dead rank to join the process group): the process then
+        ends at once, with the other children and that line last.
         """
         while not self._stopping.is_set():
             if self._report_failed_child():
                 if not self._stopping.wait(STOP_GRACE_SECONDS):
-                    _thread.interrupt_main()
+                    for child in self.procs:
+                        child.kill()
+                    print(f"error: {self.failure}", file=sys.stderr, flush=True)
+                    os._exit(1)
                 return
             if all(child.returncode == 0 for child in self.procs):
                 return
