@@ -3,6 +3,7 @@
 import os
 
 import lightning as L
+import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.strategies import StrategyRegistry
@@ -32,6 +33,11 @@ def check_config(cfg: DictConfig) -> None:
     val_size = cfg.data.get("val_size")
     if val_size is not None and not (_is_int(val_size) and val_size >= 1):
         raise UserError(f"data.val_size must be a whole number of images >= 1, got {val_size!r}")
+    if str(cfg.trainer.get("precision")) in ("16-mixed", "16") and not torch.cuda.is_available():
+        raise UserError(
+            f"trainer.precision={cfg.trainer.precision} is float16 autocast, which needs a CUDA GPU (Lightning would "
+            "quietly train in bf16-mixed instead): on this machine use trainer.precision=bf16-mixed or 32-true"
+        )
     if cfg.optimized_mode not in ("min", "max"):
         raise UserError(f"optimized_mode must be min or max, got {cfg.optimized_mode!r}")
     check_results_from(cfg)

@@ -13,6 +13,7 @@ import hydra
 import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import get_original_cwd, instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -54,7 +55,11 @@ def build(cfg: DictConfig, outputs_dir: Path) -> TrainingSetup:
     callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
     callbacks.append(SameConfigOnEveryRank(module.run_config))
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
-    trainer: L.Trainer = instantiate_group("trainer", cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    # Checkpoints come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add its own.
+    checkpointing = any(isinstance(callback, ModelCheckpoint) for callback in callbacks)
+    trainer: L.Trainer = instantiate_group(
+        "trainer", cfg.trainer, callbacks=callbacks, logger=loggers or False, enable_checkpointing=checkpointing
+    )
     return TrainingSetup(datamodule, module, trainer, cfg.ckpt_path)
 
 
