@@ -185,19 +185,20 @@ def require_history_and_checkpoint(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
-    check_config(cfg)
-    require_history_and_checkpoint(cfg)
     hydra_cfg = HydraConfig.get()
     trainer = hydra_cfg.runtime.choices["trainer"]
     if trainer not in REFERENCE_FOR_TRAINER:
         raise UserError(f"compare knows trainer={' | '.join(REFERENCE_FOR_TRAINER)}, not trainer={trainer}")
     script, reference_launcher = REFERENCE_FOR_TRAINER[trainer]
+    reference_command = [*reference_launcher(cfg), "-m", f"project.reference.{script}"]  # refuses what it can't run
+    check_config(cfg)
+    require_history_and_checkpoint(cfg)
     # Both sides get the user's overrides; their run dirs are compare's to choose.
     overrides = [o for o in hydra_cfg.overrides.task if not o.lstrip("+~").startswith("hydra.")]
     run_dir = Path(cfg.run_dir)
     commands = {
         "lightning": [sys.executable, "-m", "project.train"],
-        "reference": [*reference_launcher(cfg), "-m", f"project.reference.{script}"],
+        "reference": reference_command,
     }
     for side, command in commands.items():
         side_command = [*command, *overrides, f"hydra.run.dir={run_dir / side}"]
