@@ -1,6 +1,7 @@
 """Checkpoints: which one a run resumes from, refusing files that are not ours, and writing them atomically."""
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,23 @@ def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, network
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file beside it and renames it into place.
 
-    A rename within one directory is atomic, so a run killed mid-write leaves the previous `last.ckpt` whole.
+    A rename within one directory is atomic, so a run killed mid-write leaves the previous `last.ckpt` whole; a write
+    that fails (a full disk, an interrupt) removes its temporary file, and a full or read-only disk is one line.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial")
-        torch.save(checkpoint, partial)
-        os.replace(partial, path)
+        try:
+            torch.save(checkpoint, partial)
+            os.replace(partial, path)
+        except BaseException as error:  # Ctrl-C and SIGTERM too: no half-written file is left behind
+            partial.unlink(missing_ok=True)
+            if not isinstance(error, (OSError, RuntimeError)):  # torch.save reports a full disk as RuntimeError
+                raise
+            free = shutil.disk_usage(path.parent).free
+            raise UserError(
+                f"could not write the checkpoint {path} ({' '.join(str(error).split())}; {free} bytes free there): "
+                f"make room there or write the run elsewhere (hydra.run.dir); the previous {path.name}, if any, is kept"
+            ) from error

@@ -15,10 +15,13 @@ Every process of a launch writes into that one directory, so only rank 0 saves H
 """
 
 import os
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from omegaconf import OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 TIME_FORMAT = "%Y-%m-%d/%H-%M-%S"
 # The file in a run dir that says which launch it belongs to.
@@ -102,3 +105,26 @@ def register_resolvers() -> None:
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver, use_cache=True)
+
+
+class RunDirCheck(Callback):
+    """Before a run starts, make its directory, or end with one line naming it (Hydra would show a traceback)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._make(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._make(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+    @staticmethod
+    def _make(directory: str, key: str) -> None:
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            print(
+                f"error: cannot make the run's directory {directory} ({error.strerror}): give {key} a directory "
+                "you can write, or run from one",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.exit(2)

@@ -11,6 +11,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import get_original_cwd, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -74,8 +75,16 @@ def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
     except InstantiationException as error:
         cause = error.__cause__
         if find_user_error(error) is None and isinstance(cause, (TypeError, ValueError)):
-            raise UserError(f"{group}: {cause}") from None
+            raise UserError(f"{group}{overrides_of(group)}: {cause}") from None
         raise
+
+
+def overrides_of(group: str) -> str:
+    """ " (your overrides: trainer.devices=abc)": the command line's choices for `group`, where the fault must be."""
+    if not HydraConfig.initialized():
+        return ""
+    mine = [o for o in HydraConfig.get().overrides.task if o.lstrip("+~").split("=")[0].split(".")[0] == group]
+    return f" (your overrides: {' '.join(mine)})" if mine else ""
 
 
 def train(cfg: DictConfig) -> dict:

@@ -19,6 +19,7 @@ once Lightning starts Hydra children as single runs of the current job.
 
 import ctypes
 import inspect
+import logging
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 import __main__
 from project.errors import UserError
 
+log = logging.getLogger(__name__)
 # Hydra overrides the child command sets itself (each may appear once).
 CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
 PR_SET_PDEATHSIG = 1
@@ -196,6 +198,7 @@ class HydraDDPStrategy(DDPStrategy):
     """
 
     def setup_environment(self) -> None:
+        self._note_sigterm_without_collectives()
         try:
             super().setup_environment()
         except dist.DistError as error:
@@ -211,3 +214,22 @@ class HydraDDPStrategy(DDPStrategy):
         super()._configure_launcher()
         if isinstance(self._launcher, _SubprocessScriptLauncher):
             self._launcher = HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    def _note_sigterm_without_collectives(self) -> None:
+        """On SIGTERM, only forward it to the children and note it; the ranks then stop together.
+
+        Lightning's own SIGTERM handler broadcasts to the other ranks from inside the signal handler, which can run
+        on top of another collective (a metric's sync) while the other ranks are elsewhere: the run then hangs until
+        the process group's timeout. Lightning's training loop already broadcasts rank 0's note after every step,
+        where all ranks are in step, and every rank stops there. (The handler is replaced on the Trainer's private
+        signal connector before the Trainer registers it; see the `lightning<2.7` pin.)
+        """
+        connector = self.lightning_module.trainer._signal_connector
+
+        def note_sigterm(signum: int, frame: object) -> None:
+            log.info(f"[rank: {self.global_rank}] Received SIGTERM: stopping after this step")
+            if not connector.received_sigterm and self.launcher is not None:
+                self.launcher.kill(signum)
+            connector.received_sigterm = True
+
+        connector._sigterm_notifier_fn = note_sigterm

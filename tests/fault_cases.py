@@ -1,0 +1,106 @@
+"""The bad input that must end a run at once, in one `error:` line (exit status 2), and a callback that faults a run.
+
+Each `BadInput` is run by `tests/test_faults.py` as `python -m <module> <args>` in a directory of its own. Its args
+and the names its error line must contain may hold `{dir}` (that directory), `{data}` (small MNIST files) and
+`{ckpt}` (the last.ckpt of a finished toy run); `prepare` makes the files a case needs in `{dir}` first.
+
+Damaged MNIST files have 25 cases of their own in tests/test_bad_data_files.py, and `project.evaluate` given a
+corrupt or foreign checkpoint is in tests/test_workflow.py; they are not repeated here.
+"""
+
+import os
+import random
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """One way to start a run wrongly, and what its error line must name."""
+
+    id: str
+    args: tuple[str, ...]
+    names: tuple[str, ...]
+    module: str = "project.train"
+    mnist: bool = False  # run the MNIST recipe on the small test files (conftest.mnist_overrides)
+    prepare: Callable[[Path, Path], None] | None = None  # (case dir, a finished toy run's last.ckpt)
+
+
+def a_directory(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "folder.ckpt").mkdir()
+
+
+def random_bytes(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "random.ckpt").write_bytes(random.Random(0).randbytes(4096))
+
+
+def truncated_checkpoint(case_dir: Path, ckpt: Path) -> None:
+    whole = ckpt.read_bytes()
+    (case_dir / "truncated.ckpt").write_bytes(whole[: len(whole) // 2])
+
+
+def truncated_last_of_an_earlier_run(case_dir: Path, ckpt: Path) -> None:
+    """`ckpt_path=last` picks the newest `outputs/**/checkpoints/last.ckpt`: here half of one."""
+    checkpoints = case_dir / "outputs" / "earlier" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    truncated_checkpoint(checkpoints, ckpt)
+    (checkpoints / "truncated.ckpt").rename(checkpoints / "last.ckpt")
+
+
+def a_file(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "a-file").write_text("not a directory\n")
+
+
+BAD_INPUTS = [
+    # Config values.
+    BadInput("max-epochs-0", ("trainer.max_epochs=0",), ("trainer.max_epochs",)),
+    BadInput("seed-negative", ("seed=-1",), ("seed",)),
+    BadInput("lr-negative", ("model.optimizer.lr=-1",), ("model.optimizer.lr",)),
+    BadInput("lr-not-a-number", ("model.optimizer.lr=abc",), ("model.optimizer.lr",)),
+    BadInput("val-size-not-a-number", ("data.val_size=abc",), ("data.val_size",), mnist=True),
+    BadInput("mnist-network-on-toy-data", ("model=mnist_mlp",), ("model",)),
+    BadInput("batch-larger-than-the-data", ("data.batch_size=100",), ("data.batch_size",)),
+    BadInput("slurm-outside-slurm", ("trainer=slurm",), ("trainer=slurm",)),
+    BadInput("two-nodes-without-a-launcher", ("trainer=ddp", "trainer.num_nodes=2"), ("trainer.num_nodes",)),
+    BadInput("added-unknown-key", ("+foo=1",), ("foo",)),
+    BadInput("unknown-precision", ("trainer.precision=banana",), ("trainer.precision",)),
+    BadInput("devices-not-a-number", ("trainer.devices=abc",), ("trainer.devices",)),
+    BadInput("evaluate-without-a-checkpoint", (), ("ckpt_path",), module="project.evaluate"),
+    BadInput("best-results-without-checkpoints", ("results_from=best", "callbacks=none"), ("results_from",)),
+    BadInput("unknown-optimized-mode", ("optimized_mode=up",), ("optimized_mode",)),
+    # Checkpoints to resume training from.
+    BadInput("resume-from-a-missing-file", ("ckpt_path={dir}/no-such.ckpt",), ("{dir}/no-such.ckpt",)),
+    BadInput("resume-from-a-directory", ("ckpt_path={dir}/folder.ckpt",), ("{dir}/folder.ckpt",), prepare=a_directory),
+    BadInput(
+        "resume-from-random-bytes", ("ckpt_path={dir}/random.ckpt",), ("{dir}/random.ckpt",), prepare=random_bytes
+    ),
+    BadInput(
+        "resume-from-a-truncated-checkpoint",
+        ("ckpt_path={dir}/truncated.ckpt",),
+        ("{dir}/truncated.ckpt",),
+        prepare=truncated_checkpoint,
+    ),
+    BadInput(
+        "resume-last-when-it-is-truncated",
+        ("ckpt_path=last",),
+        ("{dir}/outputs/earlier/checkpoints/last.ckpt",),
+        prepare=truncated_last_of_an_earlier_run,
+    ),
+    BadInput("resume-another-network", ("ckpt_path={ckpt}",), ("{ckpt}",), mnist=True),
+    # Data and directories.
+    BadInput("data-root-missing", ("data.root={dir}/nowhere",), ("{dir}/nowhere",), mnist=True),
+    BadInput("data-root-is-a-file", ("data.root={dir}/a-file",), ("{dir}/a-file",), mnist=True, prepare=a_file),
+    BadInput("run-dir-below-a-file", ("hydra.run.dir={dir}/a-file/run",), ("{dir}/a-file",), prepare=a_file),
+]
+
+
+class SigtermAtFirstBatch(L.Callback):
+    """Sends SIGTERM to its own process as the first training batch starts: before any checkpoint exists."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if trainer.current_epoch == 0 and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,501 @@
+"""Faults and bad input: nothing hangs, nothing exits 0 on failure, every user error is one line, sweeps survive a
+failing job, and nothing is left half-written or running.
+
+Every case runs the entry point as a user would, in a process of its own, and checks four things: the exit status;
+the last line of stderr (`error: ...` naming what to fix, no traceback anywhere); what is on disk (no `.partial`
+file, every checkpoint loads); and that no process of the run is left. The bad-input cases are listed in
+tests/fault_cases.py.
+"""
+
+import errno
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, check_ok, mnist_overrides, read_json, run_module
+from tests.fault_cases import BAD_INPUTS, BadInput
+from tests.test_strategies import alive, descendants
+
+pytestmark = pytest.mark.slow  # every case starts the entry point (seconds each), most train
+USER_ERROR, SWEEP_FAILED = 2, 1
+STOPPED_BY_SIGTERM, INTERRUPTED = 128 + signal.SIGTERM, 128 + signal.SIGINT
+# A run that fails at start takes a Python and Lightning start-up (seconds; more on a loaded machine): longer is a hang.
+START_TIMEOUT = 120
+ENV = {"OMP_NUM_THREADS": "1"}  # DDP ranks share the 2 cores of a small machine
+LONG_TOY_RUN = ("logger=none", "trainer.max_epochs=100000")  # runs until it is stopped, a checkpoint every epoch
+DDP = ("trainer=ddp", "trainer.devices=2")
+
+
+def last_line(stderr: str) -> str:
+    lines = stderr.rstrip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def assert_ends_in_error_line(
+    status: int, stdout: str, stderr: str, expected: int, *names: str, only_line: bool = True
+) -> str:
+    """Exit status `expected`, no traceback, and stderr's last line `error: ...` naming `names`; that line."""
+    shown = f"exit {status}; stderr ends:\n{stderr[-3000:]}"
+    assert status == expected, shown
+    assert "Traceback" not in stderr + stdout, shown
+    line = last_line(stderr)
+    assert line.startswith("error: "), shown
+    if only_line:
+        assert [text for text in stderr.splitlines() if text.startswith("error:")] == [line], shown
+    for name in names:
+        assert name in line, f"{name!r} not named in: {line}"
+    return line
+
+
+def assert_nothing_half_written(directory: Path) -> None:
+    """No checkpoint's temporary file is left, and every checkpoint loads whole."""
+    assert sorted(directory.rglob("*.partial")) == []
+    for path in directory.rglob("checkpoints/*.ckpt"):
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        assert "state_dict" in checkpoint and "config" in checkpoint, path
+
+
+def processes_in(directory: Path) -> list[int]:
+    """Live processes working in `directory` or below: every process of a run started there (its ranks too)."""
+    found = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            target = Path(os.readlink(cwd))
+        except OSError:
+            continue
+        if (target == directory or directory in target.parents) and alive(int(cwd.parent.name)):
+            found.append(int(cwd.parent.name))
+    return found
+
+
+def assert_no_process_left(directory: Path, grace: float = 10.0) -> None:
+    """None of the run's processes outlives it (after `grace` seconds to exit); any that does is killed."""
+    deadline = time.monotonic() + grace
+    while (left := processes_in(directory)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], f"processes of the run outlived it: {left}"
+
+
+@contextmanager
+def background_run(args: list[str], cwd: Path, new_session: bool = False) -> Iterator[subprocess.Popen]:
+    """`python -m project.train <args>` in the background, its output in files in `cwd` (`output_of` reads them;
+    a pipe would fill up and block it). Whatever is still running when the test ends is killed.
+    """
+    out, err = cwd / "stdout.txt", cwd / "stderr.txt"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "project.train", *args],
+            cwd=cwd,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **ENV},
+            start_new_session=new_session,
+        )
+    try:
+        yield proc
+    finally:
+        for pid in [*descendants(proc.pid), proc.pid]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, cwd: Path, timeout: float = 180) -> None:
+    """Until `path` exists, while the `background_run` in `cwd` goes on."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (exit {proc.returncode}) before {path} existed:\n{output_of(cwd)[1][-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {path} after {timeout} s")
+        time.sleep(0.2)
+
+
+def end_of(proc: subprocess.Popen, cwd: Path, timeout: float = 60) -> int:
+    """The exit status of the `background_run` in `cwd`, due within `timeout` s: a stopped run must not hang."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the run did not end within {timeout} s; its stderr ends:\n{output_of(cwd)[1][-3000:]}")
+
+
+def output_of(cwd: Path) -> tuple[str, str]:
+    """The stdout and stderr of the `background_run` in `cwd`."""
+    return (cwd / "stdout.txt").read_text(), (cwd / "stderr.txt").read_text()
+
+
+# Bad input: exit 2 at once, in one line.
+
+
+@pytest.fixture(scope="module")
+def finished_toy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last.ckpt of a toy run that trained to its end (3 epochs)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={run_dir}", cwd=run_dir.parent, env=ENV))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def run_bad_input(case: BadInput, case_dir: Path, data: Path, ckpt: Path) -> subprocess.CompletedProcess:
+    if case.prepare:
+        case.prepare(case_dir, ckpt)
+    args = [arg.format(dir=case_dir, data=data, ckpt=ckpt) for arg in case.args]
+    if case.module == "project.train":
+        args = [f"hydra.run.dir={case_dir / 'run'}", "logger=none", *args]
+        if case.mnist:
+            args = mnist_overrides(data, *args)
+    else:
+        args = [f"hydra.run.dir={case_dir / 'run'}", *args]
+    return run_module(case.module, *args, cwd=case_dir, timeout=START_TIMEOUT, env=ENV)
+
+
+BAD_INPUT_TEST = "test_bad_input_exits_2_with_one_error_line_naming_it"
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    mnist_root: Path,
+    finished_toy_run: Path,
+) -> Iterator[dict[str, tuple[Path, Future]]]:
+    """Every selected bad-input case, started side by side (one per core) when the first is needed.
+
+    Each is mostly Python and Lightning starting up: run in parallel, they take a fraction of the time.
+    """
+    selected = [item for item in request.session.items if getattr(item, "originalname", None) == BAD_INPUT_TEST]
+    cases = [item.callspec.params["case"] for item in selected]
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        runs = {}
+        for case in cases:
+            case_dir = tmp_path_factory.mktemp(case.id)
+            runs[case.id] = case_dir, pool.submit(run_bad_input, case, case_dir, mnist_root, finished_toy_run)
+        yield runs
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_error_line_naming_it(
+    case: BadInput, bad_input_runs: dict, mnist_root: Path, finished_toy_run: Path
+):
+    """The user learns what to change from one line, and the run leaves no results that look like a success."""
+    case_dir, future = bad_input_runs[case.id]
+    result = future.result()
+    names = [name.format(dir=case_dir, data=mnist_root, ckpt=finished_toy_run) for name in case.names]
+    assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, *names)
+    assert not (case_dir / "run" / "results.json").exists()
+    assert_nothing_half_written(case_dir / "run")  # (the case's own damaged checkpoints lie beside it)
+    assert_no_process_left(case_dir)
+
+
+def test_a_key_the_config_does_not_have_is_named_by_hydra_before_anything_runs(tmp_path: Path):
+    """`trainer.foo=1` fails in Hydra's composition, before this project's code: Hydra's own message, exit 1."""
+    result = run_module("project.train", "trainer.foo=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=ENV)
+    assert result.returncode == 1
+    assert "Could not override 'trainer.foo'" in result.stderr and "+trainer.foo=1" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_resuming_a_finished_run_reports_its_epochs_and_no_made_up_time(tmp_path: Path, finished_toy_run: Path):
+    """Nothing is left to train: the results say so (its 3 epochs, a fit of about no time), not a stale clock."""
+    run_dir = tmp_path / "run"
+    check_ok(
+        run_module(
+            "project.train", "logger=none", f"ckpt_path={finished_toy_run}", f"hydra.run.dir={run_dir}", cwd=tmp_path
+        )
+    )
+    results = read_json(run_dir / "results.json")
+    trained_epochs = torch.load(finished_toy_run, weights_only=False)["epoch"] + 1
+    assert results["epochs"] == trained_epochs == 3
+    assert 0 <= results["fit_seconds"] < 30, results["fit_seconds"]
+    assert_nothing_half_written(tmp_path)
+
+
+# Signals: a stop says how to resume, and leaves a whole last.ckpt and no process.
+
+
+def resume_from(line: str) -> Path:
+    """The checkpoint a stop's error line names to resume from."""
+    found = re.search(r"ckpt_path=(\S+)$", line)
+    assert found, f"no ckpt_path=... to resume from in: {line}"
+    return Path(found.group(1))
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigterm_stops_the_run_with_143_naming_the_checkpoint_to_resume_from(tmp_path: Path, processes: int):
+    """What Slurm, Kubernetes and `timeout` send: the run ends at once with the command that resumes it."""
+    run_dir = tmp_path / "run"
+    ddp = DDP if processes == 2 else ()
+    with background_run([*LONG_TOY_RUN, *ddp, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        assert len(everyone) == processes, everyone
+        os.kill(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM, only_line=False)
+    epoch = re.match(r"error: stopped by SIGTERM in epoch (\d+): resume from its last finished epoch ", line)
+    assert epoch, line
+    last = run_dir.resolve() / "checkpoints" / "last.ckpt"
+    assert resume_from(line) == last
+    assert torch.load(last, weights_only=False)["epoch"] == int(epoch.group(1)) - 1
+    assert not (run_dir / "results.json").exists()
+    assert_nothing_half_written(tmp_path)
+    assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
+def test_sigterm_before_the_first_checkpoint_says_to_run_again(tmp_path: Path):
+    """With no checkpoint to resume from, the line must not name one."""
+    run_dir = tmp_path / "run"
+    faulty = "+callbacks.sigterm._target_=tests.fault_cases.SigtermAtFirstBatch"
+    result = run_module(
+        "project.train",
+        "logger=none",
+        faulty,
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+        timeout=START_TIMEOUT,
+        env={**ENV, "PYTHONPATH": str(REPO)},
+    )
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, STOPPED_BY_SIGTERM)
+    assert line == "error: stopped by SIGTERM in epoch 0: it had written no checkpoint yet: run it again"
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_ctrl_c_stops_the_run_with_130_naming_the_checkpoint_to_resume_from(tmp_path: Path, processes: int):
+    """A terminal's Ctrl-C reaches every process of the group; the run ends as interrupted, resumable."""
+    run_dir = tmp_path / "run"
+    ddp = DDP if processes == 2 else ()
+    with background_run([*LONG_TOY_RUN, *ddp, f"hydra.run.dir={run_dir}"], tmp_path, new_session=True) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        os.killpg(proc.pid, signal.SIGINT)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, INTERRUPTED, only_line=False)
+    assert line.startswith("error: interrupted by the user (Ctrl-C): resume from its last finished epoch "), line
+    assert resume_from(line) == run_dir.resolve() / "checkpoints" / "last.ckpt"
+    assert_nothing_half_written(tmp_path)
+    assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
+def test_rank_1_killed_stops_the_run_naming_it(tmp_path: Path):
+    """The dead rank is the cause: rank 0's broken collective is only its consequence."""
+    run_dir = tmp_path / "run"
+    with background_run([*LONG_TOY_RUN, *DDP, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        assert len(everyone) == 2, everyone
+        victim = everyone[1]  # rank 1: rank 0's only child
+        os.kill(victim, signal.SIGKILL)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    assert status not in (0, None)
+    assert last_line(stderr) == f"error: rank 1 (pid {victim}) was killed by SIGKILL: the run stops", stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert_nothing_half_written(tmp_path)
+    assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
+def test_rank_0_killed_takes_its_ranks_along_and_leaves_last_checkpoint_whole(tmp_path: Path):
+    """SIGKILL cannot be handled: what counts is that last.ckpt is whole and no rank is left in a collective.
+
+    (A writer killed mid-write cannot remove its `.last.ckpt.partial`; the rename keeps last.ckpt whole anyway.)
+    """
+    run_dir = tmp_path / "run"
+    with background_run([*LONG_TOY_RUN, *DDP, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        assert len(everyone) == 2, everyone
+        os.kill(proc.pid, signal.SIGKILL)
+        assert end_of(proc, tmp_path) == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in everyone) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert not any(alive(pid) for pid in everyone), "a rank outlived rank 0"
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] >= 0
+    assert_no_process_left(tmp_path)
+
+
+# Sweeps: a failing job fails alone; a stop ends the sweep.
+
+
+def sweep_table(stdout: str, title: str) -> list[str]:
+    assert title in stdout, stdout[-3000:]
+    return stdout[stdout.index(title) :].splitlines()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        pytest.param(["seed=1,abc,3"], "seed", id="bad-seed"),
+        pytest.param(["model.optimizer.lr=0.1,abc,0.5"], "model.optimizer.lr", id="bad-lr"),
+        pytest.param(["model.optimizer.lr=0.1,abc,0.5", "trainer=ddp"], "model.optimizer.lr", id="ddp-bad-lr"),
+        pytest.param(["model=toy,mnist_mlp,toy", "trainer=ddp"], "model", id="ddp-network-fails-in-training"),
+    ],
+)
+def test_sweep_runs_every_job_when_one_fails_and_exits_1(tmp_path: Path, overrides: list[str], named: str):
+    """One bad point of a grid must not cost the others; the table and the exit status still say it failed."""
+    sweep_dir = tmp_path / "sweep"
+    result = run_module(
+        "project.train", "-m", *overrides, "logger=none", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path, env=ENV
+    )
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, SWEEP_FAILED, only_line=False)
+    assert line.startswith("error: 1 of 3 sweep jobs failed (job 1): "), line
+    job_error = (sweep_dir / "1" / "error.txt").read_text().strip()
+    assert job_error.startswith("error: ") and named in job_error, job_error
+    assert not (sweep_dir / "1" / "results.json").exists()
+    table = sweep_table(result.stdout, "Sweep: 3 job(s), 1 failed")
+    rows = {row.split()[0]: row for row in table if row[:1].isdigit()}
+    assert rows["1"].split()[-2] == "failed", rows["1"]
+    assert f"job 1 {job_error}" in table
+    for job in ("0", "2"):
+        assert not (sweep_dir / job / "error.txt").exists()
+        assert f"{read_json(sweep_dir / job / 'results.json')['val/acc']:.4f}" in rows[job]
+    assert_nothing_half_written(tmp_path)
+    assert_no_process_left(tmp_path)
+
+
+def test_sigterm_ends_a_sweep_without_starting_its_next_job(tmp_path: Path):
+    """A stop is the user's (or the scheduler's) decision about the whole sweep, unlike a failing job."""
+    sweep_dir = tmp_path / "sweep"
+    with background_run(["-m", "seed=1,2", *LONG_TOY_RUN, f"hydra.sweep.dir={sweep_dir}"], tmp_path) as proc:
+        wait_for_file(sweep_dir / "0" / "checkpoints" / "last.ckpt", proc, tmp_path)
+        os.kill(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM, only_line=False)
+    assert line.startswith("error: stopped by SIGTERM in epoch "), line
+    assert resume_from(line) == sweep_dir.resolve() / "0" / "checkpoints" / "last.ckpt"
+    assert not (sweep_dir / "1").exists()
+    assert_nothing_half_written(tmp_path)
+    assert_no_process_left(tmp_path)
+
+
+# Disks: a directory that cannot be written, a disk that fills up.
+
+
+def mount(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["mount", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory no one can write in: mode 555, or for root (whom modes do not stop) a read-only bind mount."""
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        try:
+            yield directory
+        finally:
+            directory.chmod(0o755)
+        return
+    if mount("--bind", str(directory), str(directory)).returncode != 0:
+        pytest.skip("as root only a read-only mount stops writes, and mount --bind is not permitted here")
+    try:
+        remounted = mount("-o", "remount,ro,bind", str(directory))
+        if remounted.returncode != 0:
+            pytest.skip(f"could not make the bind mount read-only: {remounted.stderr.strip()}")
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs, to fill up (needs root and mount rights)."""
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    mounted = mount("-t", "tmpfs", "-o", "size=4m", "tmpfs", str(directory))
+    if mounted.returncode != 0:
+        pytest.skip(f"a small disk to fill needs a tmpfs mount, not permitted here: {mounted.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_run_dir_in_a_read_only_dir_exits_2_naming_it(tmp_path: Path, read_only_dir: Path):
+    """A run dir that cannot be created is the user's to move (hydra.run.dir), not a crash."""
+    result = run_module(
+        "project.train",
+        "logger=none",
+        f"hydra.run.dir={read_only_dir / 'run'}",
+        cwd=tmp_path,
+        timeout=START_TIMEOUT,
+        env=ENV,
+    )
+    assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, str(read_only_dir))
+    assert list(read_only_dir.iterdir()) == []
+    assert_no_process_left(tmp_path)
+
+
+def fill(directory: Path) -> None:
+    """Write into `directory` until its disk has no space left."""
+    with (directory / "filler").open("wb") as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error
+
+
+def test_disk_full_mid_run_exits_2_and_keeps_the_last_checkpoint(tmp_path: Path, small_disk: Path):
+    """The checkpoint that no longer fits is not left half-written, and the one before it still loads."""
+    run_dir = small_disk / "run"
+    with background_run([*LONG_TOY_RUN, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        fill(small_disk)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, USER_ERROR, str(run_dir))
+    assert "no space left" in line.lower(), line
+    assert_nothing_half_written(small_disk)
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] >= 0
+    assert_no_process_left(tmp_path)
+
+
+# Launches at the same moment.
+
+
+def test_launches_started_together_write_their_own_run_dirs(tmp_path: Path):
+    """Two runs started at once must not share (and garble) one `outputs/<date>/<time>`."""
+    command = [sys.executable, "-m", "project.train", "logger=none"]
+    env = {**os.environ, **ENV}
+    procs = [
+        subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    ended = [proc.communicate(timeout=300) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [stderr[-3000:] for _, stderr in ended]
+    printed = sorted(re.search(r"^run dir +(\S+)\s*$", stdout, re.MULTILINE).group(1) for stdout, _ in ended)
+    run_dirs = sorted(path for path in (tmp_path / "outputs").glob("*/*") if path.is_dir())
+    assert printed == [str(run_dir) for run_dir in run_dirs]
+    first, second = run_dirs
+    if second.name.startswith(first.name):  # started in the same second
+        assert second.name == f"{first.name}-1"
+    for run_dir in run_dirs:
+        assert read_json(run_dir / "results.json")["run_dir"] == str(run_dir.resolve())
+        assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (first / ".launch_id").read_text() != (second / ".launch_id").read_text()
+    assert_nothing_half_written(tmp_path)
+    assert_no_process_left(tmp_path)
