@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 # Hydra overrides the child command sets itself (each may appear once).
 CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
 PR_SET_PDEATHSIG = 1
-# After naming a dead child, how long rank 0 gets to fail on its own (its next collective) before it is interrupted.
+# After naming a dead child, how long rank 0 gets to fail on its own (its next collective) before the process ends.
 STOP_GRACE_SECONDS = 30.0
 
 
@@ -75,11 +75,9 @@ def child_command(ckpt_path: str | None = None) -> list[str]:
         for override in hydra.overrides.hydra
         if not override.startswith(tuple(f"{key}=" for key in CHILD_HYDRA_KEYS))
     ]
-    job_overrides = list(hydra.overrides.task)
+    job_overrides = [o for o in hydra.overrides.task if ckpt_path is None or not o.startswith("ckpt_path=")]
     if ckpt_path is not None:
-        job_overrides = [o for o in job_overrides if not o.startswith("ckpt_path=")] + [
-            f"ckpt_path={_quoted(ckpt_path)}"
-        ]
+        job_overrides.append(f"ckpt_path={_quoted(ckpt_path)}")
     return [
         sys.executable,
         *program,
