@@ -1,5 +1,6 @@
 """Checkpoints: which one a run resumes from, refusing files that are not ours, and writing them atomically."""
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -90,7 +91,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if not isinstance(error, (OSError, RuntimeError)):  # torch.save reports a full disk as RuntimeError
                 raise
             free = shutil.disk_usage(path.parent).free
+            full = free < (1 << 20) or getattr(error, "errno", None) == errno.ENOSPC
+            reason = f"no space left: {free} bytes free" if full else " ".join(str(error).split())
             raise UserError(
-                f"could not write the checkpoint {path} ({' '.join(str(error).split())}; {free} bytes free there): "
-                f"make room there or write the run elsewhere (hydra.run.dir); the previous {path.name}, if any, is kept"
+                f"could not write the checkpoint {path} ({reason}): make room there or write the run elsewhere "
+                f"(hydra.run.dir); the previous {path.name}, if any, is kept"
             ) from error
