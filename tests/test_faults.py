@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, check_ok, mnist_overrides, read_json, run_module
+from tests.conftest import REPO, check_ok, free_port, mnist_overrides, read_json, run_module
 from tests.fault_cases import BAD_INPUTS, BadInput
 from tests.test_strategies import alive, descendants
 
@@ -292,6 +292,35 @@ def test_ctrl_c_stops_the_run_with_130_naming_the_checkpoint_to_resume_from(tmp_
     assert resume_from(line) == run_dir.resolve() / "checkpoints" / "last.ckpt"
     assert_nothing_half_written(tmp_path)
     assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
+def test_a_node_that_never_joins_ends_the_run_in_one_line_within_the_timeout(tmp_path: Path):
+    """Rank 0 of a two-node torchrun launch whose second node never starts: not torch's 30 minutes of silence."""
+    torchrun_rank_zero = {
+        "TORCHELASTIC_RUN_ID": "fault",
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    args = [*DDP[:1], "trainer.num_nodes=2", "trainer.devices=1", "trainer.strategy.timeout.seconds=5"]
+    started = time.monotonic()
+    result = run_module(
+        "project.train",
+        *args,
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        timeout=START_TIMEOUT,
+        env={**ENV, **torchrun_rank_zero},
+    )
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, "127.0.0.1")
+    assert "did not all meet" in line and "1/2 clients joined" in line, line
+    assert time.monotonic() - started < START_TIMEOUT
     assert_no_process_left(tmp_path)
 
 
