@@ -19,13 +19,14 @@ import lightning as L
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 import project  # noqa: F401  (registers the resolvers conf/ uses)
 from project.data import InMemoryDataModule, InMemoryDataset
-from project.history import HistoryCallback, TrainingHistory
 from project.reference.loop import Trainer, build
+from project.runs.history import HistoryCallback, TrainingHistory
+from project.train import build as build_lightning
 
 CONF_DIR = Path(project.__file__).resolve().parents[1] / "conf"
 
@@ -125,24 +126,19 @@ def load_datamodule(cfg: DictConfig, device: torch.device | None = None) -> InMe
 def lightning_fit(
     cfg: DictConfig, datamodule: InMemoryDataModule, extra_callbacks: list[L.Callback] = ()
 ) -> tuple[FitRecord, L.Trainer]:
-    """`trainer.fit` as `project.train` runs it (same objects from the same config), plus a clock."""
-    L.seed_everything(cfg.seed, verbose=False)
-    module = instantiate(cfg.model)
-    module.run_config = OmegaConf.to_container(cfg, resolve=True)
+    """`trainer.fit` of what `project.train.build` makes of `cfg`, plus a clock, on the already loaded `datamodule`."""
     clock = EpochClock()
-    callbacks = [instantiate(callback) for callback in cfg.callbacks.values()] + [*extra_callbacks, clock]
-    loggers = [instantiate(logger) for logger in cfg.logger.values()]
     with quiet():
-        trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-        trainer.fit(module, datamodule=datamodule)
-    histories = [callback.history for callback in callbacks if isinstance(callback, HistoryCallback)]
-    return FitRecord(clock.clock, histories[0].step_losses if histories else []), trainer
+        setup = build_lightning(cfg, Path(cfg.run_dir).parent, [*extra_callbacks, clock])
+        setup.trainer.fit(setup.module, datamodule=datamodule)
+    histories = [callback.history for callback in setup.trainer.callbacks if isinstance(callback, HistoryCallback)]
+    return FitRecord(clock.clock, histories[0].step_losses if histories else []), setup.trainer
 
 
 def reference_fit(cfg: DictConfig, datamodule: InMemoryDataModule, device: torch.device) -> FitRecord:
     """`project.reference.single`'s loop on `device` (network, optimizer and schedule from `build`)."""
-    _, network, optimizer = build(cfg, device)
-    trainer = ClockedTrainer(network, optimizer, device, TrainingHistory())
+    _, network, optimizer, scheduler = build(cfg, device)
+    trainer = ClockedTrainer(network, optimizer, scheduler, device, TrainingHistory())
     trainer.fit(datamodule.train_dataloader(), datamodule.val_dataloader(), cfg.trainer.max_epochs)
     trainer.clock.end = time.perf_counter()
     return FitRecord(trainer.clock, trainer.history.step_losses)

@@ -8,28 +8,21 @@ per-step loss and final weight differences, and writes `comparison.json` and `lo
 
 import json
 import os
-import pickle
 import shlex
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
-from torch import Tensor
 
 from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error
-from project.history import TrainingHistory
-
-LIGHTNING_PREFIX = "network."  # where ClassifierModule keeps the network in a checkpoint's state_dict
-RESULT_ROWS = ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc")
+from project.parity import RunOutputs, comparison_rows, max_loss_difference, max_weight_difference
 
 
 def free_port() -> int:
@@ -72,76 +65,6 @@ REFERENCE_FOR_TRAINER: dict[str, tuple[str, Callable[[DictConfig], list[str]]]] 
 }
 
 
-def network_weights(lightning_state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The network's tensors of a Lightning `state_dict`, named as in the bare network's own `state_dict`."""
-    return {k.removeprefix(LIGHTNING_PREFIX): v for k, v in lightning_state.items() if k.startswith(LIGHTNING_PREFIX)}
-
-
-def max_weight_difference(lightning: dict[str, Tensor], reference: dict[str, Tensor]) -> float:
-    """The largest absolute difference over all tensors; networks with different tensors are not comparable."""
-    if lightning.keys() != reference.keys():
-        only_lightning, only_reference = lightning.keys() - reference.keys(), reference.keys() - lightning.keys()
-        raise ValueError(
-            f"the networks hold different tensors: only lightning has {sorted(only_lightning)}, "
-            f"only reference has {sorted(only_reference)}"
-        )
-    return max(((lightning[k].double() - reference[k].double()).abs().max().item() for k in lightning), default=0.0)
-
-
-def max_loss_difference(lightning: Sequence[float], reference: Sequence[float]) -> float:
-    """The largest absolute per-step loss difference; runs of different lengths are not comparable."""
-    if len(lightning) != len(reference):
-        raise ValueError(f"lightning took {len(lightning)} steps, the reference {len(reference)}")
-    return max((abs(a - b) for a, b in zip(lightning, reference, strict=True)), default=0.0)
-
-
-def load_checkpoint(path: Path) -> dict:
-    """`weights_only` where the file allows it; both files are this run's own, so the fallback is safe."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # a type outside weights_only's allow-list, e.g. from a custom callback's state
-        return torch.load(path, map_location="cpu", weights_only=False)
-
-
-@dataclass
-class RunOutputs:
-    """What compare reads from one side's run dir: results.json, rank 0's history, the final network weights."""
-
-    results: dict
-    history: TrainingHistory
-    weights: dict[str, Tensor]
-
-    @classmethod
-    def read_lightning(cls, run_dir: Path) -> "RunOutputs":
-        """Refuses a last.ckpt older than the run's last step: its weights would not be the final ones."""
-        history = TrainingHistory.load(run_dir / "history.rank0.json")
-        checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-        if checkpoint["global_step"] != len(history.step_losses):
-            raise UserError(
-                f"{run_dir}/checkpoints/last.ckpt holds step {checkpoint['global_step']}, not the final step "
-                f"{len(history.step_losses)}: Lightning >= 2.6 rewrites last.ckpt only when it also saves a top-k "
-                "checkpoint; save every epoch's weights with a ModelCheckpoint(monitor=None) in conf/callbacks/"
-            )
-        results = json.loads((run_dir / "results.json").read_text())
-        return cls(results, history, network_weights(checkpoint["state_dict"]))
-
-    @classmethod
-    def read_reference(cls, run_dir: Path) -> "RunOutputs":
-        history = TrainingHistory.load(run_dir / "history.rank0.json")
-        results = json.loads((run_dir / "results.json").read_text())
-        return cls(results, history, load_checkpoint(run_dir / "checkpoints" / "model.pt"))
-
-
-def comparison_rows(lightning: RunOutputs, reference: RunOutputs) -> dict[str, tuple[float, float]]:
-    """The table's rows, name -> (lightning, reference): per-epoch training loss, final metrics, speed."""
-    epoch_losses = zip(lightning.history.epoch_losses, reference.history.epoch_losses, strict=True)
-    rows = {f"epoch {n} train loss": pair for n, pair in enumerate(epoch_losses, start=1)}
-    rows |= {name: (lightning.results[name], reference.results[name]) for name in RESULT_ROWS}
-    rows["wall time (s)"] = (lightning.results["fit_seconds"], reference.results["fit_seconds"])
-    rows["samples/s"] = (lightning.results["samples_per_second"], reference.results["samples_per_second"])
-    return rows
-
-
 def format_comparison(title: str, comparison: dict) -> str:
     lines = [f"{'':<22}{'lightning':>12}{'reference':>12}{'|diff|':>12}"]
     for name, lightning in comparison["lightning"].items():
@@ -178,7 +101,7 @@ def run_side(side: str, command: list[str], cwd: str, log_path: Path) -> None:
 def require_history_and_checkpoint(cfg: DictConfig) -> None:
     """Fail before training if the Lightning side would not write the history and last.ckpt that compare reads."""
     targets = {str(callback.get("_target_")) for callback in cfg.callbacks.values()}
-    if not {"project.history.HistoryCallback", "lightning.pytorch.callbacks.ModelCheckpoint"} <= targets:
+    if not {"project.runs.history.HistoryCallback", "lightning.pytorch.callbacks.ModelCheckpoint"} <= targets:
         raise UserError("compare reads the history and last.ckpt that callbacks=default writes: drop callbacks=")
 
 

@@ -6,11 +6,12 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class
 from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig
 
-import project.strategies  # noqa: F401  (registers strategy="dp")
 from project.errors import UserError
+from project.strategies import DataParallelStrategy
 
 
 def _is_int(value: object) -> bool:
@@ -72,9 +73,18 @@ def launched_on_every_node() -> bool:
     return under_srun or "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def is_data_parallel(cfg: DictConfig) -> bool:
+    """Whether `cfg.trainer` is DataParallel (`trainer=dp`): one process, whatever `devices` says."""
+    strategy = cfg.trainer.get("strategy")
+    return (
+        isinstance(strategy, DictConfig)
+        and get_class(strategy.get("_target_", "builtins.object")) is DataParallelStrategy
+    )
+
+
 def check_multi_node_launch(cfg: DictConfig) -> None:
     """More than one node needs each node's processes started there; otherwise rank 0 would wait for them forever."""
-    if cfg.trainer.get("strategy") == "dp":
+    if is_data_parallel(cfg):
         return  # one process on one machine: DataParallelStrategy refuses num_nodes > 1 itself, saying so
     num_nodes = cfg.trainer.get("num_nodes", 1)
     if _is_int(num_nodes) and num_nodes > 1 and not launched_on_every_node():
@@ -111,7 +121,7 @@ def check_slurm_allocation(cfg: DictConfig) -> None:
     if "SLURM_NTASKS" not in os.environ or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
         return
     tasks_per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-    if cfg.trainer.get("strategy") == "dp":
+    if is_data_parallel(cfg):
         if tasks_per_node.isdigit() and int(tasks_per_node) != 1:
             raise UserError(
                 f"trainer=dp runs one process per node but Slurm runs {tasks_per_node} task(s) per node: "

@@ -7,7 +7,7 @@ Entry points wrap their work in `exit_on_user_error`:
 - inside a sweep (`-m`, an Optuna search, the jobs of `hydra/launcher=slurm`) one failing job must not end the
   sweep: the job reports its error the same way (a bug's traceback first), writes the error line to `error.txt`
   in its directory and returns NaN, which Optuna records as a failed trial; the sweep's summary lists the job as
-  failed, and the sweep exits non-zero (`project.sweep_summary`). Only a stop (`RunStopped`) ends the sweep.
+  failed, and the sweep exits non-zero (`project.runs.sweep_summary`). Only a stop (`RunStopped`) ends the sweep.
 """
 
 import functools
@@ -22,8 +22,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from project.run_dir import process_rank
-from project.run_log import report, to_log_file
+from project.runs.run_dir import process_rank
+from project.runs.run_log import report, to_log_file
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -12,8 +12,8 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from project.checkpoints import load_project_checkpoint
 from project.errors import UserError, exit_on_user_error, find_user_error
+from project.runs.checkpoints import load_project_checkpoint
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:

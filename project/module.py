@@ -45,15 +45,6 @@ class ClassifierModule(L.LightningModule):
         for stage in STAGES:
             setattr(self, f"{stage}_totals", ClassificationTotals())
 
-    def __setattr__(self, name: str, value: object) -> None:
-        # Lightning sets `_current_fx_name` (a str) around every hook it calls, some 40 times per training step.
-        # nn.Module.__setattr__ first checks whether the value is a parameter, buffer or module; for this plain
-        # attribute that check alone cost ~0.1 ms per step on a 2-core CPU, so it is skipped.
-        if name == "_current_fx_name":
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
-
     def on_fit_start(self) -> None:
         """Refuse a network that does not take the data's samples, before training starts, in one line.
 
@@ -91,8 +82,8 @@ class ClassifierModule(L.LightningModule):
     def _log_epoch_metrics(self, stage: str) -> None:
         """Log `<stage>/loss` and `<stage>/acc` of the whole epoch (all processes), then start counting afresh.
 
-        Once per epoch: logging from every step would give the same numbers but costs ~0.5 ms of Lightning's
-        bookkeeping per `self.log` call, a quarter of an MLP step on a CPU (see bench/). `compute()` has already
+        Once per epoch, from the running totals: a `self.log` call per step would give the same numbers and add
+        Lightning's per-call bookkeeping to every step (bench/README.md measures it). `compute()` has already
         summed over processes, so `sync_dist` averages equal numbers: it changes nothing but tells Lightning the
         value is global (it warns otherwise under DDP).
         """
@@ -103,11 +94,11 @@ class ClassifierModule(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self._step(batch, "train")
-        # The per-step value (this process's own batch), for the progress bar and TensorBoard, logged on the steps
-        # the loggers write (every `trainer.log_every_n_steps`): Lightning's bookkeeping of one `self.log` call
-        # costs ~0.5 ms, and on the other steps the value would never reach TensorBoard.
+        # This step's loss (this process's batch) and learning rate, logged only on the steps Lightning hands to
+        # the loggers (`(step + 1) % trainer.log_every_n_steps == 0`): on the others they would reach no logger.
         if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log("train/step_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
 
     def on_train_epoch_end(self) -> None:

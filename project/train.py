@@ -5,6 +5,7 @@ writes into one Hydra run dir (`run_dir`); rank 0 alone writes results. `main` r
 so Hydra sweepers can optimise it.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,13 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from project.checkpoints import resume_path
 from project.config_checks import SameConfigOnEveryRank, check_config
 from project.errors import UserError, exit_on_user_error, find_user_error
-from project.history import TrainingHistory
 from project.job import isolated_job
-from project.results import format_results_table, save_results
-from project.run_log import capture_logs, report
+from project.runs.checkpoints import resume_path
+from project.runs.history import TrainingHistory
+from project.runs.results import format_results_table, save_results
+from project.runs.run_log import capture_logs, report
 
 FINAL_METRICS = ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc")
 
@@ -40,10 +41,11 @@ class TrainingSetup:
     ckpt_path: str | None
 
 
-def build(cfg: DictConfig, outputs_dir: Path) -> TrainingSetup:
+def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callback] = ()) -> TrainingSetup:
     """Check `cfg`, then seed and instantiate everything a run needs, in the order the reference path does.
 
-    `cfg.ckpt_path` is resolved here to the file itself (`last` names the newest earlier run's `last.ckpt` under
+    The benchmarks and tests build through here too, adding their probes as `extra_callbacks`. `cfg.ckpt_path`
+    is resolved here to the file itself (`last` names the newest earlier run's `last.ckpt` under
     `outputs_dir`), so the stored config says which file a run resumed from and every rank resumes from the same.
     """
     check_config(cfg)
@@ -54,7 +56,7 @@ def build(cfg: DictConfig, outputs_dir: Path) -> TrainingSetup:
     module: L.LightningModule = instantiate_group("model", cfg.model)
     module.run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
-    callbacks.append(SameConfigOnEveryRank(module.run_config))
+    callbacks += [SameConfigOnEveryRank(module.run_config), *extra_callbacks]
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
     # Checkpoints come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add its own.
     checkpointing = any(isinstance(callback, ModelCheckpoint) for callback in callbacks)

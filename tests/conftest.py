@@ -1,20 +1,14 @@
-"""Shared fixtures: a Python that runs the entry points as a user would, small MNIST files, the config dir."""
+"""Fixtures and the skips of what this machine cannot run; plain helpers live in tests/helpers.py."""
 
-import json
-import os
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from project.compare import free_port  # noqa: F401  (tests import it from here)
+from tests.helpers import FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY
 from tests.idx_files import write_idx_dataset
-
-REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf"
-FASHION_MNIST_DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,27 +24,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_real)
 
 
-def run_module(
-    module: str,
-    *args: str,
-    cwd: Path,
-    timeout: float = 300,
-    env: dict | None = None,
-    launcher: tuple[str, ...] = (),
-) -> subprocess.CompletedProcess:
-    """Run `python -m <module> <args>` (or `<launcher> -m <module>`) in `cwd` and capture its output."""
-    command = [*launcher, "-m", module, *args] if launcher else [sys.executable, "-m", module, *args]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+@pytest.fixture(scope="session", autouse=True)
+def no_processes_in_fast_runs() -> Iterator[None]:
+    """Under `make test-fast`, whatever a test starts a process for (a training run, torchrun, a shell) skips it there.
+
+    Session-wide and first, so that module fixtures which train in a process skip their tests too.
+    """
+    if not IN_PROCESS_ONLY:
+        yield
+        return
+    original = subprocess.Popen.__init__
+    subprocess.Popen.__init__ = skip_process
+    yield
+    subprocess.Popen.__init__ = original
 
 
-def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    return result
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
+def skip_process(*args: object, **kwargs: object) -> None:
+    pytest.skip("starts a process: `make test` runs it")
 
 
 @pytest.fixture(scope="session")
@@ -64,63 +54,3 @@ def mnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
-
-
-def mnist_overrides(mnist_root: Path, *extra: str) -> list[str]:
-    """The MNIST recipe on the small test files: 350 training images (50 held out), no TensorBoard."""
-    return [
-        "experiment=mnist",
-        f"data.root={mnist_root}",
-        "data.download=false",
-        "data.val_size=50",
-        "logger=none",
-        *extra,
-    ]
-
-
-def simulated_slurm_nodes(
-    module: str, args: list[str], cwd: Path, nodes: int = 2, timeout: float = 300
-) -> list[subprocess.CompletedProcess]:
-    """Run `module` as `nodes` Slurm tasks on this machine (one task per node), as srun would start them."""
-    port = free_port()
-    procs = []
-    for node in range(nodes):
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
-            "SLURM_JOB_ID": "4242",
-            "SLURM_STEP_ID": "0",
-            "SLURM_JOB_NAME": "train",
-            "SLURM_NTASKS": str(nodes),
-            "SLURM_NNODES": str(nodes),
-            "SLURM_NTASKS_PER_NODE": "1",
-            "SLURM_PROCID": str(node),
-            "SLURM_NODEID": str(node),
-            "SLURM_LOCALID": "0",
-            "SLURM_NODELIST": "localhost",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        # As srun starts a task: SLURM_TASK_PID is the program's own pid (`exec` keeps the shell's).
-        task = ["sh", "-c", 'SLURM_TASK_PID=$$ exec "$@"', "srun-task", sys.executable, "-m", module, *args]
-        procs.append(
-            subprocess.Popen(
-                task,
-                cwd=cwd,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        )
-    results = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
-    return results
-
-
-def histories(run_dir: Path) -> list[dict]:
-    """Every rank's history file in `run_dir`, in rank order."""
-    return [read_json(path) for path in sorted(run_dir.glob("history.rank*.json"))]

@@ -18,7 +18,7 @@ import torch
 
 from project.data import MNISTDataModule
 from project.errors import exit_on_user_error
-from tests.conftest import mnist_overrides, run_module
+from tests.helpers import mnist_overrides, run_module
 from tests.idx_files import make_images, write_idx_dataset
 
 TRAIN_IMAGES, TRAIN_LABELS = "train-images-idx3-ubyte", "train-labels-idx1-ubyte"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, check_ok, read_json, run_module
+from tests.helpers import REPO, check_ok, read_json, run_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.realdata]
 
@@ -35,13 +35,14 @@ def test_quick_bench_runs_every_suite_and_writes_json_and_plots(tmp_path: Path):
         suites["data_path"]["throughput_vs_limit"]
     )
     assert set(suites["lightning_overhead"]["throughput_vs_reference"]) == {"default", "stock", "bare"}
+    assert suites["lightning_overhead"]["default_vs_bare"]["median"] > 0
     assert suites["lightning_overhead"]["profile_ms_per_step"]
     assert {"median", "low", "high"} <= set(suites["startup"]["train_vs_imports"])
     assert set(suites["ddp_scaling"]["two_vs_one"]) == {"same global batch", "same per-rank batch"}
     accuracy = suites["time_to_accuracy"]
     assert [point["epoch"] for point in accuracy["points"]] == list(range(1, accuracy["max_epochs"] + 1))
     assert {"to_85", "to_88", "best"} <= set(accuracy)
-    for row in ("datamodule / compute-only limit", "Lightning default / reference", "start-up", "DDP: 2", "accuracy"):
+    for row in ("datamodule / compute-only limit", "Lightning default / bare", "start-up", "DDP: 2", "accuracy"):
         assert row in stdout
     assert_pngs(tmp_path, {"throughput.png", "loss-vs-time.png", "ddp-scaling.png"})
 

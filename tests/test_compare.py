@@ -6,9 +6,9 @@ import pytest
 import torch
 from PIL import Image
 
-from project.compare import max_loss_difference, max_weight_difference, network_weights
-from project.history import TrainingHistory
-from tests.conftest import check_ok, read_json, run_module
+from project.parity import max_loss_difference, max_weight_difference, network_weights
+from project.runs.history import TrainingHistory
+from tests.helpers import check_ok, read_json, run_module
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from torchvision import datasets
 from project.data import MNISTDataModule, ToyDataModule
 from project.data.in_memory import EpochShuffleSampler
 from project.errors import UserError
-from tests.conftest import check_ok, run_module
+from tests.helpers import check_ok, run_module
 from tests.idx_files import write_idx_dataset
 
 

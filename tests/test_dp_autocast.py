@@ -1,4 +1,4 @@
-"""`strategy="dp"` keeps the caller's autocast dtype in DataParallel's replica threads (bf16-mixed stays bf16)."""
+"""`trainer=dp` keeps the caller's autocast dtype in DataParallel's replica threads (bf16-mixed stays bf16)."""
 
 import threading
 from collections.abc import Callable

@@ -10,7 +10,7 @@ import torch
 
 from project.data.in_memory import InMemoryDataModule, InMemoryDataset
 from project.errors import UserError
-from tests.conftest import check_ok, free_port, mnist_overrides, read_json, run_module
+from tests.helpers import check_ok, free_port, mnist_overrides, read_json, run_module
 
 
 def last_checkpoint(run_dir: Path) -> dict:

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, check_ok, free_port, mnist_overrides, read_json, run_module
 from tests.fault_cases import BAD_INPUTS, BadInput
+from tests.helpers import REPO, check_ok, free_port, mnist_overrides, read_json, run_module
 from tests.test_strategies import alive, descendants
 
 pytestmark = pytest.mark.slow  # every case starts the entry point (seconds each), most train

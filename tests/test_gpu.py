@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import check_ok, mnist_overrides, read_json, run_module
+from tests.helpers import check_ok, mnist_overrides, read_json, run_module
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from project.metrics import ClassificationTotals
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 SPAWN_TIMEOUT = 120
 

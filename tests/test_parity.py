@@ -9,10 +9,10 @@ from hydra import compose, initialize_config_dir
 from torch.utils.data.distributed import DistributedSampler
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.compare import max_loss_difference, max_weight_difference, network_weights
-from project.history import TrainingHistory
+from project.parity import max_loss_difference, max_weight_difference, network_weights
 from project.reference.loop import Trainer, build
-from tests.conftest import (
+from project.runs.history import TrainingHistory
+from tests.helpers import (
     CONF_DIR,
     check_ok,
     free_port,
@@ -61,10 +61,10 @@ def test_gradient_averaging_over_two_ranks_equals_one_process_with_twice_the_bat
 ):
     cfg = reference_cfg(tmp_path, *mnist_overrides(mnist_root, "trainer.max_epochs=2", f"data.batch_size={2 * BATCH}"))
     device = torch.device("cpu")
-    datamodule, network, optimizer = build(cfg, device)
+    datamodule, network, optimizer, scheduler = build(cfg, device)
     # One process, the global order DistributedSampler gives two ranks: rank r takes items r, r+2, r+4, ...
     sampler = DistributedSampler(datamodule.train_set, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed)
-    trainer = Trainer(network, optimizer, device, TrainingHistory())
+    trainer = Trainer(network, optimizer, scheduler, device, TrainingHistory())
     trainer.fit(datamodule.loader(datamodule.train_set, sampler, train=True), None, epochs=2)
 
     ranks = histories(torchrun_reference)
@@ -115,8 +115,8 @@ def test_lightning_multi_process_strategies_equal_torchrun(
 
 def train_in_process(tmp_path: Path, seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     cfg = reference_cfg(tmp_path, f"seed={seed}")
-    datamodule, network, optimizer = build(cfg, torch.device("cpu"))
-    trainer = Trainer(network, optimizer, torch.device("cpu"), TrainingHistory())
+    datamodule, network, optimizer, scheduler = build(cfg, torch.device("cpu"))
+    trainer = Trainer(network, optimizer, scheduler, torch.device("cpu"), TrainingHistory())
     trainer.fit(datamodule.train_dataloader(), datamodule.val_dataloader(), cfg.trainer.max_epochs)
     return trainer.history.step_losses, network.state_dict()
 

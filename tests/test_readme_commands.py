@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, check_ok
+from tests.helpers import REPO, check_ok
 from tests.idx_files import write_idx_dataset
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FASHION_MNIST_DEBIAN, check_ok, read_json, run_module
+from tests.helpers import FASHION_MNIST_DEBIAN, check_ok, read_json, run_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.realdata]
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tests.conftest import check_ok, run_module
+from tests.helpers import check_ok, run_module
 
 
 def test_train_log_holds_lightnings_messages_warnings_and_the_results_table(tmp_path: Path):

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.compare import max_loss_difference, max_weight_difference, network_weights
-from tests.conftest import REPO, check_ok, histories, read_json, simulated_slurm_nodes
+from project.parity import max_loss_difference, max_weight_difference, network_weights
+from tests.helpers import REPO, check_ok, histories, read_json, simulated_slurm_nodes
 from tests.tensorboard_events import read_scalars
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import check_ok, histories, mnist_overrides, read_json, run_module, simulated_slurm_nodes
+from tests.helpers import check_ok, histories, mnist_overrides, read_json, run_module, simulated_slurm_nodes
 
 pytestmark = pytest.mark.slow
 TRAIN_IMAGES, BATCH = 350, 25
@@ -240,7 +240,7 @@ def test_dp_strategy_fits_validates_tests_and_predicts_in_process(tmp_path: Path
     datamodule = ToyDataModule(batch_size=2, seed=123, drop_last=True)
     module = ClassifierModule(NeuralNetwork(2, 2), functools.partial(torch.optim.SGD, lr=0.5))
     trainer = L.Trainer(
-        strategy="dp",
+        strategy=DataParallelStrategy(),
         accelerator="cpu",
         devices=1,
         max_epochs=3,

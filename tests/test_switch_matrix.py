@@ -27,11 +27,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.data import MNISTDataModule, ToyDataModule
 from project.errors import find_user_error
-from project.history import HistoryCallback
 from project.models import DeepNeuralNetwork, NeuralNetwork
+from project.runs.history import HistoryCallback
 from project.strategies import DataParallelStrategy, HydraDDPStrategy
 from project.train import build
-from tests.conftest import CONF_DIR, REPO, check_ok, histories, mnist_overrides, read_json, run_module
+from tests.helpers import CONF_DIR, REPO, SRUN_TASK_ZERO, check_ok, histories, mnist_overrides, read_json, run_module
 
 AXES: dict[str, tuple[str, ...]] = {
     # "default": no trainer= override, so the recipe's choice (trainer/default, or slurm for mnist_slurm).
@@ -117,19 +117,6 @@ EXPECTED_REFUSALS: list[tuple[Callable[[Combination], bool], str]] = [
     (lambda c: c["launch"] == "optuna" and c["callbacks"] == "none", "results_from=best needs the best checkpoint"),
     (lambda c: NO_GPU and c["trainer"] == "gpu", "No supported gpu backend found"),
 ]
-# What srun gives task 0 of a two-node job: multi-node configs are built as the first node's task would build them
-# (outside a launcher they are refused, which tests/test_faults.py checks).
-SRUN_TASK_ZERO = {
-    "SLURM_JOB_ID": "7",
-    "SLURM_JOB_NAME": "train",
-    "SLURM_NTASKS": "2",
-    "SLURM_NNODES": "2",
-    "SLURM_NTASKS_PER_NODE": "1",
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-    "SLURM_NODELIST": "localhost",
-}
 OTHER_NAME = "my_train"  # the -cn copy of train.yaml
 LAUNCH_OVERRIDES = {
     "plain": [],

@@ -14,11 +14,11 @@ import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project import run_dir
 from project.config_checks import SameConfigOnEveryRank, differing_keys
 from project.errors import UserError
 from project.job import isolated_job
-from tests.conftest import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
+from project.runs import run_dir
+from tests.helpers import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
 
 
 def compose_train(*overrides: str):

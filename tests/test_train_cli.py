@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import check_ok, read_json, run_module
+from tests.helpers import check_ok, read_json, run_module
 from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path)
     import torch
     from hydra.utils import instantiate
 
-    from project.compare import network_weights
+    from project.parity import network_weights
 
     check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)

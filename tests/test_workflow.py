@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, check_ok, free_port, mnist_overrides, read_json, run_module
+from tests.helpers import REPO, check_ok, free_port, mnist_overrides, read_json, run_module
 from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -232,21 +232,3 @@ def test_bad_resume_or_search_input_touches_nothing(tmp_path: Path, overrides: l
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert expected in result.stderr
     assert {path: path.stat().st_mtime_ns for path in existing.rglob("*")} == before
-
-
-def test_checkpoint_write_interrupted_midway_leaves_the_previous_file_whole(tmp_path: Path, monkeypatch):
-    from project.checkpoints import AtomicCheckpointIO
-
-    path = tmp_path / "last.ckpt"
-    checkpoint_io = AtomicCheckpointIO()
-    checkpoint_io.save_checkpoint({"epoch": 1}, path)
-
-    def dies_halfway(obj, file):
-        Path(file).write_bytes(b"half a checkpoi")
-        raise KeyboardInterrupt  # the process is stopped while writing
-
-    monkeypatch.setattr(torch, "save", dies_halfway)
-    with pytest.raises(KeyboardInterrupt):
-        checkpoint_io.save_checkpoint({"epoch": 2}, path)
-    monkeypatch.undo()
-    assert torch.load(path, weights_only=True) == {"epoch": 1}

@@ -1,7 +1,7 @@
 """Datasets held as tensors in memory, and the DataModule base that serves them in batches.
 
-A standard `DataLoader` over a `TensorDataset` indexes one sample at a time and collates them in Python, which
-costs about a third of an MLP's throughput. `InMemoryDataset.__getitems__` lets the loader fetch a whole batch with
+A standard `DataLoader` over a `TensorDataset` indexes one sample at a time and collates them in Python, a
+per-sample cost that an MLP's step feels (bench/README.md, "data"). `InMemoryDataset.__getitems__` lets the loader fetch a whole batch with
 one tensor index instead, while samplers stay standard: Lightning can still swap in a `DistributedSampler`, and the
 raw reference path uses the very same `loader()`.
 """
@@ -34,8 +34,8 @@ class InMemoryDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
         # `index_select` with the index already on the data's device: advanced indexing (`inputs[index]`) takes a
-        # slower general path and, for GPU-resident data, copies a CPU index to the device twice. Naming the dtype
-        # spares `as_tensor` inferring it from 128 Python ints: half of its ~25 µs (bench/data_path).
+        # general path and, for GPU-resident data, copies a CPU index to the device twice. Naming the dtype spares
+        # `as_tensor` inferring it from every Python int of the batch.
         index = torch.as_tensor(indices, dtype=torch.long, device=self.inputs.device)
         return self.inputs.index_select(0, index), self.targets.index_select(0, index)
 

@@ -16,9 +16,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 from project.errors import exit_on_user_error
-from project.history import TrainingHistory
-from project.reference.launch import require_environment
+from project.reference.environment import require_environment
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
+from project.runs.history import TrainingHistory
 
 
 def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) -> None:
@@ -29,11 +29,11 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
     # MASTER_ADDR and MASTER_PORT come from the environment (torchrun, or the Slurm script, sets them).
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
     try:
-        datamodule, network, optimizer = build(cfg, device)
+        datamodule, network, optimizer, scheduler = build(cfg, device)
         model = DistributedDataParallel(network, device_ids=[local_rank] if device.type == "cuda" else None)
         sampler = DistributedSampler(datamodule.train_set, world_size, rank, shuffle=True, seed=cfg.seed)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
-        trainer = Trainer(model, optimizer, device, TrainingHistory(rank, world_size))
+        trainer = Trainer(model, optimizer, scheduler, device, TrainingHistory(rank, world_size))
         fit_and_report(cfg, trainer, datamodule, network, train_loader, is_main=rank == 0)
     finally:
         dist.destroy_process_group()

@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from project.errors import exit_on_user_error
-from project.history import TrainingHistory
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
+from project.runs.history import TrainingHistory
 
 
 def gpu_ids(devices: int | str | list) -> list[int]:
@@ -29,13 +29,13 @@ def gpu_ids(devices: int | str | list) -> list[int]:
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     device = pick_device()
-    datamodule, network, optimizer = build(cfg, device)
+    datamodule, network, optimizer, scheduler = build(cfg, device)
     if device.type == "cuda":
         model = nn.DataParallel(network, device_ids=gpu_ids(cfg.trainer.devices))
     else:
         print(f"dp: no GPU here, so DataParallel does not split batches: training on {device}", flush=True)
         model = network
-    trainer = Trainer(model, optimizer, device, TrainingHistory())
+    trainer = Trainer(model, optimizer, scheduler, device, TrainingHistory())
     fit_and_report(cfg, trainer, datamodule, network, datamodule.train_dataloader())  # saves `network`: no `module.`
 
 

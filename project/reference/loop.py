@@ -17,9 +17,11 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
 from project.data import InMemoryDataModule
-from project.history import TrainingHistory
 from project.metrics import ClassificationTotals
-from project.results import format_results_table, save_results
+from project.runs.history import TrainingHistory
+from project.runs.results import format_results_table, save_results
+
+Scheduler = torch.optim.lr_scheduler.LRScheduler
 
 
 def pick_device(local_rank: int = 0) -> torch.device:
@@ -31,18 +33,23 @@ def pick_device(local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def build(cfg: DictConfig, device: torch.device) -> tuple[InMemoryDataModule, nn.Module, torch.optim.Optimizer]:
-    """Seed, then data, then network and optimizer: the order (and so the random numbers) of `project.train`."""
+def build(
+    cfg: DictConfig, device: torch.device
+) -> tuple[InMemoryDataModule, nn.Module, torch.optim.Optimizer, Scheduler | None]:
+    """Seed, then data, then network, optimizer and schedule: the order (and so the random numbers) of
+    `project.train`. The schedule (None without `model.scheduler`) spans the run's optimizer steps, as Lightning
+    sizes it."""
     torch.manual_seed(cfg.seed)
     datamodule: InMemoryDataModule = instantiate(cfg.data)
     datamodule.prepare_data()
     datamodule.setup("fit")
     network = instantiate(cfg.model.network).to(device)
     optimizer = instantiate(cfg.model.optimizer)(network.parameters())
+    scheduler = None
     if cfg.model.get("scheduler") is not None:
         total_steps = steps_per_epoch(datamodule) * cfg.trainer.max_epochs
-        attach_schedule(optimizer, instantiate(cfg.model.scheduler)(optimizer, total_steps=total_steps))
-    return datamodule, network, optimizer
+        scheduler = instantiate(cfg.model.scheduler)(optimizer, total_steps=total_steps)
+    return datamodule, network, optimizer, scheduler
 
 
 def steps_per_epoch(datamodule: InMemoryDataModule) -> int:
@@ -51,15 +58,6 @@ def steps_per_epoch(datamodule: InMemoryDataModule) -> int:
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     samples = math.ceil(len(datamodule.train_set) / world_size)
     return samples // datamodule.batch_size if datamodule.drop_last else math.ceil(samples / datamodule.batch_size)
-
-
-def attach_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-    """Step `scheduler` right after every `optimizer.step()`, as Lightning steps a schedule with interval "step".
-
-    A post-step hook on the optimizer does it, so every loop here (and any test that drives the optimizer) follows
-    the schedule without knowing about it.
-    """
-    optimizer.register_step_post_hook(lambda *_: scheduler.step())
 
 
 class Trainer:
@@ -73,11 +71,13 @@ class Trainer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
+        scheduler: Scheduler | None,
         device: torch.device,
         history: TrainingHistory,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.scheduler = scheduler
         self.device = device
         self.history = history
         self.train_totals = ClassificationTotals().to(device)
@@ -89,6 +89,8 @@ class Trainer:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()  # after every optimizer step, as Lightning steps a schedule with interval "step"
         return logits, loss.detach()
 
     def _run_epoch(self, loader: DataLoader) -> dict[str, float]:

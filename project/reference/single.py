@@ -7,16 +7,16 @@ import hydra
 from omegaconf import DictConfig
 
 from project.errors import exit_on_user_error
-from project.history import TrainingHistory
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
+from project.runs.history import TrainingHistory
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     device = pick_device()
-    datamodule, network, optimizer = build(cfg, device)
-    trainer = Trainer(network, optimizer, device, TrainingHistory())
+    datamodule, network, optimizer, scheduler = build(cfg, device)
+    trainer = Trainer(network, optimizer, scheduler, device, TrainingHistory())
     fit_and_report(cfg, trainer, datamodule, network, datamodule.train_dataloader())
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError, exit_on_user_error
 from project.reference.ddp import train_process
-from project.reference.launch import require_environment
+from project.reference.environment import require_environment
 
 
 def devices_per_node(devices: int | str) -> int:

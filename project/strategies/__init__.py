@@ -1,8 +1,6 @@
-"""What Lightning lacks: `strategy="dp"` (registered on import) and Hydra-safe DDP launching."""
+"""What Lightning lacks: a DataParallel strategy (`trainer=dp`) and Hydra-safe DDP launching (`trainer=ddp`)."""
 
-from project.strategies.dp import DataParallelStrategy, register
+from project.strategies.dp import DataParallelStrategy
 from project.strategies.hydra_ddp import HydraDDPStrategy
-
-register()
 
 __all__ = ["DataParallelStrategy", "HydraDDPStrategy"]

@@ -1,4 +1,4 @@
-"""`strategy="dp"` for Lightning 2.x, which removed it: `nn.DataParallel` in one process.
+"""DataParallel for Lightning 2.x, which removed its `strategy="dp"`: `nn.DataParallel` in one process.
 
 DataParallel replicates the network on every listed GPU at each forward pass, splits the batch along dim 0
 between them, and gathers the outputs on the first GPU. Here only the LightningModule's network
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.nn import DataParallel, Module
@@ -137,8 +137,3 @@ class DataParallelStrategy(ParallelStrategy):
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return decision
-
-
-def register() -> None:
-    if "dp" not in StrategyRegistry:
-        StrategyRegistry.register("dp", DataParallelStrategy, description=DataParallelStrategy.__doc__)

@@ -1,4 +1,4 @@
-"""What the multi-process reference scripts need from their launcher, checked before anything starts."""
+"""The variables the multi-process reference scripts need from their launcher (torchrun, srun), checked first."""
 
 import os
 

@@ -17,7 +17,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from project.errors import ERROR_FILE
-from project.run_log import report
+from project.runs.run_log import report
 
 SWEEP_FAILED_STATUS = 1
 

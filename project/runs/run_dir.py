@@ -11,7 +11,7 @@ Each launch but a Slurm task then claims its directory (`claim`): a launch that 
 the same name with `-1`, `-2`, ... appended. Lightning's DDP children are given their parent's directory.
 
 Every process of a launch writes into that one directory, so only rank 0 saves Hydra's `.hydra/` config
-(`${rank_zero_only:...}`) and the others log to `<job>.rank<N>.log` (`${rank_log_suffix:}`).
+(`${on_rank_zero:...}`) and the others log to `<job>.rank<N>.log` (`${rank_log_suffix:}`).
 """
 
 import os
@@ -89,7 +89,7 @@ def process_rank() -> int:
     return 0
 
 
-def rank_zero_only(value: str) -> str | None:
+def on_rank_zero(value: str) -> str | None:
     """`value` in the rank-0 process, None (Hydra: "don't write") in the others."""
     return value if process_rank() == 0 else None
 
@@ -101,7 +101,7 @@ def rank_log_suffix() -> str:
 
 
 def register_resolvers() -> None:
-    resolvers = {"launch_dir": launch_dir, "rank_zero_only": rank_zero_only, "rank_log_suffix": rank_log_suffix}
+    resolvers = {"launch_dir": launch_dir, "on_rank_zero": on_rank_zero, "rank_log_suffix": rank_log_suffix}
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver, use_cache=True)

@@ -1,0 +1,114 @@
+"""What the tests share besides fixtures: running the entry points as a user would, and reading what runs wrote.
+
+`make test-fast` sets `PROJECT_TESTS_IN_PROCESS=1`: every test that would start a process (a training run, torchrun,
+a shell) is then skipped at that point, which leaves the suite's in-process tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from project.compare import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+FASHION_MNIST_DEBIAN = Path("/usr/share/datasets/fashion-mnist")
+IN_PROCESS_ONLY = os.environ.get("PROJECT_TESTS_IN_PROCESS") == "1"
+# What srun gives task 0 of a two-node job: multi-node configs are built as the first node's task would build them
+# (outside a launcher they are refused, which tests/test_faults.py checks).
+SRUN_TASK_ZERO = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_NTASKS": "2",
+    "SLURM_NNODES": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "localhost",
+}
+
+
+def run_module(
+    module: str,
+    *args: str,
+    cwd: Path,
+    timeout: float = 300,
+    env: dict | None = None,
+    launcher: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
+    """Run `python -m <module> <args>` (or `<launcher> -m <module>`) in `cwd` and capture its output."""
+    command = [*launcher, "-m", module, *args] if launcher else [sys.executable, "-m", module, *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def mnist_overrides(mnist_root: Path, *extra: str) -> list[str]:
+    """The MNIST recipe on the small test files: 350 training images (50 held out), no TensorBoard."""
+    return [
+        "experiment=mnist",
+        f"data.root={mnist_root}",
+        "data.download=false",
+        "data.val_size=50",
+        "logger=none",
+        *extra,
+    ]
+
+
+def simulated_slurm_nodes(
+    module: str, args: list[str], cwd: Path, nodes: int = 2, timeout: float = 300
+) -> list[subprocess.CompletedProcess]:
+    """Run `module` as `nodes` Slurm tasks on this machine (one task per node), as srun would start them."""
+    port = free_port()
+    procs = []
+    for node in range(nodes):
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_ID": "0",
+            "SLURM_JOB_NAME": "train",
+            "SLURM_NTASKS": str(nodes),
+            "SLURM_NNODES": str(nodes),
+            "SLURM_NTASKS_PER_NODE": "1",
+            "SLURM_PROCID": str(node),
+            "SLURM_NODEID": str(node),
+            "SLURM_LOCALID": "0",
+            "SLURM_NODELIST": "localhost",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        # As srun starts a task: SLURM_TASK_PID is the program's own pid (`exec` keeps the shell's).
+        task = ["sh", "-c", 'SLURM_TASK_PID=$$ exec "$@"', "srun-task", sys.executable, "-m", module, *args]
+        procs.append(
+            subprocess.Popen(
+                task,
+                cwd=cwd,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return results
+
+
+def histories(run_dir: Path) -> list[dict]:
+    """Every rank's history file in `run_dir`, in rank order."""
+    return [read_json(path) for path in sorted(run_dir.glob("history.rank*.json"))]
