@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test bench lint tensorboard system-deps slurm-up slurm-down data-fashion-mnist clean
+.PHONY: train test test-fast bench lint tensorboard system-deps slurm-up slurm-down data-fashion-mnist clean
 
 # The venv is rebuilt when pyproject.toml changes. torch/torchvision are pinned to a pair known to import together.
 $(STAMP): pyproject.toml
@@ -20,6 +20,9 @@ train: $(STAMP)  ## the main job: the toy experiment on the embedded data, on on
 
 test: $(STAMP)  ## the whole test suite (skips, with the reason, what this machine cannot run)
 	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: $(STAMP)  ## the inner loop: in-process tests only (a test that would start a process skips there)
+	PROJECT_TESTS_IN_PROCESS=1 $(BIN)/python -m pytest -m "not slow and not slurm and not gpu and not realdata" $(ARGS)
 
 bench: $(STAMP)  ## the benchmark suite: one table, bench/results/<date>.json and PNGs (ARGS=--quick: a smoke run)
 	$(BIN)/python -m bench $(ARGS)
