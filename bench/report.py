@@ -61,6 +61,8 @@ def lightning_rows(result: dict, label: str) -> list[Row]:
         goal = ", goal >= 0.90" if variant == "default" else ""
         note = f"{result['extra_ms_per_step'][variant]:+.2f} ms per step{goal}"
         rows.append((f"{label} {variant} / reference", ratio_cell(spread), note))
+    if "default_vs_bare" in result:
+        rows.append((f"{label} default / bare", ratio_cell(result["default_vs_bare"]), "goal >= 0.95"))
     for key, larger in result.items():
         if key.startswith("batch_"):
             note = f"{larger['steps_per_epoch']} steps per epoch"

@@ -76,10 +76,12 @@ def launched_on_every_node() -> bool:
 def is_data_parallel(cfg: DictConfig) -> bool:
     """Whether `cfg.trainer` is DataParallel (`trainer=dp`): one process, whatever `devices` says."""
     strategy = cfg.trainer.get("strategy")
-    return (
-        isinstance(strategy, DictConfig)
-        and get_class(strategy.get("_target_", "builtins.object")) is DataParallelStrategy
-    )
+    if not isinstance(strategy, DictConfig) or "_target_" not in strategy:
+        return False
+    try:
+        return issubclass(get_class(strategy._target_), DataParallelStrategy)
+    except (ImportError, ValueError):  # a misspelt class: instantiating the Trainer names it in one line
+        return False
 
 
 def check_multi_node_launch(cfg: DictConfig) -> None:

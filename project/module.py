@@ -136,9 +136,10 @@ class ClassifierModule(L.LightningModule):
         """The optimizer, and the schedule (if any) sized to the run and stepped after every optimizer step.
 
         `total_steps` is Lightning's count of this process's optimizer steps over the whole fit (batches per epoch
-        after any DistributedSampler, times `trainer.max_epochs`); `project.reference.loop.build` sizes and steps
-        the schedule the same way, so both paths keep giving the same numbers. A resumed run gets the schedule
-        stored in its checkpoint, so it must span as many steps as this one: otherwise a `UserError`.
+        after any DistributedSampler, times `trainer.max_epochs`); `project.reference.loop.build` sizes the
+        schedule the same way and its `Trainer` steps it after every optimizer step, so both paths keep giving the
+        same numbers. A resumed run gets the schedule stored in its checkpoint, so it must span as many steps as
+        this one: otherwise a `UserError`.
         """
         try:
             optimizer = self.optimizer_factory(self.parameters())

@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", autouse=True)
 def no_processes_in_fast_runs() -> Iterator[None]:
-    """Under `make test-fast`, whatever a test starts a process for (a training run, torchrun, a shell) skips it there.
+    """Under `make test-fast`, a test that starts a subprocess (a training run, torchrun, a shell) skips right there.
 
     Session-wide and first, so that module fixtures which train in a process skip their tests too.
     """

@@ -26,7 +26,7 @@ class BadInput:
     args: tuple[str, ...]
     names: tuple[str, ...]
     module: str = "project.train"
-    mnist: bool = False  # run the MNIST recipe on the small test files (conftest.mnist_overrides)
+    mnist: bool = False  # run the MNIST recipe on the small test files (tests.helpers.mnist_overrides)
     prepare: Callable[[Path, Path], None] | None = None  # (case dir, a finished toy run's last.ckpt)
 
 

@@ -1,7 +1,7 @@
 """What the tests share besides fixtures: running the entry points as a user would, and reading what runs wrote.
 
-`make test-fast` sets `PROJECT_TESTS_IN_PROCESS=1`: every test that would start a process (a training run, torchrun,
-a shell) is then skipped at that point, which leaves the suite's in-process tests.
+`make test-fast` sets `PROJECT_TESTS_IN_PROCESS=1`: every test that would start a subprocess (a training run,
+torchrun, a shell) is then skipped at that point, which leaves the suite's in-process tests.
 """
 
 import json

@@ -1,9 +1,9 @@
 """Datasets held as tensors in memory, and the DataModule base that serves them in batches.
 
 A standard `DataLoader` over a `TensorDataset` indexes one sample at a time and collates them in Python, a
-per-sample cost that an MLP's step feels (bench/README.md, "data"). `InMemoryDataset.__getitems__` lets the loader fetch a whole batch with
-one tensor index instead, while samplers stay standard: Lightning can still swap in a `DistributedSampler`, and the
-raw reference path uses the very same `loader()`.
+per-sample cost that an MLP's step feels (bench/README.md, "data"). `InMemoryDataset.__getitems__` lets the loader
+fetch a whole batch with one tensor index instead, while samplers stay standard: Lightning can still swap in a
+`DistributedSampler`, and the raw reference path uses the very same `loader()`.
 """
 
 from collections.abc import Sequence
