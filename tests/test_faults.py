@@ -103,6 +103,9 @@ def background_run(args: list[str], cwd: Path, new_session: bool = False) -> Ite
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **ENV},
             start_new_session=new_session,
+            # Ctrl-C as a terminal delivers it: a runner started in the background (`cmd &` in a script) passes on
+            # an ignored SIGINT, which Python then leaves ignored.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     try:
         yield proc
