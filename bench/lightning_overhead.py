@@ -2,12 +2,12 @@
 
 Candidates, each a full `trainer.fit` of the same config, interleaved with the reference loop:
 
-    default   this project's default path (epoch-level metric logging, step loss and learning rate on logging
-              steps, TensorBoard, checkpoints, progress bar, history)
-    stock     the textbook module (metrics called and logged every step, step loss every step) with Lightning's
-              stock progress bar (redrawn every step): where the project started
-    bare      no logging, logger, progress bar or config callbacks (`build` still adds its one-time config check):
-              Lightning's own loop, the floor
+    default       this project's default path (epoch-level metric logging, step loss and learning rate on
+                  logging steps, TensorBoard, checkpoints, progress bar, history)
+    stock         the textbook module (metrics called and logged every step, step loss every step) with
+                  Lightning's stock progress bar (redrawn every step): where the project started
+    unfused Adam  `default` with `model.optimizer.fused=false`: what experiment=mnist's fused Adam is worth
+    bare          no logging, callbacks, logger or progress bar: Lightning's own loop, the floor
 
 A profiled epoch of `default` names where its time goes (`profile_costs`). Lightning's cost is per step, so the
 same comparison at batch 512 (a quarter of the steps) shows how much of it a larger batch hides.
@@ -28,6 +28,7 @@ LARGER_BATCH = 512
 VARIANTS = {
     "default": [],
     "stock": ["model._target_=bench.lightning_variants.PerStepLoggingModule", "callbacks.progress_bar.refresh_rate=1"],
+    "unfused Adam": ["model.optimizer.fused=false"],
     "bare": [
         "model._target_=bench.lightning_variants.UnloggedModule",
         "callbacks=none",

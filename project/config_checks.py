@@ -2,9 +2,7 @@
 
 import os
 
-import lightning as L
 import torch
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
 from lightning.pytorch.strategies import StrategyRegistry
@@ -141,35 +139,3 @@ def check_slurm_allocation(cfg: DictConfig) -> None:
             f"Slurm gave the job {nodes} node(s) (--nodes) but trainer.num_nodes={cfg.trainer.num_nodes}: "
             f"set trainer.num_nodes={nodes} or submit with --nodes={cfg.trainer.num_nodes}"
         )
-
-
-def differing_keys(first: object, second: object, prefix: str = "") -> list[str]:
-    """The dotted keys at which two plain configs (nested dicts and lists) differ."""
-    if isinstance(first, dict) and isinstance(second, dict):
-        keys = sorted(set(first) | set(second), key=str)
-        return [key for k in keys for key in differing_keys(first.get(k), second.get(k), f"{prefix}{k}.")]
-    return [] if first == second else [prefix.rstrip(".") or "<root>"]
-
-
-class SameConfigOnEveryRank(L.Callback):
-    """Stops a distributed run, in one line on every rank, when its ranks did not compose the same config.
-
-    Each torchrun worker, Slurm task and DDP child composes the config itself; a different config dir, config
-    name or override on one rank would otherwise train different things silently under one run.
-    """
-
-    def __init__(self, config: dict) -> None:
-        self.config = config
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-            return
-        configs: list[dict | None] = [None] * trainer.world_size
-        dist.all_gather_object(configs, self.config)
-        for rank, config in enumerate(configs):
-            keys = differing_keys(configs[0], config)
-            if keys:
-                raise UserError(
-                    f"rank {rank} composed a different config than rank 0 (at {', '.join(keys[:5])}): start every "
-                    "rank with the same --config-dir, --config-name and overrides"
-                )

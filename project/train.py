@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from project.config_checks import SameConfigOnEveryRank, check_config
+from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error, find_user_error
 from project.job import isolated_job
 from project.runs.checkpoints import resume_path
@@ -56,7 +56,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     module: L.LightningModule = instantiate_group("model", cfg.model)
     module.run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
-    callbacks += [SameConfigOnEveryRank(module.run_config), *extra_callbacks]
+    callbacks += extra_callbacks
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
     # Checkpoints come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add its own.
     checkpointing = any(isinstance(callback, ModelCheckpoint) for callback in callbacks)

@@ -14,10 +14,10 @@ import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.config_checks import SameConfigOnEveryRank, differing_keys
 from project.errors import UserError
 from project.job import isolated_job
 from project.runs import run_dir
+from project.strategies.hydra_ddp import check_same_config_on_every_rank, differing_keys
 from tests.helpers import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
 
 
@@ -135,9 +135,8 @@ def test_ddp_resuming_last_hands_rank_zeros_choice_to_every_rank(tmp_path: Path)
 def _gather_configs(rank: int, port: int, configs: list[dict], errors: "mp.Queue") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    trainer = type("Trainer", (), {"world_size": 2})()
     try:
-        SameConfigOnEveryRank(configs[rank]).setup(trainer, None, "fit")
+        check_same_config_on_every_rank(configs[rank])
         errors.put((rank, None))
     except UserError as error:
         errors.put((rank, str(error)))

@@ -5,8 +5,8 @@ Optuna search, which is a sweep too) that argv is the whole sweep: every child r
 job (or none). `HydraJobLauncher` starts each child as a single run (`hydra.mode=RUN`) of the current job instead:
 the same config source (`--config-dir`, `--config-name`, `hydra.searchpath`), the job's own overrides (one sweep
 point), the checkpoint rank 0 resumes from (so `ckpt_path=last` is resolved once), `hydra.run.dir` = the job's
-output dir, and no `.hydra/` copy. `project.config_checks.SameConfigOnEveryRank` then proves that every rank
-composed the same config.
+output dir, and no `.hydra/` copy. Once the ranks meet, `check_same_config_on_every_rank` proves that every rank
+composed the same config (the ranks torchrun or srun starts compose theirs too).
 
 When the job ends (`project.job.isolated_job` calls `finish`) the children are waited for, or killed if the job
 failed. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0 leaves no orphans stuck in a
@@ -192,7 +192,8 @@ class HydraDDPStrategy(DDPStrategy):
     """Lightning's DDP with `HydraJobLauncher` for the processes it starts itself.
 
     Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
-    MASTER_ADDR) end with one line saying so, instead of torch's store error.
+    MASTER_ADDR) end with one line saying so, instead of torch's store error; ranks that met but composed
+    different configs end in one line too.
     """
 
     def setup_environment(self) -> None:
@@ -207,6 +208,7 @@ class HydraDDPStrategy(DDPStrategy):
                 f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
                 "allow more time with trainer.strategy.timeout.seconds"
             ) from None
+        check_same_config_on_every_rank(getattr(self.lightning_module, "run_config", None))
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
@@ -231,3 +233,29 @@ class HydraDDPStrategy(DDPStrategy):
             connector.received_sigterm = True
 
         connector._sigterm_notifier_fn = note_sigterm
+
+
+def check_same_config_on_every_rank(config: dict | None) -> None:
+    """Stops a distributed run, in one line on every rank, when its ranks did not compose the same config.
+
+    Each torchrun worker, Slurm task and DDP child composes the config itself; a different config dir, config
+    name or override on one rank would otherwise train different things silently under one run. Called by every
+    rank once the process group is up (`HydraDDPStrategy.setup_environment`).
+    """
+    configs: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(configs, config)
+    for rank, other in enumerate(configs):
+        keys = differing_keys(configs[0], other)
+        if keys:
+            raise UserError(
+                f"rank {rank} composed a different config than rank 0 (at {', '.join(keys[:5])}): start every "
+                "rank with the same --config-dir, --config-name and overrides"
+            )
+
+
+def differing_keys(first: object, second: object, prefix: str = "") -> list[str]:
+    """The dotted keys at which two plain configs (nested dicts and lists) differ."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        keys = sorted(set(first) | set(second), key=str)
+        return [key for k in keys for key in differing_keys(first.get(k), second.get(k), f"{prefix}{k}.")]
+    return [] if first == second else [prefix.rstrip(".") or "<root>"]
