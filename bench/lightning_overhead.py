@@ -7,6 +7,7 @@ Candidates, each a full `trainer.fit` of the same config, interleaved with the r
     stock         the textbook module (metrics called and logged every step, step loss every step) with
                   Lightning's stock progress bar (redrawn every step): where the project started
     unfused Adam  `default` with `model.optimizer.fused=false`: what experiment=mnist's fused Adam is worth
+    plain __setattr__  `default` without ClassifierModule's `__setattr__` shortcut: what the shortcut is worth
     bare          no logging, callbacks, logger or progress bar: Lightning's own loop, the floor
 
 A profiled epoch of `default` names where its time goes (`profile_costs`). Lightning's cost is per step, so the
@@ -29,6 +30,7 @@ VARIANTS = {
     "default": [],
     "stock": ["model._target_=bench.lightning_variants.PerStepLoggingModule", "callbacks.progress_bar.refresh_rate=1"],
     "unfused Adam": ["model.optimizer.fused=false"],
+    "plain __setattr__": ["model._target_=bench.lightning_variants.PlainSetattrModule"],
     "bare": [
         "model._target_=bench.lightning_variants.UnloggedModule",
         "callbacks=none",

@@ -1,4 +1,5 @@
-"""`ClassifierModule` with other logging, to price what logging costs Lightning per step (`lightning_overhead`)."""
+"""`ClassifierModule` variants that price, per step, what its logging and its `__setattr__` shortcut are worth
+(`lightning_overhead`)."""
 
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
@@ -46,3 +47,10 @@ class UnloggedModule(ClassifierModule):
 
     def _log_epoch_metrics(self, stage: str) -> None:
         """Metrics are still updated (as the reference loop counts them) but not logged."""
+
+
+class PlainSetattrModule(ClassifierModule):
+    """`ClassifierModule` without its `__setattr__` shortcut: every attribute Lightning sets goes through
+    `nn.Module.__setattr__`'s search for a parameter, buffer or module of that name."""
+
+    __setattr__ = nn.Module.__setattr__

@@ -45,6 +45,15 @@ class ClassifierModule(L.LightningModule):
         for stage in STAGES:
             setattr(self, f"{stage}_totals", ClassificationTotals())
 
+    def __setattr__(self, name: str, value: object) -> None:
+        # Lightning sets `_current_fx_name` (a plain str) around every hook it calls, dozens of times per training
+        # step, and nn.Module.__setattr__ first looks for a parameter, buffer or module of that name. Skipping that
+        # search for this one name is worth it on small steps: bench/README.md, case "plain __setattr__".
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def on_fit_start(self) -> None:
         """Refuse a network that does not take the data's samples, before training starts, in one line.
 
