@@ -17,7 +17,7 @@ import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.errors import UserError
 from project.job import isolated_job
 from project.runs import run_dir
-from project.strategies.hydra_ddp import check_same_config_on_every_rank, differing_keys
+from project.strategies.same_config import check_same_config_on_every_rank, differing_keys
 from tests.helpers import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
 
 
