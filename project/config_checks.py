@@ -65,10 +65,14 @@ def check_added_keys() -> None:
             )
 
 
+def under_srun() -> bool:
+    """Whether `srun` runs this process as one of a job's tasks (not a shell of `salloc` or `srun --pty bash`)."""
+    return "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+
 def launched_on_every_node() -> bool:
     """Whether a launcher that starts processes on every node (srun, torchrun) started this one."""
-    under_srun = "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
-    return under_srun or "TORCHELASTIC_RUN_ID" in os.environ
+    return under_srun() or "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def is_data_parallel(cfg: DictConfig) -> bool:
@@ -118,7 +122,7 @@ def check_slurm_allocation(cfg: DictConfig) -> None:
 
     DataParallel (`trainer=dp`) is one process whatever its `devices`, so it needs one task per node.
     """
-    if "SLURM_NTASKS" not in os.environ or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+    if not under_srun():
         return
     tasks_per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
     if is_data_parallel(cfg):

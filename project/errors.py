@@ -82,12 +82,11 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
         except Exception as error:
             user_error = find_user_error(error)
             sweep_job = in_sweep_job() and not isinstance(user_error, RunStopped)
-            if user_error is None and not sweep_job:
+            if user_error is None:  # a bug: its traceback, in the log file too
                 to_log_file("".join(traceback.format_exception(error)), logging.ERROR)
-                raise
-            if user_error is None:
+                if not sweep_job:
+                    raise
                 traceback.print_exc()
-                to_log_file("".join(traceback.format_exception(error)), logging.ERROR)
             line = error_line(error)
             report(line, sys.stderr, logging.ERROR)
             if sweep_job:

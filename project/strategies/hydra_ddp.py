@@ -163,13 +163,13 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         return False
 
     def finish(self, failed: bool, timeout: float = 60.0) -> None:
-        """End the children.
+        """End the children, once: a later call finds none left (a failed job's end calls this twice).
 
         After a success, wait for them (up to `timeout` s). After a failure here, first name a child that died (it
         is often the cause: its death broke rank 0's collective), then kill the others, which would otherwise sit
         in a collective until gloo's 30-minute timeout.
         """
-        if failed and self.failure is None:
+        if failed and self.failure is None and self.procs:
             deadline = time.monotonic() + 1.0  # let a dying child be reaped
             while not self._report_failed_child() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -182,6 +182,7 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        self.procs.clear()
 
     def kill(self, signum: signal.Signals) -> None:
         """Lightning's stop of the children (Ctrl-C, SIGTERM): their ends are then no failure to name."""
