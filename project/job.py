@@ -12,6 +12,8 @@ A job that ends early is reported by what happened first, in one line (`project.
 - Ctrl-C: Lightning stops the run and calls `sys.exit(1)`; here it is a `RunStopped`, exit 130, naming it too.
 - a DDP child that died first: rank 0's own error (a broken collective) is its consequence, so the child's death
   is the line reported.
+- another rank lost mid-run where a launcher started the ranks (torchrun, srun): the broken collective is one line
+  here, exit 1; the launcher, which saw the rank end, names it (project.torchrun does).
 """
 
 import os
@@ -41,6 +43,16 @@ def resume_hint(trainer: L.Trainer) -> str:
     return "it had written no checkpoint yet: run it again"
 
 
+def lost_another_rank(error: Exception) -> bool:
+    """Whether `error` is a collective that broke because another process of the run ended (gloo and NCCL say so)."""
+    return (
+        isinstance(error, RuntimeError)
+        and dist.is_available()
+        and dist.is_initialized()
+        and ("remote worker" in str(error) or "remote process" in str(error))
+    )
+
+
 @contextmanager
 def isolated_job(trainer: L.Trainer) -> Iterator[None]:
     """Run one job's fit and test inside; afterwards nothing of it is left for the next job of a sweep."""
@@ -64,6 +76,9 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
             launcher.finish(failed=True)
             if launcher.failure is not None:
                 raise UserError(launcher.failure) from error
+        if lost_another_rank(error):
+            first_line = str(error).strip().splitlines()[0]
+            raise RunStopped(f"another rank of the run is gone ({first_line}); {resume_hint(trainer)}", 1) from error
         raise
     finally:
         if isinstance(launcher, HydraJobLauncher):

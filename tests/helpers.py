@@ -109,6 +109,47 @@ def simulated_slurm_nodes(
     return results
 
 
+def torchrun_nodes(
+    module: str,
+    args: list[str],
+    cwd: Path,
+    run_id: str,
+    nodes: int = 2,
+    per_node: int = 1,
+    options: tuple[str, ...] = (),
+    env: dict | None = None,
+    timeout: float = 300,
+) -> list[subprocess.CompletedProcess]:
+    """Run `module` as a torchrun launch of `nodes` machines on this one: one agent per machine (`python -m
+    project.torchrun`, as on every machine), meeting at a c10d rendezvous on 127.0.0.1, each starting `per_node`
+    processes. The agents all try to serve the rendezvous; the first to bind its port does, as on one host.
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "project.torchrun",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        f"--rdzv-id={run_id}",
+        *options,
+        "-m",
+        module,
+        *args,
+    ]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    agents = [
+        subprocess.Popen(command, cwd=cwd, env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(nodes)
+    ]
+    results = []
+    for agent in agents:
+        stdout, stderr = agent.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
+    return results
+
+
 def histories(run_dir: Path) -> list[dict]:
     """Every rank's history file in `run_dir`, in rank order."""
     return [read_json(path) for path in sorted(run_dir.glob("history.rank*.json"))]

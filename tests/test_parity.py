@@ -21,6 +21,7 @@ from tests.helpers import (
     read_json,
     run_module,
     simulated_slurm_nodes,
+    torchrun_nodes,
 )
 
 TOLERANCE = 1e-6
@@ -111,6 +112,33 @@ def test_lightning_multi_process_strategies_equal_torchrun(
     got, expected = read_json(run_dir / "results.json"), read_json(torchrun_reference / "results.json")
     for name in ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc"):
         assert got[name] == pytest.approx(expected[name], abs=1e-6), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["project.train", "project.reference.ddp"])
+def test_torchrun_on_two_nodes_equals_torchrun_on_one(
+    tmp_path: Path, mnist_root: Path, torchrun_reference: Path, module: str
+):
+    """Two torchrun agents of one process each, meeting at a rendezvous as two machines' agents do: one run dir,
+    named after the rendezvous id, and the per-step losses and weights of one host's two processes."""
+    args = mnist_overrides(
+        mnist_root,
+        "trainer=ddp",
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        "trainer.max_epochs=2",
+        f"data.batch_size={BATCH}",
+    )
+    for node in torchrun_nodes(module, args, cwd=tmp_path, run_id="two-nodes"):
+        check_ok(node)
+    assert [path.name for path in (tmp_path / "outputs").iterdir()] == ["torchrun-two-nodes"], "one run dir"
+    run_dir = tmp_path / "outputs" / "torchrun-two-nodes"
+    assert [(h["rank"], h["world_size"]) for h in histories(run_dir)] == [(0, 2), (1, 2)]
+    if module == "project.train":
+        weights = network_weights(torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+    else:
+        weights = final_weights(run_dir)
+    assert_same_training(run_dir, torchrun_reference, weights)
 
 
 def train_in_process(tmp_path: Path, seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:

@@ -60,6 +60,29 @@ def test_processes_of_one_torchrun_launch_share_a_directory_another_launch_does_
     assert run_dir.launch_dir(parent) == f"{worker_one}-1", "another agent started in the same second"
 
 
+def test_workers_of_a_multi_node_torchrun_launch_name_their_directory_after_its_rendezvous_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Every node's workers, whatever their agent, agree; the same id again (a relaunch) finds the same directory."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "exp 1/a")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    parent = str(tmp_path / "outputs")
+    node_one = run_dir.launch_dir(parent)
+    monkeypatch.setattr(run_dir.os, "getppid", lambda: 1)  # the other node's agent
+    assert run_dir.launch_dir(parent) == node_one == f"{parent}/torchrun-exp_1_a"
+
+
+def test_a_multi_node_torchrun_launch_without_an_id_ends_in_one_line(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with pytest.raises(SystemExit) as stop:
+        run_dir.launch_dir(str(tmp_path / "outputs"))
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith("error: a multi-node torchrun launch needs --rdzv-id=")
+
+
 def test_runs_typed_in_an_interactive_slurm_shell_do_not_share_the_jobs_directory(tmp_path: Path):
     """`srun --pty bash` then `python -m project.train`: Slurm's job and step ids are those of the shell."""
     shell_environment = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_TASK_PID": str(os.getpid())}

@@ -50,14 +50,21 @@ def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, network
     `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt), or null. A file whose network differs from
     `network` (this run's `model.network` config) is refused: its weights would not load.
 
-    With null, a Slurm job that was requeued (SLURM_RESTART_COUNT > 0) resumes from its own run dir, which it finds
-    again since the dir is named after the job. Lightning resumes by itself from its `hpc_ckpt_*.ckpt` (written when
-    Slurm signals the job) when given no path, so that one is left to it only when it is newer than last.ckpt.
+    With null, a run that its launcher started again resumes from its own run dir's `checkpoints/last.ckpt`, since
+    it finds that dir again: a requeued Slurm job (SLURM_RESTART_COUNT > 0; the dir is named after the job), and
+    torchrun's workers after an elastic restart (`--max-restarts`; the dir is the agent's) or a multi-node launch
+    run again with the same `--rdzv-id` (the dir is named after it). torchrun's restart count is no guide there: a
+    node whose own workers did not fail restarts them with the count unchanged. Lightning resumes by itself from its
+    `hpc_ckpt_*.ckpt` (written when Slurm signals the job) when given no path, so that one is left to it only when
+    it is newer than last.ckpt.
     """
     if ckpt_path is None:
         own_last = run_dir / "checkpoints" / "last.ckpt"
-        requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
-        if not (requeued and own_last.is_file()):
+        if not own_last.is_file():
+            return None
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            return str(own_last)
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0:
             return None
         hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
         return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)

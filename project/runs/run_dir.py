@@ -5,7 +5,10 @@ value. `${launch_dir:<parent>}` (used by `hydra.run.dir` and `hydra.sweep.dir` i
 instead of the moment:
 - a task that `srun` started (the program itself, not a shell in `salloc` or `srun --pty bash`):
   `slurm-<job id>.<step id>`, which a requeued job gets again, so it finds its checkpoints;
-- a torchrun worker: the date and time the torchrun agent (the workers' parent process) started;
+- a worker of a multi-node torchrun launch: `torchrun-<rendezvous id>` (`--rdzv-id`), the one name every node
+  knows; the same line run again with that id (a relaunch, or Kubernetes restarting the job) finds it again;
+- a worker of a one-node torchrun launch: the date and time the torchrun agent (the workers' parent process)
+  started, which its elastic restarts share;
 - anything else: the date and time now.
 Each launch but a Slurm task then claims its directory (`claim`): a launch that finds it claimed by another takes
 the same name with `-1`, `-2`, ... appended. Lightning's DDP children are given their parent's directory.
@@ -15,6 +18,7 @@ Every process of a launch writes into that one directory, so only rank 0 saves H
 """
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -42,6 +46,30 @@ def is_slurm_task() -> bool:
     return "SLURM_STEP_ID" in os.environ and os.environ.get("SLURM_TASK_PID") == str(os.getpid())
 
 
+def multi_node_torchrun() -> bool:
+    """Whether torchrun started this process as a worker of a launch that spans several nodes."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return "TORCHELASTIC_RUN_ID" in os.environ and world_size > int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
+def torchrun_run_name() -> str:
+    """`--rdzv-id` as a directory name.
+
+    torchrun's default id, "none", ends the process in one line: every launch would share that name. (It ends here,
+    as Hydra resolves the run dir: an exception would reach the user as OmegaConf's and Hydra's tracebacks.)
+    """
+    run_id = os.environ["TORCHELASTIC_RUN_ID"]
+    if run_id == "none":
+        print(
+            "error: a multi-node torchrun launch needs --rdzv-id=<a name for this run> (the same on every node): "
+            "its run directory, outputs/torchrun-<name>, is named after it",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(2)
+    return re.sub(r"[^\w.-]", "_", run_id)
+
+
 def claim(directory: Path, launch_id: str) -> bool:
     """Make `directory` this launch's, unless another launch has; whether it is ours.
 
@@ -65,6 +93,9 @@ def launch_dir(parent: str = "outputs") -> str:
     """This process's run (or sweep) directory below `parent`, claimed for its launch."""
     if is_slurm_task():
         return f"{parent}/slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
+    if multi_node_torchrun():
+        run_name = torchrun_run_name()
+        return claimed(f"{parent}/torchrun-{run_name}", f"torchrun {run_name}")
     if "TORCHELASTIC_RUN_ID" in os.environ:
         agent = os.getppid()
         started = _process_start_time(agent)
@@ -72,7 +103,11 @@ def launch_dir(parent: str = "outputs") -> str:
     else:
         started = time.time()
         launch_id = f"process {os.getpid()} {time.time_ns()}"
-    name = f"{parent}/{time.strftime(TIME_FORMAT, time.localtime(started))}"
+    return claimed(f"{parent}/{time.strftime(TIME_FORMAT, time.localtime(started))}", launch_id)
+
+
+def claimed(name: str, launch_id: str) -> str:
+    """`name`, or the first of `name-1`, `name-2`, ... that is not another launch's, claimed for `launch_id`."""
     candidate, suffix = name, 0
     while not claim(Path(candidate), launch_id):
         suffix += 1

@@ -4,6 +4,7 @@
 #   scripts/slurm/local_cluster.sh up [NODES]   # NODES = 1 or 2 (default 2)
 #   scripts/slurm/local_cluster.sh down
 #   scripts/slurm/local_cluster.sh status
+#   scripts/slurm/local_cluster.sh on NODE CMD...   # run CMD as if on NODE (e.g. a torchrun agent per node)
 #
 # Used by the `slurm`-marked tests and by CI (as root) to run multi-node jobs
 # for real: sbatch/srun/squeue/scontrol from this (the host) shell, with
@@ -39,15 +40,20 @@
 #  * MinJobAge is 4 s: finished jobs vanish from squeue/scontrol after ~4 s
 #    (there is no accounting database, so no sacct).
 #
+#  * `on NODE CMD...` runs CMD in NODE's network, UTS and mount namespaces, as
+#    its job steps run, without Slurm: how multi-node torchrun is tried here
+#    (scripts/torchrun/train.sh on node1 and node2, rendezvous at node1:PORT).
+#
 # Environment knobs: LOCAL_SLURM_DIR (state dir, default /tmp/project-local-slurm),
 # LOCAL_SLURM_SUBNET (first three octets, default 10.213.0), LOCAL_SLURM_CPUS
-# (CPUs per node, default 2), LOCAL_SLURM_CRED_EXPIRE (seconds, default 10;
+# (CPUs per node, default 3: the Slurm tutorial's 3 processes per node; they
+# share the machine's cores), LOCAL_SLURM_CRED_EXPIRE (seconds, default 10;
 # this is also how long a requeued job waits before it may start again).
 set -Eeuo pipefail
 
 STATE_DIR=${LOCAL_SLURM_DIR:-/tmp/project-local-slurm}
 SUBNET=${LOCAL_SLURM_SUBNET:-10.213.0}
-CPUS_PER_NODE=${LOCAL_SLURM_CPUS:-2}
+CPUS_PER_NODE=${LOCAL_SLURM_CPUS:-3}
 CRED_EXPIRE=${LOCAL_SLURM_CRED_EXPIRE:-10}
 UP_TIMEOUT=${LOCAL_SLURM_UP_TIMEOUT:-60}
 
@@ -441,8 +447,21 @@ cmd_down() {
     log "down"
 }
 
+# on NODE CMD...: CMD as NODE's job steps run (its address, hostname and /etc/hosts), in this directory and
+# environment, without Slurm.
+cmd_on() {
+    local node=${1:-}
+    (($# >= 2)) || usage
+    shift
+    require_root on
+    [[ -e /run/netns/$NETNS_PREFIX$node ]] || die "no node '$node' here: bring the cluster up first (make slurm-up)"
+    # shellcheck disable=SC2016  # $0, $1 and $@ are expanded by the inner sh
+    exec nsenter --net="/run/netns/$NETNS_PREFIX$node" unshare --mount --uts --propagation private sh -c \
+        'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"' "$node" "$STATE_DIR/hosts" "$@"
+}
+
 usage() {
-    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -451,6 +470,7 @@ main() {
         up) shift; cmd_up "$@" ;;
         down) cmd_down ;;
         status) cmd_status ;;
+        on) shift; cmd_on "$@" ;;
         *) usage ;;
     esac
 }
