@@ -30,8 +30,10 @@ def check_config(cfg: DictConfig) -> None:
     if learning_rate is not None and not (isinstance(learning_rate, (int, float)) and learning_rate > 0):
         raise UserError(f"model.optimizer.lr must be a number > 0, got {learning_rate!r}")
     val_size = cfg.data.get("val_size")
-    if val_size is not None and not (_is_int(val_size) and val_size >= 1):
-        raise UserError(f"data.val_size must be a whole number of images >= 1, got {val_size!r}")
+    if val_size is not None and not (_is_int(val_size) and val_size >= 0):
+        raise UserError(
+            f"data.val_size must be a whole number of images >= 0 (0: validate on the test set), got {val_size!r}"
+        )
     if str(cfg.trainer.get("precision")) in ("16-mixed", "16") and not torch.cuda.is_available():
         raise UserError(
             f"trainer.precision={cfg.trainer.precision} is float16 autocast, which needs a CUDA GPU (Lightning would "
@@ -94,7 +96,7 @@ def check_multi_node_launch(cfg: DictConfig) -> None:
     if _is_int(num_nodes) and num_nodes > 1 and not launched_on_every_node():
         raise UserError(
             f"trainer.num_nodes={num_nodes} but nothing starts the other nodes' processes: submit with "
-            "scripts/slurm/train.sbatch (srun, trainer=slurm), or run torchrun --nnodes on every node; "
+            "scripts/slurm/train.sbatch (srun, trainer=slurm), or run scripts/torchrun/train.sh on every node; "
             "on this machine alone use trainer.num_nodes=1"
         )
 

@@ -49,6 +49,16 @@ def test_train_val_split_is_seeded_and_disjoint(mnist_root: Path):
     assert not any(tuple(x.flatten()[:200].tolist()) in rows for x in first.val_set.inputs)
 
 
+def test_val_size_zero_trains_on_every_training_image_and_validates_on_the_test_set(mnist_root: Path):
+    """The Slurm tutorial's split (experiment=mnist_slurm): nothing held out."""
+    datamodule = MNISTDataModule("mnist", str(mnist_root), batch_size=32, seed=0, val_size=0, download=False)
+    datamodule.setup("fit")
+    parsed = datasets.MNIST(str(mnist_root), train=True, download=False)
+    assert len(datamodule.train_set) == len(parsed) == 400
+    assert torch.equal(datamodule.train_set.targets, parsed.targets)
+    assert datamodule.val_set is datamodule.test_set
+
+
 def test_batches_are_full_tensors(mnist_root: Path):
     datamodule = MNISTDataModule("mnist", str(mnist_root), batch_size=64, seed=0, val_size=50, download=False)
     datamodule.setup("fit")

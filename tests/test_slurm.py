@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from project.parity import max_loss_difference, max_weight_difference, network_weights
-from tests.helpers import REPO, check_ok, histories, read_json, simulated_slurm_nodes
+from tests.helpers import REPO, check_ok, free_port, histories, read_json, run_module, simulated_slurm_nodes
 from tests.tensorboard_events import read_scalars
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -33,6 +33,10 @@ NOT_UP = "needs a local Slurm cluster: as root run `make slurm-up` (after `make 
 TOLERANCE = 1e-6
 TRAIN_IMAGES = 350  # the 400 small training images less data.val_size=50
 JOB_TIMEOUT = 240  # seconds; a job on the idle local cluster takes 15-45
+TORCHRUN_SCRIPT = REPO / "scripts" / "torchrun" / "train.sh"
+TUTORIAL_SHAPE = ("--nodes=2", "--ntasks-per-node=3")  # the Slurm tutorial's job: 2 nodes × 3 processes
+TWO_EPOCHS_OF_25 = ("data.batch_size=25", "trainer.max_epochs=2")
+SIX_RANK_SHARE = 59  # 350 images over 6 ranks: DistributedSampler pads to 354
 
 
 @pytest.fixture(scope="session")
@@ -63,10 +67,12 @@ def job_ids(slurm_env: dict[str, str]) -> Iterator[list[str]]:
         subprocess.run(["scancel", *ids], env=slurm_env, capture_output=True, timeout=60)
 
 
-def submit(script: Path, *overrides: str, cwd: Path, env: dict, job_ids: list[str]) -> tuple[str, subprocess.Popen]:
+def submit(
+    script: Path, *overrides: str, cwd: Path, env: dict, job_ids: list[str], options: tuple[str, ...] = ()
+) -> tuple[str, subprocess.Popen]:
     """`sbatch --wait` of `script` (on CPUs: --gres=none) from `cwd`; the job id at once and the waiting sbatch."""
     (cwd / "outputs").mkdir(parents=True, exist_ok=True)  # for the job's log, as in a clone of the repository
-    command = ["sbatch", "--wait", "--parsable", "--gres=none", str(script), *overrides]
+    command = ["sbatch", "--wait", "--parsable", "--gres=none", *options, str(script), *overrides]
     sbatch = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     job_id = sbatch.stdout.readline().strip()
     if not job_id:
@@ -126,46 +132,89 @@ def compare_runs(run_dir: Path, expected_dir: Path, weights: dict, expected_weig
     return loss_diff, max_weight_difference(weights, expected_weights)
 
 
-def test_two_node_job_equals_the_reference_job_and_the_simulated_nodes(
-    tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str]
+@pytest.fixture(scope="module")
+def six_processes_on_one_host(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> Path:
+    """What the tutorial's 2 × 3 job must compute: torchrun's 6 reference processes on this one host."""
+    run_dir = tmp_path_factory.mktemp("one-host") / "run"
+    launcher = (sys.executable, "-m", "project.torchrun", "--nproc-per-node=6", f"--master-port={free_port()}")
+    args = small_mnist(mnist_root, *TWO_EPOCHS_OF_25, "trainer.devices=6", "trainer.num_nodes=1")
+    check_ok(
+        run_module("project.reference.ddp", *args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, launcher=launcher)
+    )
+    return run_dir
+
+
+def torchrun_on_two_hosts(overrides: list[str], cwd: Path, env: dict) -> list[subprocess.Popen]:
+    """scripts/torchrun/train.sh run as the README says, once on each node of the local cluster (their own
+    addresses and hostnames, without Slurm), 3 processes each, meeting at node1."""
+    cwd.mkdir()
+    launch = {"NODES": "2", "PROCS_PER_NODE": "3", "ENDPOINT": f"node1:{free_port()}", "RUN_ID": "two-hosts"}
+    return [
+        subprocess.Popen(
+            ["bash", str(CLUSTER_SCRIPT), "on", node, str(TORCHRUN_SCRIPT), *overrides],
+            cwd=cwd,
+            env={**env, **launch, "TIMEOUT": str(JOB_TIMEOUT)},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for node in ("node1", "node2")
+    ]
+
+
+def test_the_tutorials_two_by_three_job_computes_alike_on_every_launcher(
+    tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str], six_processes_on_one_host: Path
 ):
-    overrides = small_mnist(mnist_root, "data.batch_size=25", "trainer.max_epochs=2")
+    """2 nodes × 3 processes: Lightning under srun (LOCAL_RANK 0-2 on each node), the reference spawning 3 per node
+    under srun, and Lightning under torchrun on the same two hosts, each equal to 6 processes on one host."""
+    overrides = small_mnist(mnist_root, *TWO_EPOCHS_OF_25)
     lightning_id, lightning = submit(
-        TRAIN_SBATCH, *overrides, cwd=tmp_path / "lightning", env=slurm_env, job_ids=job_ids
+        TRAIN_SBATCH, *overrides, cwd=tmp_path / "lightning", env=slurm_env, job_ids=job_ids, options=TUTORIAL_SHAPE
     )
+    reference_env = {**slurm_env, "DEVICES_PER_NODE": "3"}  # the tutorial's 3 GPUs per node, as CPU processes
     reference_id, reference = submit(
-        REFERENCE_SBATCH, *overrides, cwd=tmp_path / "reference", env=slurm_env, job_ids=job_ids
+        REFERENCE_SBATCH, *overrides, cwd=tmp_path / "reference", env=reference_env, job_ids=job_ids
     )
-    (tmp_path / "simulated").mkdir()
-    for node in simulated_slurm_nodes("project.train", overrides, cwd=tmp_path / "simulated"):
-        check_ok(node)
+    agents = torchrun_on_two_hosts(overrides, tmp_path / "torchrun", slurm_env)
+    for node, agent in zip(("node1", "node2"), agents, strict=True):
+        stdout, stderr = agent.communicate(timeout=2 * JOB_TIMEOUT)
+        check_ok(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
+        assert "torchrun run two-hosts: 2 node(s) x 3 process(es), rendezvous node1:" in stdout
+        assert stdout.splitlines()[0].endswith(f"on {node}"), "each agent ran on its own host"
     lightning_log = tmp_path / "lightning" / "outputs" / f"train-{lightning_id}.out"
     assert_job_succeeded(lightning, lightning_log)
     assert_job_succeeded(reference, tmp_path / "reference" / "outputs" / f"reference-{reference_id}.out")
 
-    assert run_dirs(tmp_path / "lightning") == [f"slurm-{lightning_id}.0"], "one run dir, named after the job"
-    run_dir = tmp_path / "lightning" / "outputs" / f"slurm-{lightning_id}.0"
+    runs = {
+        "slurm job": tmp_path / "lightning" / "outputs" / f"slurm-{lightning_id}.0",
+        "slurm reference job": tmp_path / "reference" / "outputs" / f"slurm-{reference_id}.0",
+        "torchrun on two hosts": tmp_path / "torchrun" / "outputs" / "torchrun-two-hosts",
+    }
+    for run_dir in runs.values():
+        assert run_dirs(run_dir.parents[1]) == [run_dir.name], "one run dir per launch"
+        ranks = histories(run_dir)
+        assert [(h["rank"], h["world_size"]) for h in ranks] == [(rank, 6) for rank in range(6)]
+        assert all(h["epoch_samples"] == [SIX_RANK_SHARE] * 2 for h in ranks), "each rank its share of the data"
     assert f"job {lightning_id} (restart 0): 2 node(s)" in job_log(lightning_log)
-    ranks = histories(run_dir)
-    assert [(h["rank"], h["world_size"]) for h in ranks] == [(0, 2), (1, 2)]
-    assert all(h["epoch_samples"] == [TRAIN_IMAGES // 2] * 2 for h in ranks)
-    assert read_json(run_dir / "results.json")["world_size"] == 2
-    assert len(read_scalars(run_dir / "tensorboard")["val/loss"]) == 2, "TensorBoard: one validation per epoch"
+    assert "3 task(s) per node" in job_log(lightning_log)
+    assert read_json(runs["slurm job"] / "results.json")["world_size"] == 6
+    assert len(read_scalars(runs["slurm job"] / "tensorboard")["val/loss"]) == 2, (
+        "TensorBoard: one validation per epoch"
+    )
 
-    reference_dir = tmp_path / "reference" / "outputs" / f"slurm-{reference_id}.0"
-    simulated_dir = tmp_path / "simulated" / "outputs" / "slurm-4242.0"
-    weights = lightning_weights(run_dir)
-    vs_reference = compare_runs(
-        run_dir, reference_dir, weights, torch.load(reference_dir / "checkpoints" / "model.pt", weights_only=True)
-    )
-    vs_simulated = compare_runs(run_dir, simulated_dir, weights, lightning_weights(simulated_dir))
-    print(
-        f"\nslurm job vs reference job: max |step loss diff| {vs_reference[0]:.2e}, |weight diff| {vs_reference[1]:.2e}"
-    )
-    print(
-        f"slurm job vs simulated nodes: max |step loss diff| {vs_simulated[0]:.2e}, |weight diff| {vs_simulated[1]:.2e}"
-    )
-    assert max(vs_reference) <= TOLERANCE and max(vs_simulated) <= TOLERANCE
+    expected_weights = torch.load(six_processes_on_one_host / "checkpoints" / "model.pt", weights_only=True)
+    for name, run_dir in runs.items():
+        weights = (
+            torch.load(run_dir / "checkpoints" / "model.pt", weights_only=True)
+            if name == "slurm reference job"
+            else lightning_weights(run_dir)
+        )
+        loss_diff, weight_diff = compare_runs(run_dir, six_processes_on_one_host, weights, expected_weights)
+        print(
+            f"\n{name} (2 × 3) vs 6 processes on one host: max |step loss diff| {loss_diff:.2e}, "
+            f"|weight diff| {weight_diff:.2e}"
+        )
+        assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE, name
 
 
 def test_submitit_sweep_runs_each_point_as_a_slurm_job_and_summarises_them(

@@ -106,7 +106,11 @@ def unpack_idx(packed: Path, target: Path, kind: str) -> None:
 
 
 class MNISTDataModule(InMemoryDataModule):
-    """One of the MNIST family (`name`), with `val_size` training images held out by a seeded split."""
+    """One of the MNIST family (`name`), with `val_size` training images held out by a seeded split.
+
+    `val_size=0` holds none out: training sees every training image and validation is the test set, as the Slurm
+    tutorial does (`experiment=mnist_slurm`); the validation numbers are then the test numbers.
+    """
 
     def __init__(
         self,
@@ -162,8 +166,11 @@ class MNISTDataModule(InMemoryDataModule):
         with contextlib.ExitStack() as scratch_dirs:
             full_train = self._load_split(True, scratch_dirs)
             self.test_set = self._load_split(False, scratch_dirs)
+        if self.val_size == 0:
+            self.train_set, self.val_set = full_train, self.test_set
+            return
         if not 0 < self.val_size < len(full_train):
-            raise UserError(f"data.val_size must be between 1 and {len(full_train) - 1}, got {self.val_size}")
+            raise UserError(f"data.val_size must be between 0 and {len(full_train) - 1}, got {self.val_size}")
         order = torch.randperm(len(full_train), generator=torch.Generator().manual_seed(self.seed))
         val_index, train_index = order[: self.val_size], order[self.val_size :]
         self.train_set = InMemoryDataset(full_train.inputs[train_index], full_train.targets[train_index])
