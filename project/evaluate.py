@@ -6,6 +6,8 @@ trained; the printed test metrics equal those of the training run's results tabl
 project is refused with one line.
 """
 
+from typing import Any
+
 import hydra
 import lightning as L
 from hydra.errors import InstantiationException
@@ -18,26 +20,40 @@ from project.runs.checkpoints import load_project_checkpoint
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
+    datamodule, module = rebuild_trained(cfg, "project.evaluate")
+    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_checkpointing=False)
+    trainer.test(module, datamodule=datamodule, verbose=False)
+    return {name: value.item() for name, value in trainer.callback_metrics.items()}
+
+
+def rebuild_trained(cfg: DictConfig, program: str, data_overrides: dict | None = None) -> tuple[Any, Any]:
+    """(datamodule, module with the trained weights) of the checkpoint `cfg.ckpt_path`, from its stored config.
+
+    `data_overrides` replace keys of the stored data config (another `root`, the files on this machine).
+    """
     if OmegaConf.is_missing(cfg, "ckpt_path"):
-        raise UserError(
-            "give the checkpoint to test: python -m project.evaluate ckpt_path=<run dir>/checkpoints/last.ckpt"
-        )
+        raise UserError(f"give the checkpoint: python -m {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
     checkpoint = load_project_checkpoint(cfg.ckpt_path)
     trained = OmegaConf.create(checkpoint["config"])
+    unknown = sorted(set(data_overrides or {}) - set(trained.data))
+    if unknown:
+        keys = ", ".join(key for key in trained.data if not key.startswith("_"))
+        raise UserError(
+            f"data.{unknown[0]}: the checkpoint's data ({trained.data._target_}) has no such key; it has {keys}"
+        )
     try:
-        datamodule = instantiate(trained.data)
+        datamodule = instantiate(trained.data, **(data_overrides or {}))
         module = instantiate(trained.model)
     except InstantiationException as error:
         if find_user_error(error):  # the user's own mistake, already worded (e.g. data that is missing)
             raise
         raise UserError(
             f"{cfg.ckpt_path}: its stored config no longer builds with this version of the project ({error}); "
-            "evaluate it with the version that trained it"
+            f"use it with the version that trained it"
         ) from None
     module.load_state_dict(checkpoint["state_dict"])
-    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_checkpointing=False)
-    trainer.test(module, datamodule=datamodule, verbose=False)
-    return {name: value.item() for name, value in trainer.callback_metrics.items()}
+    module.run_config = checkpoint["config"]
+    return datamodule, module
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")

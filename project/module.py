@@ -125,8 +125,10 @@ class ClassifierModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_epoch_metrics("test")
 
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self(batch[0]).argmax(dim=1)
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> tuple[Tensor, Tensor]:
+        """(class probabilities, labels) of one batch: what `project.predict` writes and draws."""
+        inputs, labels = batch
+        return torch.softmax(self(inputs).float(), dim=1), labels
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.run_config is not None:

@@ -70,6 +70,7 @@ BAD_INPUTS = [
     BadInput("unknown-precision", ("trainer.precision=banana",), ("trainer.precision",)),
     BadInput("devices-not-a-number", ("trainer.devices=abc",), ("trainer.devices",)),
     BadInput("evaluate-without-a-checkpoint", (), ("ckpt_path",), module="project.evaluate"),
+    BadInput("predict-without-a-checkpoint", (), ("ckpt_path",), module="project.predict"),
     BadInput("best-results-without-checkpoints", ("results_from=best", "callbacks=none"), ("results_from",)),
     BadInput("unknown-optimized-mode", ("optimized_mode=up",), ("optimized_mode",)),
     # Checkpoints to resume training from.

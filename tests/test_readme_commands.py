@@ -154,6 +154,11 @@ def check_promised_outputs(command: str, result: subprocess.CompletedProcess, cw
     elif "project.evaluate" in words:
         (accuracy,) = re.findall(r"^test/acc\s+(\S+)$", output, flags=re.MULTILINE)
         assert 0 <= float(accuracy) <= 1
+    elif "project.predict" in words:
+        (run_dir,) = printed_run_dirs(output)
+        rows = (run_dir / "predictions.csv").read_text().splitlines()
+        assert rows[0] == "index,label,predicted,confidence" and len(rows) > 1
+        assert (run_dir / "confusion_matrix.png").is_file()
     elif "project.compare" in words:
         (run_dir,) = printed_run_dirs(output)
         assert (run_dir / "loss_curves.png").is_file() and (run_dir / "comparison.json").is_file()

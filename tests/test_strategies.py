@@ -253,6 +253,8 @@ def test_dp_strategy_fits_validates_tests_and_predicts_in_process(tmp_path: Path
     assert trainer.validate(module, datamodule=datamodule)[0]["val/acc"] == 1.0
     assert trainer.test(module, datamodule=datamodule)[0]["test/acc"] == 1.0
     predictions = trainer.predict(module, dataloaders=datamodule.test_dataloader())
-    assert [p.tolist() for p in predictions] == [[0, 1]]
+    assert [(probabilities.argmax(dim=1).tolist(), labels.tolist()) for probabilities, labels in predictions] == [
+        ([0, 1], [0, 1])
+    ]
     saved = trainer.strategy.lightning_module_state_dict()
     assert "network.layers.0.weight" in saved and not any(".module." in key for key in saved)

@@ -80,6 +80,9 @@ class InMemoryDataModule(L.LightningDataModule):
     train_set: InMemoryDataset
     val_set: InMemoryDataset
     test_set: InMemoryDataset
+    # Each class's name, by label; `image_mean_std` is set by image data (to draw its inputs), None otherwise.
+    class_names: tuple[str, ...]
+    image_mean_std: tuple[float, float] | None = None
 
     def __init__(self, batch_size: int, seed: int, drop_last: bool = False) -> None:
         super().__init__()
@@ -88,6 +91,7 @@ class InMemoryDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.seed = seed
         self.drop_last = drop_last
+        self.predict_split = "test"
 
     def loader(self, dataset: InMemoryDataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
         """A loader over `dataset`; `train` drops the last partial batch when configured to (`data.drop_last`)."""
@@ -139,3 +143,7 @@ class InMemoryDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self.evaluation_loader(self.test_set, "test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """The split named by `predict_split` (`project.predict`'s `split=`), every sample once, in order."""
+        return self.evaluation_loader(getattr(self, f"{self.predict_split}_set"), self.predict_split)

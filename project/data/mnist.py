@@ -126,6 +126,8 @@ class MNISTDataModule(InMemoryDataModule):
         if name not in DATASETS:
             raise UserError(f"data.name={name!r} is not one of {', '.join(DATASETS)}")
         self.dataset_class, self.mean, self.std = DATASETS[name]
+        self.class_names = tuple(self.dataset_class.classes)
+        self.image_mean_std = (self.mean, self.std)
         self.name = name
         self.root = Path(root)
         self.val_size = val_size

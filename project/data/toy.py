@@ -13,6 +13,8 @@ TEST_TARGETS = torch.tensor([0, 1])
 class ToyDataModule(InMemoryDataModule):
     """The tutorial's 7 points. With no data to spare, validation reuses the 2 test points."""
 
+    class_names = ("0", "1")
+
     def setup(self, stage: str | None = None) -> None:
         self.train_set = InMemoryDataset(TRAIN_INPUTS, TRAIN_TARGETS)
         self.test_set = InMemoryDataset(TEST_INPUTS, TEST_TARGETS)
