@@ -20,6 +20,8 @@ from project.errors import ERROR_FILE
 from project.runs.run_log import report
 
 SWEEP_FAILED_STATUS = 1
+# A job stopped with its search, run again by the search's continuation (hydra_plugins/resumable_optuna_sweeper).
+INTERRUPTED_FILE = "interrupted.txt"
 
 
 class JobRow(NamedTuple):
@@ -28,6 +30,9 @@ class JobRow(NamedTuple):
     value: float  # NaN where the job failed or reported none
     directory: str
     error: str | None  # the job's error line, if it failed
+    interrupted: bool = (
+        False  # stopped with its search, whose continuation ran it again (project.runs.resumable_optuna)
+    )
 
 
 def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
@@ -39,9 +44,10 @@ def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
         results_file, error_file = job_dir / "results.json", job_dir / ERROR_FILE
         value = json.loads(results_file.read_text()).get(metric, math.nan) if results_file.is_file() else math.nan
         error = error_file.read_text().strip() if error_file.is_file() else None
-        if error is None and not results_file.is_file():
+        interrupted = (job_dir / INTERRUPTED_FILE).is_file()
+        if error is None and not results_file.is_file() and not interrupted:
             error = "error: the job left no results.json (killed?): see its log in that directory"
-        rows.append(JobRow(job_dir.name, overrides, value, str(job_dir), error))
+        rows.append(JobRow(job_dir.name, overrides, value, str(job_dir), error, interrupted))
     return rows
 
 
@@ -49,7 +55,7 @@ def format_sweep_table(rows: list[JobRow], metric: str) -> str:
     width = max([len("overrides"), *(len(row.overrides) for row in rows)])
     lines = [f"{'job':<5}{'overrides':<{width + 2}}{metric:>12}  dir"]
     for row in rows:
-        value = "failed" if row.error else f"{row.value:.4f}"
+        value = "failed" if row.error else "interrupted" if row.interrupted else f"{row.value:.4f}"
         lines.append(f"{row.job:<5}{row.overrides:<{width + 2}}{value:>12}  {row.directory}")
     lines += [f"job {row.job} {row.error}" for row in rows if row.error]
     rule = "-" * max(len(line) for line in lines)

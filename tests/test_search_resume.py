@@ -1,0 +1,76 @@
+"""An Optuna search killed mid-trial carries on, run again with its sweep dir, to n_trials finished trials."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.helpers import check_ok, mnist_overrides
+
+pytestmark = pytest.mark.slow
+TRIALS = 4
+KILLED_IN = 2  # the trial (and job) the first run is killed in: trials 0 and 1 have finished
+
+
+def search_command(mnist_root: Path, sweep_dir: Path) -> list[str]:
+    overrides = mnist_overrides(mnist_root, "trainer.max_epochs=1", "hparams_search=mnist_optuna")
+    return [
+        sys.executable,
+        "-m",
+        "project.train",
+        *overrides,
+        f"hydra.sweeper.n_trials={TRIALS}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+
+
+def kill_when_job_starts(command: list[str], cwd: Path, job_dir: Path) -> None:
+    """Run the search until `job_dir` is made (its trial has been asked for), then SIGKILL it, ranks and all."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    search = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (job_dir / ".hydra").is_dir():
+            assert search.poll() is None, f"the search ended (exit {search.returncode}) before job {job_dir.name}"
+            assert time.monotonic() < deadline, "the search never got to the job"
+            time.sleep(0.02)
+    finally:
+        os.killpg(search.pid, signal.SIGKILL)
+        search.wait()
+
+
+def test_a_killed_search_carries_on_to_n_trials_and_runs_no_finished_trial_again(tmp_path: Path, mnist_root: Path):
+    sweep_dir = tmp_path / "search"
+    command = search_command(mnist_root, sweep_dir)
+    kill_when_job_starts(command, tmp_path, sweep_dir / str(KILLED_IN))
+    assert not (sweep_dir / str(KILLED_IN) / "results.json").exists(), "killed during the trial"
+    before = {job: (sweep_dir / str(job) / "results.json").read_text() for job in range(KILLED_IN)}
+
+    result = check_ok(
+        subprocess.run(
+            command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True
+        )
+    )
+
+    study = optuna.load_study(study_name="mnist_optuna", storage=f"sqlite:///{sweep_dir}/optuna.db")
+    states = [trial.state for trial in study.trials]
+    complete = optuna.trial.TrialState.COMPLETE
+    assert states.count(complete) == TRIALS and states[KILLED_IN] == optuna.trial.TrialState.FAIL
+    assert len(states) == TRIALS + 1, "the interrupted trial, then the ones still missing"
+    assert study.trials[KILLED_IN + 1].params == study.trials[KILLED_IN].params, "the interrupted one tried again"
+    finished = [tuple(sorted(trial.params.items())) for trial in study.trials if trial.state == complete]
+    assert len(set(finished)) == TRIALS, "no finished trial run twice"
+    assert {job: (sweep_dir / str(job) / "results.json").read_text() for job in range(KILLED_IN)} == before
+
+    summary = result.stdout[result.stdout.index(f"Sweep: {TRIALS + 1} job(s)") :]
+    states_shown = [line.split()[-2] for line in summary.splitlines() if line[:1].isdigit()]
+    assert states_shown[KILLED_IN] == "interrupted"
+    assert all(value.replace(".", "").isdigit() for i, value in enumerate(states_shown) if i != KILLED_IN)
+    assert (sweep_dir / str(KILLED_IN) / "interrupted.txt").read_text().startswith("interrupted: ")
