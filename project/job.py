@@ -11,7 +11,7 @@ A job that ends early is reported by what happened first, in one line (`project.
   naming the `last.ckpt` to resume from.
 - Ctrl-C: Lightning stops the run and calls `sys.exit(1)`; here it is a `RunStopped`, exit 130, naming it too.
 - a DDP child that died first: rank 0's own error (a broken collective) is its consequence, so the child's death
-  is the line reported.
+  is the line reported, unless rank 0 has a user error of its own to report (the same one the child died of).
 - another rank lost mid-run where a launcher started the ranks (torchrun, srun): the broken collective is one line
   here, exit 1; the launcher, which saw the rank end, names it (project.torchrun does).
 """
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.errors import RunStopped, UserError
+from project.errors import RunStopped, UserError, find_user_error
 from project.strategies.hydra_ddp import HydraJobLauncher
 
 # What a launch may change in this process's environment: restored when the job ends.
@@ -74,7 +74,9 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
     except Exception as error:
         if isinstance(launcher, HydraJobLauncher):
             launcher.finish(failed=True)
-            if launcher.failure is not None:
+            # Rank 0's own user error is first-hand (every rank checks its config and data alike); any other error
+            # here is a broken collective, the consequence of the child's death, which is then the line.
+            if launcher.failure is not None and find_user_error(error) is None:
                 raise UserError(launcher.failure) from error
         if lost_another_rank(error):
             first_line = str(error).strip().splitlines()[0]

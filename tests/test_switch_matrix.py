@@ -237,7 +237,7 @@ def check_sources_and_launch(combination: Combination, hydra_cfg: DictConfig, co
     main_source = next(source for source in hydra_cfg.runtime.config_sources if source.provider == "main")
     assert main_source.path == str(config_dir)
     assert hydra_cfg.mode == (None if combination["launch"] == "plain" else RunMode.MULTIRUN)
-    sweeper = "optuna_sweeper.OptunaSweeper" if combination["launch"] == "optuna" else "BasicSweeper"
+    sweeper = "ResumableOptunaSweeper" if combination["launch"] == "optuna" else "BasicSweeper"
     assert hydra_cfg.sweeper._target_.endswith(sweeper)
     launcher = "SlurmLauncher" if combination["launch"] == "submitit" else "BasicLauncher"
     assert hydra_cfg.launcher._target_.endswith(launcher)
