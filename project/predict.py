@@ -1,8 +1,9 @@
 """Predict with a trained checkpoint: `python -m project.predict ckpt_path=<file> [split=test] [data.root=<dir>]`.
 
 The checkpoint's stored config rebuilds its network and data (as `project.evaluate` does, `weights_only=True`);
-Lightning's `predict` runs it over one split with the chosen `trainer=` (DDP and dp included: each rank predicts its
-share, `UnrepeatedDistributedSampler`'s samples r, r + N, ..., and rank 0 puts them back in order). Rank 0 writes
+Lightning's `predict` runs it over one split with the chosen `trainer=` (under DDP each rank predicts its
+share, `UnrepeatedDistributedSampler`'s samples r, r + N, ..., and rank 0 puts them back in order; `trainer=ddp_spawn`
+is refused: Lightning returns no predictions from spawned workers). Rank 0 writes
 `predictions.csv`, `per_class.csv`, `confusion_matrix.png` and, for image data, `most_confident_mistakes.png` into
 the run dir (`project.predictions`), and prints the per-class table. Its accuracy is `evaluate`'s test/acc.
 """
@@ -13,6 +14,7 @@ import hydra
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError, exit_on_user_error
@@ -42,6 +44,11 @@ def predict(cfg: DictConfig) -> tuple[Predictions | None, L.LightningDataModule]
     trainer: L.Trainer = instantiate_group(
         "trainer", cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[], enable_progress_bar=False
     )
+    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+        raise UserError(
+            "project.predict takes the predictions back from its processes, which spawned workers (trainer=ddp_spawn) "
+            "do not return: use trainer=ddp"
+        )
     with isolated_job(trainer):
         batches = trainer.predict(module, datamodule=datamodule)
         probabilities = torch.cat([probabilities for probabilities, _ in batches])

@@ -61,7 +61,7 @@ def rendezvous_line(args, error: RendezvousError) -> str:
         seconds = conf_value(args.rdzv_conf, "read_timeout", "60")
         return (
             f"cannot reach {where} within {seconds} s: --rdzv-endpoint must be host:port of the first node, "
-            "reachable from every node (read_timeout in --rdzv-conf sets the wait)"
+            "reachable from every node, and that node up (read_timeout in --rdzv-conf sets the wait)"
         )
     return f"{where} failed: {' '.join(str(error).split()) or type(error).__name__}"
 
@@ -74,7 +74,8 @@ def worker_line(args, error: ChildFailedError) -> tuple[str, int]:
         what, status = f"was killed by {failure.signal_name()}", 128 - failure.exitcode
     else:
         what, status = f"exited with status {failure.exitcode}", failure.exitcode
-    return f"{error.name}: rank {rank} {what}{restarts}; its own output above says why", status
+    why = "; its own output above says why" if failure.exitcode > 0 else " (out of memory, or killed from outside)"
+    return f"{error.name}: rank {rank} {what}{restarts}{why}", status
 
 
 def main(argv: list[str] | None = None) -> None:

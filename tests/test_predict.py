@@ -91,6 +91,11 @@ def test_a_split_that_does_not_exist_ends_in_one_line(tmp_path: Path, barely_tra
     assert_one_error_line(result, "split must be one of test | val | train, got 'banana'")
 
 
+def test_spawned_workers_which_return_no_predictions_are_refused_in_one_line(tmp_path: Path, barely_trained: Path):
+    result = run_module("project.predict", f"ckpt_path={barely_trained}", "trainer=ddp_spawn", cwd=tmp_path, env=ENV)
+    assert_one_error_line(result, "project.predict takes the predictions back from its processes")
+
+
 def test_a_data_key_the_checkpoints_data_lacks_ends_in_one_line(tmp_path: Path):
     """The toy data has no files, so no root to move."""
     check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={tmp_path / 'toy'}", cwd=tmp_path, env=ENV))

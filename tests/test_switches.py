@@ -17,6 +17,7 @@ import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.errors import UserError
 from project.job import isolated_job
 from project.runs import run_dir
+from project.runs.checkpoints import resume_path
 from project.strategies.same_config import check_same_config_on_every_rank, differing_keys
 from tests.helpers import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
 
@@ -71,6 +72,24 @@ def test_workers_of_a_multi_node_torchrun_launch_name_their_directory_after_its_
     node_one = run_dir.launch_dir(parent)
     monkeypatch.setattr(run_dir.os, "getppid", lambda: 1)  # the other node's agent
     assert run_dir.launch_dir(parent) == node_one == f"{parent}/torchrun-exp_1_a"
+
+
+def test_a_torchrun_restart_carries_on_from_its_own_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Not from the checkpoint the launch started from (that would redo its progress); another network is refused."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "restarted")
+    network = {"_target_": "project.models.NeuralNetwork", "num_inputs": 2, "num_outputs": 2}
+
+    def write_checkpoint(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"state_dict": {}, "config": {"model": {"network": network}}}, path)
+        return path
+
+    given, run = write_checkpoint(tmp_path / "given.ckpt"), tmp_path / "run"
+    assert resume_path(str(given), run, tmp_path, network) == str(given), "first attempt: nothing of its own yet"
+    own = write_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert resume_path(str(given), run, tmp_path, network) == resume_path(None, run, tmp_path, network) == str(own)
+    with pytest.raises(UserError, match="holds another network .* with a new --rdzv-id"):
+        resume_path(None, run, tmp_path, {**network, "_target_": "project.models.DeepNeuralNetwork"})
 
 
 def test_a_multi_node_torchrun_launch_without_an_id_ends_in_one_line(tmp_path: Path, monkeypatch, capsys):

@@ -8,11 +8,13 @@ its jobs from 0 again, over the first run's job dirs. `ResumableOptunaSweeper` f
 - jobs are numbered on from the stored trials (job dir N is trial N), so no earlier job dir is written over;
 - the sampler is reseeded at random: seeded as in the first run, it would suggest that run's parameters again
   (TPE's first trials are random draws), so the continuation's suggestions are new but not reproducible;
-- a trial still marked running was interrupted (its process was killed): it is marked failed, its job dir gets an
-  `interrupted.txt` (the sweep summary shows the job as `interrupted`, which does not fail the sweep), and its
-  parameters are tried again first, as a new trial; a trial that finished is never run again.
+- a trial still marked running whose job left its results.json finished just before the kill: it is told so;
+- any other trial still marked running was interrupted (its process was killed): it is marked failed, its job
+  dir gets an `interrupted.txt` (the sweep summary shows the job as `interrupted`, which does not fail the
+  sweep), and its parameters are tried again first, as a new trial; a trial that finished is never run again.
 """
 
+import json
 import logging
 from pathlib import Path
 
@@ -40,6 +42,11 @@ class ResumableOptunaSweeper(OptunaSweeper):
             return
         sweep_dir = Path(search.config.hydra.sweep.dir)
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            results = sweep_dir / str(trial.number) / "results.json"
+            value = json.loads(results.read_text()).get(search.config.optimized_metric) if results.is_file() else None
+            if value is not None:  # killed after the job had finished, before the study heard of it
+                study.tell(trial.number, values=[value])
+                continue
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             study.enqueue_trial(trial.params)  # a waiting trial, numbered next
             job_dir = sweep_dir / str(trial.number)

@@ -54,27 +54,27 @@ def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, network
     it finds that dir again: a requeued Slurm job (SLURM_RESTART_COUNT > 0; the dir is named after the job), and
     torchrun's workers after an elastic restart (`--max-restarts`; the dir is the agent's) or a multi-node launch
     run again with the same `--rdzv-id` (the dir is named after it). torchrun's restart count is no guide there: a
-    node whose own workers did not fail restarts them with the count unchanged. Lightning resumes by itself from its
+    node whose own workers did not fail restarts them with the count unchanged; under torchrun that checkpoint also
+    wins over `ckpt_path`, which a restart would otherwise train from again. Lightning resumes by itself from its
     `hpc_ckpt_*.ckpt` (written when Slurm signals the job) when given no path, so that one is left to it only when
     it is newer than last.ckpt.
     """
-    if ckpt_path is None:
-        own_last = run_dir / "checkpoints" / "last.ckpt"
-        if not own_last.is_file():
-            return None
-        if "TORCHELASTIC_RUN_ID" in os.environ:
-            return str(own_last)
-        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0:
+    own_last = run_dir / "checkpoints" / "last.ckpt"
+    if "TORCHELASTIC_RUN_ID" in os.environ and own_last.is_file():
+        path = own_last  # carries on from its own progress, whatever ckpt_path the launch started from
+    elif ckpt_path is None:
+        if not (own_last.is_file() and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0):
             return None
         hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
         return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
-    path = newest_last_checkpoint(outputs_dir, exclude=run_dir) if ckpt_path == "last" else Path(ckpt_path)
+    else:
+        path = newest_last_checkpoint(outputs_dir, exclude=run_dir) if ckpt_path == "last" else Path(ckpt_path)
     trained = load_project_checkpoint(path)["config"]["model"]["network"]
     if network is not None and trained != network:
         raise UserError(
             f"ckpt_path={path} holds another network ({trained.get('_target_')}) than this run builds "
             f"({network.get('_target_')}): resume with the checkpoint's own model and data (its run's "
-            ".hydra/overrides.yaml), or train afresh without ckpt_path"
+            ".hydra/overrides.yaml), or train afresh (without ckpt_path; under torchrun, with a new --rdzv-id)"
         )
     return str(path)
 

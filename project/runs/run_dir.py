@@ -19,6 +19,7 @@ Every process of a launch writes into that one directory, so only rank 0 saves H
 
 import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -78,7 +79,7 @@ def claim(directory: Path, launch_id: str) -> bool:
     """
     directory.mkdir(parents=True, exist_ok=True)
     claim_file = directory / CLAIM_FILE
-    draft = directory / f".{CLAIM_FILE}.{os.getpid()}"
+    draft = directory / f".{CLAIM_FILE}.{socket.gethostname()}.{os.getpid()}"  # hosts can share pids (containers)
     draft.write_text(launch_id)
     try:
         os.link(draft, claim_file)

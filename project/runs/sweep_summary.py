@@ -20,7 +20,7 @@ from project.errors import ERROR_FILE
 from project.runs.run_log import report
 
 SWEEP_FAILED_STATUS = 1
-# A job stopped with its search, run again by the search's continuation (hydra_plugins/resumable_optuna_sweeper).
+# A job stopped with its search, run again by the search's continuation (hydra_plugins/resumable_optuna_sweeper/).
 INTERRUPTED_FILE = "interrupted.txt"
 
 
@@ -30,9 +30,7 @@ class JobRow(NamedTuple):
     value: float  # NaN where the job failed or reported none
     directory: str
     error: str | None  # the job's error line, if it failed
-    interrupted: bool = (
-        False  # stopped with its search, whose continuation ran it again (project.runs.resumable_optuna)
-    )
+    interrupted: bool = False  # stopped with its search and run again (INTERRUPTED_FILE)
 
 
 def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # train.sh -- multi-node DDP without Slurm (cloud VMs, bare-metal machines): run the same line on every machine,
-# from the repository root (on a shared filesystem, or the same clone at the same path on each):
+# from the repository root, on a filesystem all the machines share (every rank reads the run dir's checkpoint when
+# it resumes):
 #
 #   NODES=2 PROCS_PER_NODE=2 ENDPOINT=host1:29400 RUN_ID=mnist-1 scripts/torchrun/train.sh experiment=mnist_slurm
 #
 # ENDPOINT is host:port of one of the machines (any free port), the same on all. torchrun's rendezvous there gathers
 # NODES machines, numbers them and starts PROCS_PER_NODE processes on each: one DDP run, which writes into
-# outputs/torchrun-<RUN_ID>/ (RUN_ID names the run: the same on all machines, a new one for each run). Every
+# outputs/torchrun-<RUN_ID>/ (RUN_ID names the run: the same on all machines, a new one for each run; with NODES=1
+# the run dir is the usual outputs/<date>/<time>, which restarts find but a second launch does not). Every
 # argument is a Hydra override for `python -m project.train` (or PROJECT_MODULE=project.reference.ddp: the
 # raw-PyTorch path, which reads the same overrides).
 #
