@@ -43,3 +43,31 @@ class DeepNeuralNetwork(nn.Module):
         for layer in self.layers[:-1]:
             x = nn.functional.relu(layer(x))
         return self.layers[-1](x)
+
+
+class ConvolutionalNetwork(nn.Module):
+    """A small CNN for square one-channel images (the MNIST family): two blocks of 3×3 convolution, ReLU and 2×2
+    max-pooling (`channels`, then twice as many), then one Linear layer from the pooled features to the classes.
+
+    It shows how a network that is not an MLP plugs in (`model=cnn`): any `nn.Module` that maps a batch of the
+    data's samples to class logits works with both paths unchanged.
+    """
+
+    def __init__(self, in_channels: int, num_classes: int, channels: int = 16, image_size: int = 28) -> None:
+        super().__init__()
+        if image_size % 4:
+            raise ValueError(
+                f"ConvolutionalNetwork pools twice by 2: image_size must be a multiple of 4, got {image_size}"
+            )
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, channels, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, 2 * channels, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Linear(2 * channels * (image_size // 4) ** 2, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.features(x).flatten(start_dim=1))

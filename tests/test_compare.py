@@ -57,6 +57,14 @@ def test_mnist_shaped_run_agrees(tmp_path: Path, mnist_root: Path):
     ]
 
 
+def test_a_convolutional_network_agrees_on_both_paths(tmp_path: Path, mnist_root: Path):
+    """model=cnn: a network other than an MLP needs no change to either path."""
+    mnist = ["data=mnist", "model=cnn", f"data.root={mnist_root}", "data.download=false", "data.val_size=50"]
+    _, comparison, _ = run_compare(tmp_path, *mnist, "data.batch_size=50", "trainer.max_epochs=2", "logger=none")
+    assert comparison["max_step_loss_diff"] <= TOLERANCE
+    assert comparison["max_weight_diff"] <= TOLERANCE
+
+
 def test_ddp_two_processes_match_torchrun_reference(tmp_path: Path):
     _, comparison, run_dir = run_compare(tmp_path, "trainer=ddp", "trainer.devices=2")
 

@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from project.models import DeepNeuralNetwork, NeuralNetwork
+from project.models import ConvolutionalNetwork, DeepNeuralNetwork, NeuralNetwork
 
 
 def test_toy_network_is_2_30_20_2_with_relu():
@@ -36,3 +36,20 @@ def test_deep_network_refuses_fewer_than_two_layers():
         assert "num_layers >= 2" in str(error)
     else:
         raise AssertionError("num_layers=1 was accepted")
+
+
+def test_convolutional_network_maps_images_to_class_logits():
+    network = ConvolutionalNetwork(in_channels=1, num_classes=10, channels=16)
+    convolutions = [m for m in network.modules() if isinstance(m, nn.Conv2d)]
+    assert [(m.in_channels, m.out_channels) for m in convolutions] == [(1, 16), (16, 32)]
+    assert network.classifier.in_features == 32 * 7 * 7
+    assert network(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
+
+
+def test_convolutional_network_refuses_a_size_it_cannot_pool_twice():
+    try:
+        ConvolutionalNetwork(1, 10, image_size=30)
+    except ValueError as error:
+        assert "multiple of 4" in str(error)
+    else:
+        raise AssertionError("image_size=30 was accepted")
