@@ -68,7 +68,7 @@ def epoch_side_by_side(cfg, loaders: dict[str, Callable[[], Iterable]], device: 
 
 def preloaded_slices(datamodule: InMemoryDataModule, device: torch.device) -> Iterable[tuple[Tensor, Tensor]]:
     order = torch.randperm(len(datamodule.train_set), generator=torch.Generator().manual_seed(0))
-    inputs, targets = datamodule.train_set.inputs[order].to(device), datamodule.train_set.targets[order].to(device)
+    inputs, targets = (tensor.to(device) for tensor in datamodule.train_set[order])
     size = datamodule.batch_size
     return [(inputs[i : i + size], targets[i : i + size]) for i in range(0, len(targets), size)]
 
@@ -90,9 +90,7 @@ def run(settings: Settings, recipe: list[str], scratch) -> dict:
     loaders: dict[str, Callable[[], Iterable]] = {
         "compute only": lambda: preloaded_slices(datamodule, device),
         "datamodule": datamodule.train_dataloader,
-        "tensor dataset": lambda: DataLoader(
-            TensorDataset(train.inputs, train.targets), batch_size=datamodule.batch_size, shuffle=True
-        ),
+        "tensor dataset": lambda: DataLoader(TensorDataset(*train[:]), batch_size=datamodule.batch_size, shuffle=True),
         "torchvision PIL": lambda: torchvision_loader(settings, datamodule),
     }
     if settings.resident:

@@ -48,7 +48,7 @@ def test_accuracy(module: L.LightningModule, test_set: InMemoryDataset, chunk: i
     module.eval()
     totals = ClassificationTotals(sync_on_compute=False).to(module.device)
     for start in range(0, len(test_set), chunk):
-        inputs = test_set.inputs[start : start + chunk].to(module.device)
+        inputs = test_set[start : start + chunk][0].to(module.device)
         targets = test_set.targets[start : start + chunk].to(module.device)
         logits = module(inputs)
         totals.update(logits, targets, nn.functional.cross_entropy(logits, targets))

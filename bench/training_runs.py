@@ -119,7 +119,11 @@ def load_datamodule(cfg: DictConfig, device: torch.device | None = None) -> InMe
     if device is not None:
         for split in ("train_set", "val_set", "test_set"):
             dataset = getattr(datamodule, split)
-            setattr(datamodule, split, InMemoryDataset(dataset.inputs.to(device), dataset.targets.to(device)))
+            setattr(
+                datamodule,
+                split,
+                InMemoryDataset(dataset.inputs.to(device), dataset.targets.to(device), dataset.normalise),
+            )
     return datamodule
 
 

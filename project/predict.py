@@ -86,11 +86,9 @@ def write_outputs(predictions: Predictions, images: torch.Tensor | None, run_dir
 
 
 def split_images(datamodule: L.LightningDataModule, split: str) -> torch.Tensor | None:
-    """The split's inputs as images in [0, 1] for drawing, or None when the data are no images (the toy points)."""
-    if datamodule.image_mean_std is None:
-        return None
-    mean, std = datamodule.image_mean_std
-    return (getattr(datamodule, f"{split}_set").inputs * std + mean).clamp(0, 1)
+    """The split's images in [0, 1] for drawing, or None when the data are no pixels (the toy points)."""
+    pixels = getattr(datamodule, f"{split}_set").inputs
+    return pixels.float() / 255 if pixels.dtype == torch.uint8 else None
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="predict")

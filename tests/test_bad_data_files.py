@@ -217,7 +217,7 @@ def test_read_only_dir_of_gz_files_is_read_through_a_temporary_copy(tmp_path, re
     datamodule.setup("fit")
     images, labels = make_images(100, seed=2)  # the test split write_idx_dataset wrote
     assert torch.equal(datamodule.test_set.targets, labels.long())
-    assert torch.allclose(datamodule.test_set.inputs[:, 0], (images.float() / 255 - 0.1307) / 0.3081)
+    assert torch.allclose(datamodule.test_set[:][0][:, 0], (images.float() / 255 - 0.1307) / 0.3081)
     assert len(datamodule.train_set) == 350 and len(datamodule.val_set) == 50
     assert sorted(raw_dir.iterdir()) == listing, "nothing unpacked into the read-only dir"
     assert list(scratch_root.iterdir()) == [], "the temporary copy is removed once read"

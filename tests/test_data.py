@@ -22,18 +22,24 @@ def test_toy_data_is_the_tutorial_points():
     assert [len(labels) for _, labels in batches] == [2, 2], "5 points, batch 2, drop_last → two batches"
 
 
-def test_mnist_module_decodes_idx_files_into_normalised_tensors(mnist_root: Path):
+def test_mnist_module_holds_uint8_pixels_and_serves_normalised_batches_bitwise_as_before(mnist_root: Path):
+    """A quarter of float32's memory; each fetched value is the one a whole split normalised at load time gave."""
     datamodule = MNISTDataModule("mnist", str(mnist_root), batch_size=32, seed=0, val_size=50, download=False)
     datamodule.setup("fit")
     assert len(datamodule.train_set) == 350 and len(datamodule.val_set) == 50 and len(datamodule.test_set) == 100
     assert datamodule.train_set.inputs.shape == (350, 1, 28, 28)
-    assert datamodule.train_set.inputs.dtype == torch.float32
+    assert datamodule.train_set.inputs.dtype == torch.uint8
     assert datamodule.train_set.targets.dtype == torch.int64
 
     parsed = datasets.MNIST(str(mnist_root), train=False, download=False)  # torchvision's own parser
-    expected = (parsed.data.float() / 255 - 0.1307) / 0.3081
-    assert torch.allclose(datamodule.test_set.inputs[:, 0], expected)
-    assert torch.equal(datamodule.test_set.targets, parsed.targets)
+    normalised_at_load = parsed.data.unsqueeze(1).float().div_(255).sub_(0.1307).div_(0.3081)
+    inputs, labels = datamodule.test_set[:]
+    assert inputs.dtype == torch.float32 and torch.equal(inputs, normalised_at_load), "bitwise"
+    assert torch.equal(labels, parsed.targets)
+    batch, _ = datamodule.test_set.__getitems__([3, 1, 4])
+    assert torch.equal(batch, normalised_at_load[[3, 1, 4]])
+    first_batch, _ = next(iter(datamodule.test_dataloader()))
+    assert torch.equal(first_batch, normalised_at_load[:32])
 
 
 def test_train_val_split_is_seeded_and_disjoint(mnist_root: Path):

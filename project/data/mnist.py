@@ -1,8 +1,8 @@
-"""MNIST, Fashion-MNIST and KMNIST, read by torchvision once and then held in memory as normalised tensors.
+"""MNIST, Fashion-MNIST and KMNIST, read by torchvision once and then held in memory as uint8 tensors.
 
 torchvision's dataset classes download the IDX files and its parser reads them; after that no image goes through
-PIL or `ToTensor` again: each split becomes one float tensor `[N, 1, 28, 28]`, normalised with the dataset's own mean
-and standard deviation.
+PIL or `ToTensor` again: each split becomes one uint8 tensor `[N, 1, 28, 28]`, and each batch is normalised with the
+dataset's own mean and standard deviation as it is fetched (`Normalise`).
 
 The files are checked here first because torchvision's parser does not say which file is wrong: a damaged download
 or copy would end in a bare assert or reshape traceback. Each `.gz` is checked as it is unpacked and each IDX file's
@@ -23,7 +23,7 @@ import torch
 from torchvision import datasets
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
-from project.data.in_memory import InMemoryDataModule, InMemoryDataset
+from project.data.in_memory import InMemoryDataModule, InMemoryDataset, Normalise
 from project.errors import UserError
 
 # name → (torchvision class, mean, std of the training images scaled to [0, 1])
@@ -127,7 +127,6 @@ class MNISTDataModule(InMemoryDataModule):
             raise UserError(f"data.name={name!r} is not one of {', '.join(DATASETS)}")
         self.dataset_class, self.mean, self.std = DATASETS[name]
         self.class_names = tuple(self.dataset_class.classes)
-        self.image_mean_std = (self.mean, self.std)
         self.name = name
         self.root = Path(root)
         self.val_size = val_size
@@ -175,8 +174,7 @@ class MNISTDataModule(InMemoryDataModule):
             raise UserError(f"data.val_size must be between 0 and {len(full_train) - 1}, got {self.val_size}")
         order = torch.randperm(len(full_train), generator=torch.Generator().manual_seed(self.seed))
         val_index, train_index = order[: self.val_size], order[self.val_size :]
-        self.train_set = InMemoryDataset(full_train.inputs[train_index], full_train.targets[train_index])
-        self.val_set = InMemoryDataset(full_train.inputs[val_index], full_train.targets[val_index])
+        self.train_set, self.val_set = full_train.subset(train_index), full_train.subset(val_index)
 
     def _load_split(self, train: bool, scratch_dirs: contextlib.ExitStack) -> InMemoryDataset:
         names = split_files(train)
@@ -188,8 +186,8 @@ class MNISTDataModule(InMemoryDataModule):
                 f"{counts['labels']} labels. Delete both (and their .gz) so they are downloaded again "
                 "(data.download=true), or put intact copies of the same release there"
             )
-        images = read_image_file(str(files["images"])).unsqueeze(1).float().div_(255).sub_(self.mean).div_(self.std)
-        return InMemoryDataset(images.contiguous(), read_label_file(str(files["labels"])))
+        pixels = read_image_file(str(files["images"])).unsqueeze(1).contiguous()  # uint8, normalised when fetched
+        return InMemoryDataset(pixels, read_label_file(str(files["labels"])), Normalise(self.mean, self.std))
 
     def _idx_file(self, name: str, kind: str, scratch_dirs: contextlib.ExitStack) -> Path:
         """`name` in the raw dir, or its `.gz` unpacked into a temporary dir `scratch_dirs` removes once it is read."""
