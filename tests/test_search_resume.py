@@ -10,6 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from project.runs.sweep_summary import INTERRUPTED_FILE, format_sweep_table, job_rows
 from tests.helpers import check_ok, mnist_overrides
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def kill_when_job_starts(command: list[str], cwd: Path, job_dir: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 300
-        while not (job_dir / ".hydra").is_dir():
+        while not (job_dir / ".hydra" / "overrides.yaml").is_file():
             assert search.poll() is None, f"the search ended (exit {search.returncode}) before job {job_dir.name}"
             assert time.monotonic() < deadline, "the search never got to the job"
             time.sleep(0.02)
@@ -74,3 +75,19 @@ def test_a_killed_search_carries_on_to_n_trials_and_runs_no_finished_trial_again
     assert states_shown[KILLED_IN] == "interrupted"
     assert all(value.replace(".", "").isdigit() for i, value in enumerate(states_shown) if i != KILLED_IN)
     assert (sweep_dir / str(KILLED_IN) / "interrupted.txt").read_text().startswith("interrupted: ")
+
+
+def test_the_summary_lists_an_interrupted_job_killed_before_its_overrides_were_saved(tmp_path: Path):
+    """The table shows every trial of the search, also one whose job dir holds nothing but the interruption mark."""
+    finished = tmp_path / "0"
+    (finished / ".hydra").mkdir(parents=True)
+    (finished / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (finished / "results.json").write_text('{"val/acc": 0.5}')
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / INTERRUPTED_FILE).write_text("interrupted: ...\n")
+    rows = job_rows(tmp_path, "val/acc")
+    assert [(row.job, row.overrides, row.error, row.interrupted) for row in rows] == [
+        ("0", "seed=1", None, False),
+        ("1", "(not saved)", None, True),
+    ]
+    assert format_sweep_table(rows, "val/acc").splitlines()[5].split()[-2] == "interrupted"

@@ -36,9 +36,14 @@ class JobRow(NamedTuple):
 def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
     """One row for each job directory of the sweep, in job order."""
     rows = []
-    job_dirs = [path for path in sweep_dir.iterdir() if (path / ".hydra" / "overrides.yaml").is_file()]
-    for job_dir in sorted(job_dirs, key=lambda path: (len(path.name), path.name)):
-        overrides = " ".join(yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or [])
+
+    def is_job(path: Path) -> bool:  # an interrupted job may have been killed before Hydra saved its overrides
+        return (path / ".hydra" / "overrides.yaml").is_file() or (path / INTERRUPTED_FILE).is_file()
+
+    for job_dir in sorted(filter(is_job, sweep_dir.iterdir()), key=lambda path: (len(path.name), path.name)):
+        overrides_file = job_dir / ".hydra" / "overrides.yaml"
+        saved = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else ["(not saved)"]
+        overrides = " ".join(saved or [])
         results_file, error_file = job_dir / "results.json", job_dir / ERROR_FILE
         value = json.loads(results_file.read_text()).get(metric, math.nan) if results_file.is_file() else math.nan
         error = error_file.read_text().strip() if error_file.is_file() else None
