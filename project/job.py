@@ -6,9 +6,9 @@ launch sets (Lightning reads LOCAL_RANK as "processes were started for me", and 
 are put back as they were.
 
 A job that ends early is reported by what happened first, in one line (`project.errors`):
-- SIGTERM (what Slurm, Kubernetes and `timeout` send): Lightning stops at the next batch and raises its
-  `SIGTERMException`, a `SystemExit` that would end the process with status 0; here it is a `RunStopped`, exit 143,
-  naming the `last.ckpt` to resume from.
+- SIGTERM (what Slurm, Kubernetes and `timeout` send): Lightning stops after the step it is in and raises its
+  `SIGTERMException`, a `SystemExit` that would end the process with status 0; `last.ckpt` is written at that step
+  (`project.runs.mid_epoch_checkpoint`), and here it is a `RunStopped`, exit 143, naming the file to resume from.
 - Ctrl-C: Lightning stops the run and calls `sys.exit(1)`; here it is a `RunStopped`, exit 130, naming it too.
 - a DDP child that died first: rank 0's own error (a broken collective) is its consequence, so the child's death
   is the line reported, unless rank 0 has a user error of its own to report (the same one the child died of).
@@ -28,18 +28,21 @@ import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import RunStopped, UserError, find_user_error
-from project.strategies.hydra_ddp import HydraJobLauncher
+from project.strategies.hydra_ddp import HydraDDPStrategy, HydraJobLauncher
 
 # What a launch may change in this process's environment: restored when the job ends.
 JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")
 
 
 def resume_hint(trainer: L.Trainer) -> str:
-    """How to carry on from the newest epoch-end checkpoint, if the run wrote one."""
+    """How to carry on from the run's `last.ckpt` (an epoch's end, or inside one), if it wrote one."""
     for callback in trainer.checkpoint_callbacks:
         last = Path(callback.dirpath or "") / "last.ckpt"
         if last.is_file():
-            return f"resume from its last finished epoch with the same command plus ckpt_path={last.resolve()}"
+            step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["global_step"]
+            return (
+                f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={last.resolve()}"
+            )
     return "it had written no checkpoint yet: run it again"
 
 
@@ -51,6 +54,17 @@ def lost_another_rank(error: Exception) -> bool:
         and dist.is_initialized()
         and ("remote worker" in str(error) or "remote process" in str(error))
     )
+
+
+def stop_if_signalled(trainer: L.Trainer) -> None:
+    """End the run as SIGTERM does if it reached any rank and no loop has stopped for it yet.
+
+    Under DDP the ranks agree on a SIGTERM between training steps only (`HydraDDPStrategy`); one that came during the
+    last validation or the test is acted on here, where every rank is: between fit and test, and after test.
+    """
+    strategy = trainer.strategy
+    if isinstance(strategy, HydraDDPStrategy) and dist.is_initialized() and strategy.sigterm_on_any_rank():
+        raise SIGTERMException
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error, find_user_error
-from project.job import isolated_job
+from project.job import isolated_job, stop_if_signalled
 from project.runs.checkpoints import resume_path
 from project.runs.history import TrainingHistory
 from project.runs.results import format_results_table, save_results
@@ -99,6 +99,7 @@ def train(cfg: DictConfig) -> dict:
     trainer, module, datamodule = setup.trainer, setup.module, setup.datamodule
     with isolated_job(trainer):
         trainer.fit(module, datamodule=datamodule, ckpt_path=setup.ckpt_path)
+        stop_if_signalled(trainer)
         results = metrics_of(trainer)
         weights = "last"
         if cfg.results_from == "best":
@@ -106,6 +107,7 @@ def train(cfg: DictConfig) -> dict:
             trainer.validate(module, datamodule=datamodule, ckpt_path=weights, verbose=False)
             results |= metrics_of(trainer)
         trainer.test(module, datamodule=datamodule, ckpt_path=None if weights == "last" else weights, verbose=False)
+        stop_if_signalled(trainer)
         results |= metrics_of(trainer)
     results |= summarise_history(cfg.run_dir, trainer.world_size) | {"weights": weights}
     log_hyperparameters(trainer, cfg, results)

@@ -1,4 +1,4 @@
-"""A test-only callback that kills its own process, to interrupt a run as a crash or a preemption would."""
+"""Test-only callbacks that signal their own process, to interrupt a run as a crash or a preemption would."""
 
 import os
 import signal
@@ -21,3 +21,20 @@ class KillAtEpochStart(L.Callback):
             return
         if self.attempt is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == self.attempt:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalAtStep(L.Callback):
+    """Sends `signal` (a name: SIGKILL, SIGTERM) to its own process once optimizer step `step` has finished.
+
+    `rank`: only the process of that global rank sends it; `restart`: only in that Slurm attempt
+    (SLURM_RESTART_COUNT), so that a requeued job runs on.
+    """
+
+    def __init__(self, step: int, signal: str, rank: int | None = 0, restart: int | None = None) -> None:
+        self.step, self.signal, self.rank, self.restart = step, signal, rank, restart
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self.step or self.rank not in (None, trainer.global_rank):
+            return
+        if self.restart is None or int(os.environ.get("SLURM_RESTART_COUNT", "0")) == self.restart:
+            os.kill(os.getpid(), getattr(signal, self.signal))

@@ -100,7 +100,7 @@ BAD_INPUTS = [
 
 
 class SigtermAtFirstBatch(L.Callback):
-    """Sends SIGTERM to its own process as the first training batch starts: before any checkpoint exists."""
+    """Sends SIGTERM to its own process as the first training batch starts: before any epoch-end checkpoint."""
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0 and batch_idx == 0:

@@ -6,7 +6,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets
 
 from project.data import MNISTDataModule, ToyDataModule
-from project.data.in_memory import EpochShuffleSampler
+from project.data.training_order import EpochShuffleSampler
 from project.errors import UserError
 from tests.helpers import check_ok, run_module
 from tests.idx_files import write_idx_dataset
@@ -92,6 +92,22 @@ def test_epoch_order_depends_on_seed_and_epoch_only():
     distributed = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=7)
     distributed.set_epoch(1)
     assert list(distributed) == list(sampler), "one process sees the global order of DistributedSampler"
+
+
+@pytest.mark.parametrize(("replicas", "rank"), [(1, 0), (2, 1)])
+def test_a_resumed_epoch_starts_after_the_samples_done_and_later_epochs_are_whole(replicas: int, rank: int):
+    dataset = list(range(11))
+    whole = EpochShuffleSampler(dataset, seed=7, num_replicas=replicas, rank=rank)
+    whole.set_epoch(3)
+    epoch_three = list(whole)
+    resumed = EpochShuffleSampler(dataset, seed=7, num_replicas=replicas, rank=rank)
+    resumed.start_part_way(3, samples_done=4)
+    resumed.set_epoch(3)  # Lightning and the reference loop set the epoch again as it starts
+    assert list(resumed) == epoch_three[4:]
+    assert len(resumed) == len(epoch_three), "the length stays the whole share's"
+    resumed.set_epoch(4)
+    whole.set_epoch(4)
+    assert list(resumed) == list(whole)
 
 
 def test_missing_files_offline_names_directory_and_files(tmp_path: Path):

@@ -249,24 +249,33 @@ def test_sigterm_stops_the_run_with_143_naming_the_checkpoint_to_resume_from(tmp
         status = end_of(proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
     line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM, only_line=False)
-    epoch = re.match(r"error: stopped by SIGTERM in epoch (\d+): resume from its last finished epoch ", line)
-    assert epoch, line
+    stop = re.match(r"error: stopped by SIGTERM in epoch \d+: resume from its last checkpoint \(step (\d+)\) ", line)
+    assert stop, line
     last = run_dir.resolve() / "checkpoints" / "last.ckpt"
     assert resume_from(line) == last
-    assert torch.load(last, weights_only=False)["epoch"] == int(epoch.group(1)) - 1
+    assert torch.load(last, weights_only=False)["global_step"] == int(stop.group(1)), "written at the step it stopped"
     assert not (run_dir / "results.json").exists()
     assert_nothing_half_written(tmp_path)
     assert not any(alive(pid) for pid in everyone)
     assert_no_process_left(tmp_path)
 
 
-def test_sigterm_before_the_first_checkpoint_says_to_run_again(tmp_path: Path):
-    """With no checkpoint to resume from, the line must not name one."""
+@pytest.mark.parametrize(
+    ("callbacks", "expected"),
+    [
+        # The first step is written as SIGTERM stops the run after it.
+        ("callbacks=default", "resume from its last checkpoint (step 1) with the same command plus ckpt_path="),
+        # Without checkpoints there is nothing to resume from, and the line must not name a file.
+        ("callbacks=none", "it had written no checkpoint yet: run it again"),
+    ],
+)
+def test_sigterm_at_the_first_step_names_what_to_resume_from(tmp_path: Path, callbacks: str, expected: str):
     run_dir = tmp_path / "run"
     faulty = "+callbacks.sigterm._target_=tests.fault_cases.SigtermAtFirstBatch"
     result = run_module(
         "project.train",
         "logger=none",
+        callbacks,
         faulty,
         f"hydra.run.dir={run_dir}",
         cwd=tmp_path,
@@ -274,8 +283,11 @@ def test_sigterm_before_the_first_checkpoint_says_to_run_again(tmp_path: Path):
         env={**ENV, "PYTHONPATH": str(REPO)},
     )
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, STOPPED_BY_SIGTERM)
-    assert line == "error: stopped by SIGTERM in epoch 0: it had written no checkpoint yet: run it again"
-    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+    assert line.startswith(f"error: stopped by SIGTERM in epoch 0: {expected}"), line
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert last.exists() == (callbacks == "callbacks=default")
+    if last.exists():
+        assert resume_from(line) == last.resolve() and torch.load(last, weights_only=True)["global_step"] == 1
     assert_no_process_left(tmp_path)
 
 
@@ -291,7 +303,7 @@ def test_ctrl_c_stops_the_run_with_130_naming_the_checkpoint_to_resume_from(tmp_
         status = end_of(proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
     line = assert_ends_in_error_line(status, stdout, stderr, INTERRUPTED, only_line=False)
-    assert line.startswith("error: interrupted by the user (Ctrl-C): resume from its last finished epoch "), line
+    assert line.startswith("error: interrupted by the user (Ctrl-C): resume from its last checkpoint (step "), line
     assert resume_from(line) == run_dir.resolve() / "checkpoints" / "last.ckpt"
     assert_nothing_half_written(tmp_path)
     assert not any(alive(pid) for pid in everyone)

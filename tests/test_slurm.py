@@ -255,7 +255,11 @@ def test_submitit_sweep_runs_each_point_as_a_slurm_job_and_summarises_them(
 def test_requeued_job_resumes_in_its_run_dir_and_equals_an_uninterrupted_run(
     tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str]
 ):
-    """Requeued twice: by the time-limit warning (SIGUSR1 to the batch script) and by `scontrol requeue`."""
+    """Requeued twice: by the time-limit warning (SIGUSR1 to the batch script) and by `scontrol requeue`.
+
+    Each requeue ends the tasks with SIGTERM: they write last.ckpt at the step they stop after, and the requeued job
+    resumes from exactly there.
+    """
     epochs, batch = 16, 5  # 35 steps per rank and epoch: still training long after the first last.ckpt
     overrides = small_mnist(mnist_root, f"data.batch_size={batch}", f"trainer.max_epochs={epochs}", "logger=none")
     (tmp_path / "uninterrupted").mkdir()
@@ -279,13 +283,15 @@ def test_requeued_job_resumes_in_its_run_dir_and_equals_an_uninterrupted_run(
     assert f"job {job_id} (restart 2)" in job_log(log) and "time limit near: requeueing" in job_log(log)
     assert run_dirs(tmp_path / "job") == [run_dir.name], "the requeued job found its run dir again"
     history = histories(run_dir)[0]
-    resumed_at = history["first_epoch"]
-    assert 2 <= resumed_at < epochs, "the last attempt resumed from the second attempt's checkpoint"
+    # Each requeue's SIGTERM stopped the tasks after one same step, which they wrote to last.ckpt (mid-epoch).
+    stops = re.findall(r"stopped by SIGTERM in epoch \d+: resume from its last checkpoint \(step (\d+)\)", job_log(log))
+    assert len(stops) >= 2, "the stopped attempts say where they stopped"
+    resumed_at = history["first_step"]
+    assert resumed_at == int(stops[-1]), "the last attempt resumed from the step the second attempt stopped after"
     assert read_json(run_dir / "results.json")["epochs"] == epochs
 
     expected_dir = tmp_path / "uninterrupted" / "outputs" / "slurm-4242.0"
-    steps_per_epoch = TRAIN_IMAGES // 2 // batch
-    resumed_steps = histories(expected_dir)[0]["step_losses"][resumed_at * steps_per_epoch :]
+    resumed_steps = histories(expected_dir)[0]["step_losses"][resumed_at:]
     loss_diff = max_loss_difference(history["step_losses"], resumed_steps)
     weight_diff = max_weight_difference(lightning_weights(run_dir), lightning_weights(expected_dir))
     print(f"\nrequeued twice vs uninterrupted: max |step loss diff| {loss_diff:.2e}, |weight diff| {weight_diff:.2e}")

@@ -7,14 +7,15 @@ fetch a whole batch with one tensor index instead, while samplers stay standard:
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import lightning as L
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
+from project.data.training_order import EpochShuffleSampler, TrainingPosition, labels_checksum
 from project.errors import UserError
 
 
@@ -68,30 +69,6 @@ class InMemoryDataset(Dataset):
         return inputs if self.normalise is None else self.normalise(inputs)
 
 
-class EpochShuffleSampler(RandomSampler):
-    """A fresh random order each epoch, drawn from `seed + epoch` alone, exactly as `DistributedSampler` draws it.
-
-    A plain `RandomSampler` draws from one generator that advances whenever an iterator is exhausted, so a loop
-    that stops after the last batch (Lightning) and one that runs into `StopIteration` (a `for` loop) would see
-    different orders from the second epoch on. Here the order depends on the epoch number only: both paths agree,
-    a resumed run sees the order it would have seen, and one process sees the same global order as the ranks of
-    a `DistributedSampler` with the same seed. Lightning (and the reference loop) call `set_epoch`; under DDP,
-    Lightning replaces it, being a `RandomSampler`, by a `DistributedSampler` seeded with the same `seed`.
-    """
-
-    def __init__(self, data_source: Dataset, seed: int) -> None:
-        super().__init__(data_source)
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
-
-
 def keep_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """The loader's collate function: `__getitems__` already returns a collated batch."""
     return batch
@@ -101,8 +78,9 @@ class InMemoryDataModule(L.LightningDataModule):
     """Serves `train_set`, `val_set` and `test_set` (set by a subclass's `setup`) in batches.
 
     The training order comes from `seed` and the epoch (`EpochShuffleSampler`), not from the global RNG, so the
-    Lightning path and the reference path see the same batches whatever else consumed random numbers. Validation
-    and test count every sample exactly once under every strategy (`evaluation_loader`).
+    Lightning path and the reference path see the same batches whatever else consumed random numbers. Where training
+    stands in it is saved in every checkpoint (`state_dict`), so a mid-epoch checkpoint resumes at the next batch.
+    Validation and test count every sample exactly once under every strategy (`evaluation_loader`).
     """
 
     train_set: InMemoryDataset
@@ -119,6 +97,8 @@ class InMemoryDataModule(L.LightningDataModule):
         self.seed = seed
         self.drop_last = drop_last
         self.predict_split = "test"
+        # Where a resumed checkpoint left the training order (`load_state_dict`); None: from the start.
+        self.resume_at: TrainingPosition | None = None
 
     def loader(self, dataset: InMemoryDataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
         """A loader over `dataset`; `train` drops the last partial batch when configured to (`data.drop_last`)."""
@@ -130,9 +110,17 @@ class InMemoryDataModule(L.LightningDataModule):
             collate_fn=keep_batch,
         )
 
+    def processes(self) -> tuple[int, int]:
+        """(processes sharing each epoch, this one's rank): (1, 0) alone, under `dp` and on the reference path."""
+        share = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        return (share["num_replicas"], share["rank"]) if share else (1, 0)
+
     def train_dataloader(self) -> DataLoader:
-        """Training batches in the seeded order; refused when `drop_last` would leave no batch at all."""
-        processes = self.trainer.world_size if self.trainer is not None else 1
+        """This process's training batches in the seeded order, from where a resumed checkpoint left it.
+
+        Refused when `drop_last` would leave no batch at all.
+        """
+        processes, rank = self.processes()
         samples = -(-len(self.train_set) // processes)  # each process's share, as DistributedSampler pads it
         if self.drop_last and samples < self.batch_size:
             raise UserError(
@@ -140,7 +128,41 @@ class InMemoryDataModule(L.LightningDataModule):
                 f"{processes} process(es) gets, and data.drop_last=true drops that incomplete batch, so no training "
                 f"step would run: use data.batch_size <= {samples} (or data.drop_last=false)"
             )
-        return self.loader(self.train_set, EpochShuffleSampler(self.train_set, self.seed), train=True)
+        sampler = EpochShuffleSampler(self.train_set, self.seed, processes, rank)
+        if self.resume_at is not None:
+            sampler.start_part_way(self.resume_at.epoch, self.resume_at.batches_done * self.batch_size)
+        return self.loader(self.train_set, sampler, train=True)
+
+    def position(self, epoch: int, batches_done: int, processes: int) -> TrainingPosition:
+        """`batches_done` batches of epoch `epoch` trained by each of `processes` processes, in this data's order."""
+        return TrainingPosition(
+            epoch,
+            batches_done,
+            self.batch_size,
+            processes,
+            self.seed,
+            len(self.train_set),
+            labels_checksum(self.train_set.targets),
+        )
+
+    def state_dict(self) -> dict:
+        """Where training stands in its order, which Lightning saves in every checkpoint it writes while fitting.
+
+        Lightning's count of batches trained in this epoch, not the loader's: it fetches one batch ahead.
+        """
+        trainer = self.trainer
+        if trainer is None or not hasattr(self, "train_set"):
+            return {}
+        epoch, done = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if done >= trainer.num_training_batches:  # the epoch is over: the next one starts from its beginning
+            epoch, done = epoch + 1, 0
+        return asdict(self.position(epoch, done, self.processes()[0]))
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the training order at the checkpoint's position; a mid-epoch one must mean the same samples."""
+        saved = TrainingPosition(**state)
+        saved.check_resumable_as(self.position(saved.epoch, saved.batches_done, self.processes()[0]))
+        self.resume_at = saved
 
     def evaluation_loader(self, dataset: InMemoryDataset, name: str) -> DataLoader:
         """A loader over all of `dataset`, or over this process's share when a multi-process Trainer runs it.

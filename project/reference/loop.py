@@ -1,11 +1,17 @@
 """The training loop the four reference scripts share: build, train, evaluate, write the run's outputs.
 
 It mirrors Lightning's defaults step by step (seed, then data, then network; forward, zero grad, backward, step,
-schedule step; validation after every epoch) so that the two paths give the same numbers.
+schedule step; validation after every epoch) so that the two paths give the same numbers. Like the Lightning path it
+writes `checkpoints/last.pt` at every epoch's end, every `mid_epoch_checkpoint.every_n_steps` steps and/or
+`every_n_minutes`, and when SIGTERM stops it; `ckpt_path=<that file>` resumes exactly where it stood, because the
+training order's position is saved with the weights (`_save_checkpoint`).
 """
 
 import math
+import os
+import signal
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -17,6 +23,8 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
 from project.data import InMemoryDataModule
+from project.data.training_order import TrainingPosition
+from project.errors import RunStopped, UserError
 from project.metrics import ClassificationTotals
 from project.runs.history import TrainingHistory
 from project.runs.results import format_results_table, save_results
@@ -52,19 +60,34 @@ def build(
     return datamodule, network, optimizer, scheduler
 
 
+def world_size() -> int:
+    """The processes training together: 1 unless a process group is up (DDP)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def steps_per_epoch(datamodule: InMemoryDataModule) -> int:
     """This process's optimizer steps per epoch, counted as Lightning counts them for `total_steps`: batches of its
     `DistributedSampler` share of the training set (all of it in one process)."""
-    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    samples = math.ceil(len(datamodule.train_set) / world_size)
+    samples = math.ceil(len(datamodule.train_set) / world_size())
     return samples // datamodule.batch_size if datamodule.drop_last else math.ceil(samples / datamodule.batch_size)
+
+
+@dataclass
+class Checkpointing:
+    """Where the loop writes its checkpoint and how often inside an epoch (conf/train.yaml's mid_epoch_checkpoint)."""
+
+    path: Path
+    datamodule: InMemoryDataModule  # states the training order's position
+    every_n_steps: int | None = None
+    every_n_minutes: float | None = None
 
 
 class Trainer:
     """Trains `model` (the network, or a DataParallel/DDP wrapper of it) and evaluates it.
 
     The epoch's loss and accuracy are counted with the Lightning path's metric (`ClassificationTotals`); under
-    DDP its `compute()` sums them over all processes, so they cover all of the data on every rank.
+    DDP its `compute()` sums them over all processes, so they cover all of the data on every rank. With
+    `checkpointing` set, it writes checkpoints as the module docstring says.
     """
 
     def __init__(
@@ -82,6 +105,11 @@ class Trainer:
         self.history = history
         self.train_totals = ClassificationTotals().to(device)
         self.epoch_metrics: list[dict[str, float]] = []
+        self.checkpointing: Checkpointing | None = None
+        # Where training stands: batches of `epoch` done, optimizer steps in all.
+        self.epoch, self.batches_done, self.global_step = 0, 0, 0
+        self.sigterm = False  # set by the SIGTERM handler; the loop stops after the step it is in
+        self._last_write = time.monotonic()
 
     def _run_batch(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         logits = self.model(inputs)
@@ -101,22 +129,102 @@ class Trainer:
             logits, loss = self._run_batch(inputs, labels)
             losses.append(loss)
             self.train_totals.update(logits, labels, loss)
+            self.batches_done += 1
+            self.global_step += 1
+            if self.checkpointing is not None and self.batches_done < len(loader):  # the epoch's end writes anyway
+                self._checkpoint_if_due()
         self.history.end_epoch(losses, samples=int(self.train_totals.count))  # this process's samples
         metrics = {f"train/{name}": value.item() for name, value in self.train_totals.compute().items()}
         self.train_totals.reset()
         return metrics
 
     def fit(self, train_loader: DataLoader, val_loader: DataLoader | None, epochs: int) -> None:
-        """Train `epochs` epochs, validating after each one when `val_loader` is given (rank 0 only in DDP)."""
+        """Train up to epoch `epochs`, validating after each one when `val_loader` is given (rank 0 only in DDP)."""
         start = time.perf_counter()
-        for epoch in range(epochs):
+        if self.checkpointing is not None:
+            signal.signal(signal.SIGTERM, self._note_sigterm)
+        for epoch in range(self.epoch, epochs):
             if hasattr(train_loader.sampler, "set_epoch"):
                 train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            if self.batches_done:  # resumed inside this epoch: on from the next batch of its order
+                train_loader.sampler.start_part_way(epoch, self.batches_done * train_loader.batch_size)
             metrics = self._run_epoch(train_loader)
             if val_loader is not None:
                 metrics |= self.evaluate(val_loader, "val")
             self.epoch_metrics.append(metrics)
+            self.epoch, self.batches_done = epoch + 1, 0
+            if self.checkpointing is not None:
+                self._save_checkpoint()
         self.history.fit_seconds = time.perf_counter() - start
+
+    def _note_sigterm(self, signum: int, frame: object) -> None:
+        self.sigterm = True  # only noted here: the loop checkpoints and stops between steps
+
+    def _checkpoint_if_due(self) -> None:
+        """Write the checkpoint every N steps / M minutes, and on SIGTERM write it and stop; all ranks agree."""
+        every_n_steps, every_n_minutes = self.checkpointing.every_n_steps, self.checkpointing.every_n_minutes
+        by_steps = every_n_steps is not None and self.global_step % every_n_steps == 0
+        by_time = every_n_minutes is not None and time.monotonic() - self._last_write >= 60 * every_n_minutes
+        flags = torch.tensor([self.sigterm, by_steps, by_time], dtype=torch.int32, device=self.device)
+        if world_size() > 1:  # a signal on any rank stops them all; rank 0's clock decides the time
+            if dist.get_rank() != 0:
+                flags[2] = 0
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop, *due = flags.tolist()
+        if stop or any(due):
+            self._save_checkpoint()
+        if stop:
+            raise RunStopped(
+                f"stopped by SIGTERM in epoch {self.epoch}: resume from its last checkpoint (step {self.global_step}) "
+                f"with the same command plus ckpt_path={self.checkpointing.path.resolve()}",
+                128 + signal.SIGTERM,
+            )
+
+    def _save_checkpoint(self) -> None:
+        """Weights, optimizer, schedule and the training order's position: all a resumed run needs to go on exactly.
+
+        Rank 0 writes (the ranks hold the same weights) to a temporary file and renames it: a kill mid-write keeps the
+        previous one.
+        """
+        self._last_write = time.monotonic()
+        if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+            return
+        position = self.checkpointing.datamodule.position(self.epoch, self.batches_done, world_size())
+        state = {
+            "network": getattr(self.model, "module", self.model).state_dict(),  # without DDP's `module.`
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "global_step": self.global_step,
+            "position": asdict(position),
+        }
+        path = self.checkpointing.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        torch.save(state, partial)
+        os.replace(partial, path)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Go on from a checkpoint of `_save_checkpoint`, refused in one line if this run's order differs."""
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=True)
+            saved = TrainingPosition(**state["position"])
+        except Exception:  # a missing, damaged or foreign file: torch and the dataclass raise many types
+            raise UserError(
+                f"ckpt_path={path} is not a checkpoint of the reference loop (its runs write checkpoints/last.pt)"
+            ) from None
+        saved.check_resumable_as(self.checkpointing.datamodule.position(saved.epoch, saved.batches_done, world_size()))
+        stored_steps = (state["scheduler"] or {}).get("total_steps")
+        if self.scheduler is not None and stored_steps not in (None, getattr(self.scheduler, "total_steps", None)):
+            raise UserError(  # as the Lightning path refuses it (ClassifierModule.configure_optimizers)
+                f"ckpt_path: the checkpoint's learning-rate schedule spans {stored_steps} steps, this run's would "
+                f"span {self.scheduler.total_steps}; resume with its own trainer.max_epochs, or start afresh"
+            )
+        getattr(self.model, "module", self.model).load_state_dict(state["network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.batches_done, self.global_step = saved.epoch, saved.batches_done, state["global_step"]
+        self.history.first_epoch, self.history.first_step = saved.epoch, self.global_step
 
     @torch.no_grad()
     def evaluate(self, loader: DataLoader, stage: str) -> dict[str, float]:
@@ -138,7 +246,13 @@ def fit_and_report(
     train_loader: DataLoader,
     is_main: bool = True,
 ) -> None:
-    """Train; every process saves its history; the main one alone validates, tests and writes the run's outputs."""
+    """Train (on from `ckpt_path`, if given); every process saves its history; the main one alone validates, tests
+    and writes the run's outputs."""
+    every = cfg.mid_epoch_checkpoint
+    checkpoint = Path(cfg.run_dir) / "checkpoints" / "last.pt"
+    trainer.checkpointing = Checkpointing(checkpoint, datamodule, every.every_n_steps, every.every_n_minutes)
+    if cfg.ckpt_path is not None:
+        trainer.load_checkpoint(cfg.ckpt_path)
     trainer.fit(train_loader, datamodule.val_dataloader() if is_main else None, cfg.trainer.max_epochs)
     trainer.history.save(cfg.run_dir)
     if is_main:

@@ -22,6 +22,7 @@ class TrainingHistory:
     rank: int = 0
     world_size: int = 1
     first_epoch: int = 0  # > 0 when training resumed from a checkpoint
+    first_step: int = 0  # the optimizer steps before the first of `step_losses` (a resumed run's checkpoint's)
     step_losses: list[float] = field(default_factory=list)
     epoch_losses: list[float] = field(default_factory=list)
     epoch_samples: list[int] = field(default_factory=list)
@@ -66,8 +67,10 @@ class HistoryCallback(L.Callback):
         self._start: float | None = None  # None until training starts: a finished run resumed never does
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After a checkpoint was restored, so current_epoch is where training resumes.
-        self.history = TrainingHistory(trainer.global_rank, trainer.world_size, first_epoch=trainer.current_epoch)
+        # After a checkpoint was restored, so current_epoch and global_step are where training resumes.
+        self.history = TrainingHistory(
+            trainer.global_rank, trainer.world_size, first_epoch=trainer.current_epoch, first_step=trainer.global_step
+        )
         self._start = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

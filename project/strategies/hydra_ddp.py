@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning as L
+import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
@@ -191,12 +192,16 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
 
 
 class HydraDDPStrategy(DDPStrategy):
-    """Lightning's DDP with `HydraJobLauncher` for the processes it starts itself.
+    """Lightning's DDP with `HydraJobLauncher` for the processes it starts itself, and SIGTERM that stops every rank at
+    one same step.
 
     Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
     MASTER_ADDR) end with one line saying so, instead of torch's store error; ranks that met but composed
     different configs end in one line too.
     """
+
+    # Set by the SIGTERM handler (`_note_sigterm_without_collectives`); kept through fit and test.
+    sigterm_pending = False
 
     def setup_environment(self) -> None:
         self._note_sigterm_without_collectives()
@@ -218,20 +223,37 @@ class HydraDDPStrategy(DDPStrategy):
             self._launcher = HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     def _note_sigterm_without_collectives(self) -> None:
-        """On SIGTERM, only forward it to the children and note it; the ranks then stop together.
+        """On SIGTERM, only forward it to the children and note it; the ranks then agree, and stop at one same point.
 
         Lightning's own SIGTERM handler broadcasts to the other ranks from inside the signal handler, which can run
         on top of another collective (a metric's sync) while the other ranks are elsewhere: the run then hangs until
-        the process group's timeout. Lightning's training loop already broadcasts rank 0's note after every step,
-        where all ranks are in step, and every rank stops there. (The handler is replaced on the Trainer's private
-        signal connector before the Trainer registers it; see the `lightning<2.7` pin.)
+        the process group's timeout. And Lightning's loops stop wherever a rank sees its flag (after a step, after an
+        epoch, in validation), so ranks signalled a moment apart stop at different points, and the SIGTERM checkpoint
+        (`project.runs.mid_epoch_checkpoint`), which all ranks write together, would hang too. So the handler only
+        notes the signal (`sigterm_pending`); the ranks agree on it at the start of every training batch
+        (`on_train_batch_start`), and Lightning's flag is set there, on every rank at once: all stop after that
+        batch. Between fit and test, and after test, `project.job.stop_if_signalled` asks once more. (The handler
+        is replaced on the Trainer's private signal connector before the Trainer registers it; see the
+        `lightning<2.7` pin.)
         """
         connector = self.lightning_module.trainer._signal_connector
 
         def note_sigterm(signum: int, frame: object) -> None:
             log.info(f"[rank: {self.global_rank}] Received SIGTERM: stopping after this step")
-            if not connector.received_sigterm and self.launcher is not None:
+            if not self.sigterm_pending and self.launcher is not None:
                 self.launcher.kill(signum)
-            connector.received_sigterm = True
+            self.sigterm_pending = True
 
         connector._sigterm_notifier_fn = note_sigterm
+
+    def sigterm_on_any_rank(self) -> bool:
+        """Whether SIGTERM reached any rank: one small all-reduce, which every rank must call at the same point."""
+        pending = torch.tensor([int(self.sigterm_pending)], device=self.root_device)
+        dist.all_reduce(pending, op=dist.ReduceOp.MAX)
+        return bool(pending.item())
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Every rank stops after this batch if SIGTERM reached any of them."""
+        super().on_train_batch_start(batch, batch_idx)
+        if self.sigterm_on_any_rank():
+            self.lightning_module.trainer._signal_connector.received_sigterm = True

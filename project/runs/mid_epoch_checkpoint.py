@@ -1,0 +1,69 @@
+"""`last.ckpt` written inside an epoch too, so a preempted or killed run loses minutes, not an epoch.
+
+`conf/callbacks/default.yaml`'s `last_checkpoint` writes `last.ckpt` at every epoch's end; this callback writes the
+same file between those: every `every_n_steps` optimizer steps and/or every `every_n_minutes` (the keys
+`mid_epoch_checkpoint.*` of conf/train.yaml; off for the toy, on in `experiment=mnist_slurm`), and once when SIGTERM
+stops the run (Slurm's time limit and preemption, Kubernetes, `timeout`), whatever the keys say.
+
+The SIGTERM checkpoint is written after the signal, never inside its handler: Lightning's handler only notes it (see
+`project.strategies.hydra_ddp` for DDP), every rank stops after the same step, and Lightning then calls
+`on_exception` on every rank together, which is where this writes. The file is renamed into place
+(`AtomicCheckpointIO`), so a kill during the write keeps the previous one. The data module's `state_dict` puts the
+training order's position into every checkpoint, so a resumed run trains exactly the batches it would have trained.
+"""
+
+import time
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from project.errors import UserError
+
+
+class MidEpochCheckpoint(L.Callback):
+    """Writes `<dirpath>/last.ckpt` every `every_n_steps` steps, every `every_n_minutes`, and when SIGTERM stops it."""
+
+    def __init__(self, dirpath: str, every_n_steps: int | None = None, every_n_minutes: float | None = None) -> None:
+        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+            raise UserError(
+                f"mid_epoch_checkpoint.every_n_steps must be a positive integer or null, not {every_n_steps}"
+            )
+        if every_n_minutes is not None and not (isinstance(every_n_minutes, (int, float)) and every_n_minutes > 0):
+            raise UserError(
+                f"mid_epoch_checkpoint.every_n_minutes must be a positive number or null, not {every_n_minutes}"
+            )
+        self.path = Path(dirpath) / "last.ckpt"
+        self.every_n_steps = every_n_steps
+        self.every_n_minutes = every_n_minutes
+        self._last_write = time.monotonic()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_write = time.monotonic()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batches_done(trainer) >= trainer.num_training_batches:
+            return  # the epoch-end last.ckpt follows at once
+        by_steps = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
+        by_time = False
+        if self.every_n_minutes is not None:
+            # Rank 0's clock decides for every rank: clocks that disagreed would leave ranks waiting for each other.
+            by_time = trainer.strategy.broadcast(time.monotonic() - self._last_write >= 60 * self.every_n_minutes)
+        if by_steps or by_time:
+            self._write(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """On SIGTERM in the middle of an epoch's training, write the step just finished (every rank is here)."""
+        # At an epoch's end last.ckpt is that end's already.
+        stopped_mid_epoch = 0 < batches_done(trainer) < trainer.num_training_batches
+        if isinstance(exception, SIGTERMException) and trainer.training and stopped_mid_epoch:
+            self._write(trainer)
+
+    def _write(self, trainer: L.Trainer) -> None:
+        trainer.save_checkpoint(self.path)
+        self._last_write = time.monotonic()
+
+
+def batches_done(trainer: L.Trainer) -> int:
+    """Batches of the current epoch trained so far (their optimizer step included)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed

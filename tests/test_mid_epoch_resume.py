@@ -1,0 +1,196 @@
+"""Mid-epoch checkpoints: a run killed (SIGKILL) or stopped (SIGTERM) inside an epoch resumes to exactly the per-step
+losses and weights of a run never stopped, alone and under DDP, on both paths; a mid-epoch checkpoint is refused in
+one line by a run whose training order would differ.
+
+The MNIST recipe (with its one-cycle schedule, stepped every step) on the small test files: 350 training images in
+batches of 25, 14 steps per epoch alone and 7 per rank under DDP(2), 3 epochs. The stops land in the second epoch.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import REPO, check_ok, histories, mnist_overrides, read_json, run_module
+
+pytestmark = pytest.mark.slow
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # one thread per rank; lets a run import tests.crash_callback
+DDP = ("trainer=ddp", "trainer.devices=2")
+STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
+
+
+def recipe(mnist_root: Path, processes: int, *extra: str) -> list[str]:
+    return mnist_overrides(
+        mnist_root, "data.batch_size=25", "trainer.max_epochs=3", *(DDP if processes == 2 else ()), *extra
+    )
+
+
+def signal_at(step: int, name: str) -> list[str]:
+    """Rank 0 signals itself once optimizer step `step` has finished (tests/crash_callback.py)."""
+    return [
+        "+callbacks.crash._target_=tests.crash_callback.SignalAtStep",
+        f"+callbacks.crash.step={step}",
+        f"+callbacks.crash.signal={name}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> dict[int, Path]:
+    """The run dirs of the recipe trained without a stop, by 1 and by 2 processes."""
+    runs = {}
+    for processes in (1, 2):
+        run_dir = tmp_path_factory.mktemp(f"uninterrupted-{processes}") / "run"
+        args = recipe(mnist_root, processes, f"hydra.run.dir={run_dir}")
+        check_ok(run_module("project.train", *args, cwd=run_dir.parent, env=ENV))
+        runs[processes] = run_dir
+    return runs
+
+
+def network_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    return {name: tensor for name, tensor in state.items() if name.startswith("network.")}
+
+
+def assert_resumed_exactly(resumed: Path, whole: Path, first_step: int) -> None:
+    """Every rank's losses after `first_step`, and the final weights, bitwise those of the run never stopped."""
+    for again, once in zip(histories(resumed), histories(whole), strict=True):
+        assert again["first_step"] == first_step
+        assert again["step_losses"] == once["step_losses"][first_step:], "the resumed run trained other batches"
+    expected = network_weights(whole / "checkpoints" / "last.ckpt")
+    weights = network_weights(resumed / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items()), "weights differ"
+    assert read_json(resumed / "results.json")["epochs"] == 3
+
+
+@pytest.mark.parametrize(
+    ("processes", "sent", "every_n_steps", "signalled_after", "resumes_at"),
+    [
+        # SIGKILL leaves the periodic checkpoint before it: step 20 (epoch 1, batch 6 of 14).
+        (1, "SIGKILL", 4, 22, 20),
+        # SIGTERM writes the step it stopped after, with no periodic checkpoints at all.
+        (1, "SIGTERM", None, 22, 22),
+        (2, "SIGKILL", 3, 11, 9),
+        # Under DDP the ranks agree on the signal at the next step's start and all stop after that step.
+        (2, "SIGTERM", None, 10, 11),
+    ],
+)
+def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_never_stopped(
+    tmp_path: Path,
+    mnist_root: Path,
+    uninterrupted: dict[int, Path],
+    processes: int,
+    sent: str,
+    every_n_steps: int | None,
+    signalled_after: int,
+    resumes_at: int,
+):
+    every = [f"mid_epoch_checkpoint.every_n_steps={every_n_steps}"] if every_n_steps else []
+    stopped_dir, resumed_dir = tmp_path / "stopped", tmp_path / "resumed"
+    args = recipe(mnist_root, processes, *every)
+    stopped = run_module(
+        "project.train", *args, *signal_at(signalled_after, sent), f"hydra.run.dir={stopped_dir}", cwd=tmp_path, env=ENV
+    )
+    last = stopped_dir / "checkpoints" / "last.ckpt"
+    if sent == "SIGKILL":
+        assert stopped.returncode == -signal.SIGKILL, stopped.stderr[-2000:]
+    else:
+        assert stopped.returncode == STOPPED_BY_SIGTERM, stopped.stderr[-2000:]
+        line = [text for text in stopped.stderr.splitlines() if text.startswith("error:")][-1]
+        assert line == (
+            f"error: stopped by SIGTERM in epoch 1: resume from its last checkpoint (step {resumes_at}) with the "
+            f"same command plus ckpt_path={last.resolve()}"
+        )
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+    steps_per_epoch = 14 // processes
+    assert checkpoint["global_step"] == resumes_at
+    position = checkpoint["MNISTDataModule"]
+    assert (position["epoch"], position["batches_done"]) == (1, resumes_at - steps_per_epoch)
+
+    check_ok(
+        run_module("project.train", *args, f"ckpt_path={last}", f"hydra.run.dir={resumed_dir}", cwd=tmp_path, env=ENV)
+    )
+    assert_resumed_exactly(resumed_dir, uninterrupted[processes], first_step=resumes_at)
+
+
+@pytest.fixture(scope="module")
+def mid_epoch_checkpoint(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> Path:
+    """A last.ckpt written after step 22 of one process (epoch 1, batch 8 of 14) by a SIGTERM."""
+    run_dir = tmp_path_factory.mktemp("stopped") / "run"
+    args = [*recipe(mnist_root, 1), *signal_at(22, "SIGTERM"), f"hydra.run.dir={run_dir}"]
+    assert run_module("project.train", *args, cwd=run_dir.parent, env=ENV).returncode == STOPPED_BY_SIGTERM
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        (["data.batch_size=20"], "its data.batch_size 25 (this run: 20)"),
+        (list(DDP), "its processes (trainer.devices × trainer.num_nodes) 1 (this run: 2)"),
+        (["data.val_size=60"], "its training samples 350 (this run: 340)"),
+        (["seed=7"], "its seed 123 (this run: 7)"),
+    ],
+)
+def test_a_mid_epoch_checkpoint_resumed_in_another_order_is_refused_in_one_line(
+    tmp_path: Path, mnist_root: Path, mid_epoch_checkpoint: Path, changed: list[str], named: str
+):
+    before = mid_epoch_checkpoint.read_bytes()
+    args = [*recipe(mnist_root, 1), *changed, f"ckpt_path={mid_epoch_checkpoint}", f"hydra.run.dir={tmp_path / 'run'}"]
+    result = run_module("project.train", *args, cwd=tmp_path, env=ENV)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [errors[0]] * len(errors) and len(errors) in (1, 2), errors  # under DDP each rank says it once
+    assert errors[0].startswith("error: ckpt_path: the checkpoint stopped part-way through epoch 1 (after batch 8)")
+    assert named in errors[0]
+    assert mid_epoch_checkpoint.read_bytes() == before, "the checkpoint is left as it was"
+
+
+def test_the_reference_loop_stopped_mid_epoch_resumes_to_the_lightning_run_never_stopped(
+    tmp_path: Path, mnist_root: Path
+):
+    """SIGTERM from outside, as Slurm sends it, lands wherever the loop is; the resumed run must still agree."""
+    args = mnist_overrides(mnist_root, "data.batch_size=25", "trainer.max_epochs=30")
+    check_ok(run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'lightning'}", cwd=tmp_path, env=ENV))
+    stopped_dir = tmp_path / "stopped"
+    last = stopped_dir / "checkpoints" / "last.pt"
+    command = [sys.executable, "-m", "project.reference.single", *args, "mid_epoch_checkpoint.every_n_steps=5"]
+    with subprocess.Popen(
+        [*command, f"hydra.run.dir={stopped_dir}"],
+        cwd=tmp_path,
+        env={**os.environ, **ENV},
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        deadline = time.monotonic() + 120
+        while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        stderr = proc.stderr.read()
+    assert proc.returncode == STOPPED_BY_SIGTERM, stderr[-3000:]
+    assert stderr.splitlines()[-1].endswith(f"ckpt_path={last.resolve()}")
+    first_step = torch.load(last, weights_only=True)["global_step"]
+    assert 0 < first_step < 30 * 14
+
+    resumed_dir = tmp_path / "resumed"
+    check_ok(
+        run_module(
+            "project.reference.single",
+            *args,
+            f"ckpt_path={last}",
+            f"hydra.run.dir={resumed_dir}",
+            cwd=tmp_path,
+            env=ENV,
+        )
+    )
+    lightning = json.loads((tmp_path / "lightning" / "history.rank0.json").read_text())
+    resumed = json.loads((resumed_dir / "history.rank0.json").read_text())
+    assert resumed["first_step"] == first_step
+    assert resumed["step_losses"] == lightning["step_losses"][first_step:]
+    expected = network_weights(tmp_path / "lightning" / "checkpoints" / "last.ckpt")
+    weights = torch.load(resumed_dir / "checkpoints" / "model.pt", weights_only=True)
+    assert all(torch.equal(weights[name.removeprefix("network.")], tensor) for name, tensor in expected.items())
