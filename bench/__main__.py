@@ -13,7 +13,17 @@ from pathlib import Path
 
 import torch
 
-from bench import data_path, ddp_scaling, gpu, lightning_overhead, plots, report, startup, time_to_accuracy
+from bench import (
+    data_path,
+    ddp_scaling,
+    gpu,
+    lightning_overhead,
+    plots,
+    preemption,
+    report,
+    startup,
+    time_to_accuracy,
+)
 from bench.dataset import find_root, small_copy
 from bench.settings import Settings
 from project.errors import UserError
@@ -34,6 +44,7 @@ def suites(settings: Settings) -> dict[str, Callable[[Path], dict]]:
     else:
         chosen["startup"] = lambda scratch: startup.run(settings, scratch)
         chosen["ddp_scaling"] = lambda scratch: ddp_scaling.run(settings, recipe, scratch)
+        chosen["preemption"] = lambda scratch: preemption.run(settings, recipe, scratch)
     chosen["time_to_accuracy"] = lambda scratch: time_to_accuracy.run(settings, recipe, scratch)
     return chosen
 

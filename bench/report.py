@@ -86,6 +86,25 @@ def ddp_rows(ddp: dict) -> list[Row]:
     ]
 
 
+def preemption_rows(preemption: dict) -> list[Row]:
+    if "stop_seconds" not in preemption:
+        return []
+    where = (
+        f"step {preemption['stopped_after_step']}: epoch {preemption['epoch']}, batch {preemption['batches_done']} "
+        f"of {preemption['steps_per_epoch']}; last.ckpt {preemption['checkpoint_mb']:.1f} MB"
+    )
+    again = preemption["steps_trained_again_with_epoch_end_checkpoints_only"]
+    seconds = preemption["seconds_trained_again_with_epoch_end_checkpoints_only"]
+    return [
+        ("preemption: SIGTERM to exit, checkpoint written", f"{preemption['stop_seconds']:6.2f} s", where),
+        (
+            "preemption: steps the resumed run trains again",
+            f"{preemption['steps_trained_again']:6d}",
+            f"with epoch-end checkpoints only: {again} ({seconds:.1f} s)",
+        ),
+    ]
+
+
 def accuracy_rows(accuracy: dict) -> list[Row]:
     rows = []
     for key, what in (("to_85", "85 %"), ("to_88", "88 %"), ("best", "best")):
@@ -107,6 +126,7 @@ def rows(suites: dict) -> list[Row]:
         *lightning_rows(suites.get("gpu", {}), "GPU Lightning"),
         *startup_rows(suites.get("startup", {})),
         *ddp_rows(suites.get("ddp_scaling", {})),
+        *preemption_rows(suites.get("preemption", {})),
         *accuracy_rows(suites.get("time_to_accuracy", {})),
     ]
 

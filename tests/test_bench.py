@@ -29,7 +29,14 @@ def test_quick_bench_runs_every_suite_and_writes_json_and_plots(tmp_path: Path):
     stdout, record = run_quick_bench(tmp_path)
 
     suites = record["suites"]
-    assert list(suites) == ["data_path", "lightning_overhead", "startup", "ddp_scaling", "time_to_accuracy"]
+    assert list(suites) == [
+        "data_path",
+        "lightning_overhead",
+        "startup",
+        "ddp_scaling",
+        "preemption",
+        "time_to_accuracy",
+    ]
     assert not [name for name, suite in suites.items() if "error" in suite]
     assert {"compute only", "datamodule", "tensor dataset", "torchvision PIL"} == set(
         suites["data_path"]["throughput_vs_limit"]
@@ -40,10 +47,21 @@ def test_quick_bench_runs_every_suite_and_writes_json_and_plots(tmp_path: Path):
     assert suites["lightning_overhead"]["profile_ms_per_step"]
     assert {"median", "low", "high"} <= set(suites["startup"]["train_vs_imports"])
     assert set(suites["ddp_scaling"]["two_vs_one"]) == {"same global batch", "same per-rank batch"}
+    preemption = suites["preemption"]
+    assert preemption["exit_status"] == 128 + 15 and preemption["steps_trained_again"] == 0
+    assert preemption["resumed_at_step"] == preemption["stopped_after_step"]
     accuracy = suites["time_to_accuracy"]
     assert [point["epoch"] for point in accuracy["points"]] == list(range(1, accuracy["max_epochs"] + 1))
     assert {"to_85", "to_88", "best"} <= set(accuracy)
-    for row in ("datamodule / compute-only limit", "Lightning default / bare", "start-up", "DDP: 2", "accuracy"):
+    rows = (
+        "datamodule / compute-only limit",
+        "Lightning default / bare",
+        "start-up",
+        "DDP: 2",
+        "preemption",
+        "accuracy",
+    )
+    for row in rows:
         assert row in stdout
     assert_pngs(tmp_path, {"throughput.png", "loss-vs-time.png", "ddp-scaling.png"})
 
