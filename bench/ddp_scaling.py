@@ -23,7 +23,8 @@ from bench.settings import Settings
 from bench.timing import paired_ratio
 from bench.training_runs import compose_config, load_datamodule, train_step
 from project.compare import free_port
-from project.data.in_memory import EpochShuffleSampler, keep_batch
+from project.data.in_memory import keep_batch
+from project.data.training_order import EpochShuffleSampler
 
 WARMUP_STEPS = 5
 

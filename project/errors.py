@@ -62,7 +62,10 @@ def error_line(error: BaseException) -> str:
     """The one line that reports `error`: its message, whitespace folded."""
     user_error = find_user_error(error)
     if user_error is not None:
-        return "error: " + " ".join(str(user_error).split())
+        message = str(user_error)
+        if "Original Traceback" in message:  # raised in a DataLoader worker, re-raised here with its traceback
+            message = message.rstrip().rsplit(f"{type(user_error).__name__}: ", 1)[-1]
+        return "error: " + " ".join(message.split())
     return "error: " + " ".join(traceback.format_exception_only(error)[-1].split())
 
 

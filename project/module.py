@@ -55,19 +55,20 @@ class ClassifierModule(L.LightningModule):
             super().__setattr__(name, value)
 
     def on_fit_start(self) -> None:
-        """Refuse a network that does not take the data's samples, before training starts, in one line.
+        """Refuse a network that does not take the data's samples, or scores another number of classes, in one line.
 
-        One sample goes through the network in eval mode without gradients: no random numbers are drawn and no
-        statistics change, so the run's numbers stay what they would have been.
+        The first training sample goes through the network in eval mode without gradients: no random numbers are
+        drawn and no statistics change, so the run's numbers stay what they would have been.
         """
-        if self.trainer.datamodule is None:  # loaders passed to fit directly: nothing to look at in advance
+        datamodule = self.trainer.datamodule
+        if datamodule is None:  # loaders passed to fit directly: nothing to look at in advance
             return
-        inputs = next(iter(self.trainer.datamodule.train_dataloader()))[0][:1].to(self.device)
+        inputs = datamodule.train_set[0][0].unsqueeze(0).to(self.device)
         training = self.network.training
         self.network.eval()
         try:
             with torch.no_grad():
-                self.network(inputs)
+                scores = self.network(inputs).shape[-1]
         except RuntimeError as error:
             raise UserError(
                 f"model.network does not take this data's samples (shape {tuple(inputs.shape[1:])}): "
@@ -76,6 +77,12 @@ class ClassifierModule(L.LightningModule):
             ) from None
         finally:
             self.network.train(training)
+        classes = len(getattr(datamodule, "class_names", ()) or ()) or scores
+        if scores != classes:
+            raise UserError(
+                f"model.network scores {scores} classes, the data has {classes} ({', '.join(datamodule.class_names)}): "
+                f"set model.network.num_classes={classes}"
+            )
 
     def forward(self, inputs: Tensor) -> Tensor:
         return self.network(inputs)

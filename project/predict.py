@@ -8,6 +8,7 @@ is refused: Lightning returns no predictions from spawned workers). Rank 0 write
 the run dir (`project.predictions`), and prints the per-class table. Its accuracy is `evaluate`'s test/acc.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -74,7 +75,7 @@ def interleave(shares: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.T
     return probabilities, labels
 
 
-def write_outputs(predictions: Predictions, images: torch.Tensor | None, run_dir: Path) -> list[str]:
+def write_outputs(predictions: Predictions, images: Callable[[int], torch.Tensor] | None, run_dir: Path) -> list[str]:
     """The files `project.predictions` makes, in `run_dir`; their names."""
     write_csv(predictions, run_dir / "predictions.csv")
     write_per_class(predictions, run_dir / "per_class.csv")
@@ -85,10 +86,13 @@ def write_outputs(predictions: Predictions, images: torch.Tensor | None, run_dir
     return written
 
 
-def split_images(datamodule: L.LightningDataModule, split: str) -> torch.Tensor | None:
-    """The split's images in [0, 1] for drawing, or None when the data are no pixels (the toy points)."""
-    pixels = getattr(datamodule, f"{split}_set").inputs
-    return pixels.float() / 255 if pixels.dtype == torch.uint8 else None
+def split_images(datamodule: L.LightningDataModule, split: str) -> Callable[[int], torch.Tensor] | None:
+    """The split's image at an index, in [0, 1] for drawing (read when drawn: an image folder may not fit in
+    memory), or None when the data are no images (the toy points)."""
+    dataset = getattr(datamodule, f"{split}_set")
+    if dataset.image(0) is None:
+        return None
+    return lambda index: dataset.image(index).float() / 255
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="predict")

@@ -8,6 +8,7 @@
 """
 
 import csv
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,8 +104,11 @@ def plot_confusion_matrix(predictions: Predictions, path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
-def plot_confident_mistakes(predictions: Predictions, images: Tensor, path: Path) -> int:
-    """A grid of the wrong predictions made with the highest probability; how many it shows (0: no file)."""
+def plot_confident_mistakes(predictions: Predictions, images: Callable[[int], Tensor], path: Path) -> int:
+    """A grid of the wrong predictions made with the highest probability; how many it shows (0: no file).
+
+    `images(index)` is the sample's image, `[channels, height, width]` in [0, 1] (grey or RGB).
+    """
     wrong = (predictions.predicted != predictions.labels).nonzero().flatten()
     shown = wrong[predictions.confidence[wrong].argsort(descending=True)][:MISTAKES_SHOWN]
     if len(shown) == 0:
@@ -117,7 +121,7 @@ def plot_confident_mistakes(predictions: Predictions, images: Tensor, path: Path
     for axes in grid.flat:
         axes.axis("off")
     for axes, index in zip(grid.flat, shown.tolist(), strict=False):
-        axes.imshow(images[index].squeeze(0), cmap="gray")
+        axes.imshow(images(index).permute(1, 2, 0).squeeze(-1), cmap="gray")  # the colour map is for grey only
         label, predicted = names[predictions.labels[index]], names[predictions.predicted[index]]
         confidence = predictions.confidence[index].item()
         axes.set_title(f"#{index}: {label}\nas {predicted} ({confidence:.2f})", fontsize=8)

@@ -3,8 +3,8 @@
     torchrun --nproc_per_node=2 -m project.reference.ddp [overrides]
 
 Compared with `single`: join the process group (gloo on CPU, nccl on GPU), give each rank its share of every
-epoch with a `DistributedSampler` (`EpochShuffleSampler` is one that can also resume part-way through an epoch;
-reshuffled by `set_epoch`), wrap the network in DDP (which averages gradients
+epoch with a `DistributedSampler` (the data module's `EpochShuffleSampler`, one that can also resume part-way
+through an epoch; reshuffled by `set_epoch`), wrap the network in DDP (which averages gradients
 across ranks in `backward`), let rank 0 alone evaluate and write, and leave the process group at the end. (The
 epoch's loss and accuracy need no extra line: the shared metric sums them over ranks when they are computed.)
 """
@@ -15,7 +15,6 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
-from project.data.training_order import EpochShuffleSampler
 from project.errors import exit_on_user_error
 from project.reference.environment import require_environment
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
@@ -32,7 +31,7 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
     try:
         datamodule, network, optimizer, scheduler = build(cfg, device)
         model = DistributedDataParallel(network, device_ids=[local_rank] if device.type == "cuda" else None)
-        sampler = EpochShuffleSampler(datamodule.train_set, cfg.seed, world_size, rank)
+        sampler = datamodule.train_sampler_class(datamodule.train_set, cfg.seed, world_size, rank)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
         trainer = Trainer(model, optimizer, scheduler, device, TrainingHistory(rank, world_size))
         fit_and_report(cfg, trainer, datamodule, network, train_loader, is_main=rank == 0)

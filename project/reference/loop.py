@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
-from project.data import InMemoryDataModule
+from project.data import ClassificationDataModule
 from project.data.training_order import TrainingPosition
 from project.errors import RunStopped, UserError
 from project.metrics import ClassificationTotals
@@ -43,12 +43,12 @@ def pick_device(local_rank: int = 0) -> torch.device:
 
 def build(
     cfg: DictConfig, device: torch.device
-) -> tuple[InMemoryDataModule, nn.Module, torch.optim.Optimizer, Scheduler | None]:
+) -> tuple[ClassificationDataModule, nn.Module, torch.optim.Optimizer, Scheduler | None]:
     """Seed, then data, then network, optimizer and schedule: the order (and so the random numbers) of
     `project.train`. The schedule (None without `model.scheduler`) spans the run's optimizer steps, as Lightning
     sizes it."""
     torch.manual_seed(cfg.seed)
-    datamodule: InMemoryDataModule = instantiate(cfg.data)
+    datamodule: ClassificationDataModule = instantiate(cfg.data)
     datamodule.prepare_data()
     datamodule.setup("fit")
     network = instantiate(cfg.model.network).to(device)
@@ -65,7 +65,7 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def steps_per_epoch(datamodule: InMemoryDataModule) -> int:
+def steps_per_epoch(datamodule: ClassificationDataModule) -> int:
     """This process's optimizer steps per epoch, counted as Lightning counts them for `total_steps`: batches of its
     `DistributedSampler` share of the training set (all of it in one process)."""
     samples = math.ceil(len(datamodule.train_set) / world_size())
@@ -77,7 +77,7 @@ class Checkpointing:
     """Where the loop writes its checkpoint and how often inside an epoch (conf/train.yaml's mid_epoch_checkpoint)."""
 
     path: Path
-    datamodule: InMemoryDataModule  # states the training order's position
+    datamodule: ClassificationDataModule  # states the training order's position
     every_n_steps: int | None = None
     every_n_minutes: float | None = None
 
@@ -241,7 +241,7 @@ class Trainer:
 def fit_and_report(
     cfg: DictConfig,
     trainer: Trainer,
-    datamodule: InMemoryDataModule,
+    datamodule: ClassificationDataModule,
     network: nn.Module,
     train_loader: DataLoader,
     is_main: bool = True,

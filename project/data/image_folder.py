@@ -1,0 +1,191 @@
+"""Your own images: torchvision's ImageFolder layout, read from disk one sample at a time by DataLoader workers.
+
+    <root>/train/<class>/*.png|jpg|jpeg|bmp    <root>/val/<class>/...    <root>/test/<class>/...
+
+Use it when the images do not fit in memory, or need decoding and augmentation per sample; the MNIST family stays
+in memory as tensors (`project.data.mnist`), which is faster for small images that fit. Every split must have the
+same class folders; a class's label is its folder's place in sorted order, as ImageFolder numbers them.
+
+Training images are augmented (`augment`, torchvision transforms.v2, e.g. a random crop and flip), every image is
+then scaled to [0, 1] and normalised with `mean` and `std`. The random numbers of an image's augmentation come from a
+generator seeded by (`seed`, epoch, sample index), not from the worker's RNG: an image gets the same crop and flip
+whichever worker loads it, however many workers and processes there are, on both paths, and after a mid-epoch
+resume. (Lightning's `seed_everything(workers=True)` seeds each worker from the main process's RNG as an epoch's
+iterator starts, and the Lightning path and the reference loop reach that point with their RNGs in other states.)
+The training sampler hands each worker the epoch with the index (`EpochTaggedShuffleSampler`), since persistent
+workers keep their own copy of the dataset.
+
+Bad input ends in one line naming the file or folder: a split or class folder that is missing or empty, splits whose
+classes differ, an image that does not decode, or one of another size than `image_size` (resize them first).
+"""
+
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torchvision.transforms import v2
+
+from project.data.datamodule import ClassificationDataModule
+from project.data.training_order import EpochShuffleSampler
+from project.errors import UserError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+SPLITS = ("train", "val", "test")
+
+
+def normalised(image: Tensor, mean: list[float], std: list[float]) -> Tensor:
+    """uint8 pixels scaled to [0, 1], then `(x - mean) / std` per channel: transforms.v2's ToDtype and Normalize,
+    called as functions (a `v2.Compose` of the two takes twice as long per image)."""
+    return v2.functional.normalize(v2.functional.to_dtype(image, torch.float32, scale=True), mean, std)
+
+
+class EpochTaggedShuffleSampler(EpochShuffleSampler):
+    """`EpochShuffleSampler` yielding `(epoch, index)`: the dataset seeds an image's augmentation with both."""
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
+        return ((epoch, index) for index in super().__iter__())
+
+
+def class_folders(split_dir: Path) -> list[Path]:
+    """The class folders of one split, sorted; refused in one line if the split or a class holds no images."""
+    if not split_dir.is_dir():
+        raise UserError(
+            f"{split_dir}: no such split folder; data.root must hold train/, val/ and test/, each with one folder "
+            "per class (python -m project.data.example_image_folder <root> writes an example)"
+        )
+    folders = sorted(path for path in split_dir.iterdir() if path.is_dir())
+    if not folders:
+        raise UserError(f"{split_dir}: no class folders in it; put each class's images in a folder of its own")
+    for folder in folders:
+        if not any(path.suffix.lower() in IMAGE_SUFFIXES for path in folder.iterdir()):
+            raise UserError(
+                f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in this class folder; add some or remove it"
+            )
+    return folders
+
+
+class ImageFolderSplit(Dataset):
+    """One split's images and labels; an item is an index, or `(epoch, index)` for a training sample to augment."""
+
+    def __init__(
+        self,
+        folders: list[Path],
+        image_size: int,
+        channels: int,
+        normalise: Callable[[Tensor], Tensor],
+        augment: Callable[[Tensor], Tensor] | None = None,
+        seed: int = 0,
+    ) -> None:
+        samples = [
+            (path, label)
+            for label, folder in enumerate(folders)
+            for path in sorted(folder.iterdir())
+            if path.suffix.lower() in IMAGE_SUFFIXES
+        ]
+        self.files = [path for path, _ in samples]
+        self.targets = torch.tensor([label for _, label in samples])
+        self.image_size, self.mode = image_size, "L" if channels == 1 else "RGB"
+        self.normalise, self.augment, self.seed = normalise, augment, seed
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
+        epoch, index = item if isinstance(item, tuple) else (None, item)
+        image = self.read(self.files[index])
+        if self.augment is not None and epoch is not None:
+            image = self.augmented(image, epoch, index)
+        return self.normalise(image), self.targets[index]
+
+    def augmented(self, image: Tensor, epoch: int, index: int) -> Tensor:
+        """`augment(image)` drawing from the CPU generator seeded by (seed, epoch, index), then put back as it was.
+
+        The transforms draw from the global generator; only the CPU one is seeded and restored (`torch.manual_seed`
+        and `fork_rng` also visit every accelerator's, at several times the cost of the augmentation itself).
+        """
+        generator = torch.default_generator
+        state = generator.get_state()
+        generator.manual_seed(hash((self.seed, epoch, index)))
+        try:
+            return self.augment(image)
+        finally:
+            generator.set_state(state)
+
+    def image(self, index: int) -> Tensor:
+        """The stored image at `index`, uint8 `[channels, size, size]` (what `project.predict` draws)."""
+        return self.read(self.files[index])
+
+    def read(self, path: Path) -> Tensor:
+        """The image at `path` as uint8 `[channels, size, size]`, or one line saying what is wrong with it."""
+        try:
+            with Image.open(path) as opened:
+                image = v2.functional.pil_to_tensor(opened.convert(self.mode))
+        except OSError as error:  # PIL's "cannot identify image file" and a truncated file's error are OSErrors
+            raise UserError(f"{path}: not an image PIL can read ({error}); replace or remove it") from None
+        if tuple(image.shape[1:]) != (self.image_size, self.image_size):
+            raise UserError(
+                f"{path} is {image.shape[2]}×{image.shape[1]} pixels, not data.image_size={self.image_size} "
+                f"square: resize the dataset's images to {self.image_size}×{self.image_size} first"
+            )
+        return image
+
+
+class ImageFolderDataModule(ClassificationDataModule):
+    """`root`'s train/val/test splits of `channels`-channel `image_size`² images, through `num_workers` workers."""
+
+    train_sampler_class = EpochTaggedShuffleSampler
+
+    def __init__(
+        self,
+        root: str,
+        batch_size: int,
+        seed: int,
+        image_size: int,
+        mean: list[float],
+        std: list[float],
+        channels: int = 3,
+        augment: list[Callable[[Tensor], Tensor]] | None = None,
+        num_workers: int = 2,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__(batch_size, seed, drop_last)
+        if len(mean) != channels or len(std) != channels:
+            raise UserError(f"data.mean and data.std need one value per channel ({channels}), got {mean} and {std}")
+        self.root = Path(root)
+        self.image_size, self.channels, self.num_workers = image_size, channels, num_workers
+        self.normalise = partial(normalised, mean=list(mean), std=list(std))
+        self.augment = v2.Compose(list(augment)) if augment else None
+
+    def setup(self, stage: str | None = None) -> None:
+        if hasattr(self, "train_set"):
+            return
+        folders = {split: class_folders(self.root / split) for split in SPLITS}
+        names = {split: [folder.name for folder in found] for split, found in folders.items()}
+        for split in ("val", "test"):
+            if names[split] != names["train"]:
+                raise UserError(
+                    f"{self.root / split} has the classes {names[split]}, {self.root / 'train'} has {names['train']}: "
+                    "every split needs the same class folders"
+                )
+        self.class_names = tuple(names["train"])
+        common = {"image_size": self.image_size, "channels": self.channels, "normalise": self.normalise}
+        self.train_set = ImageFolderSplit(folders["train"], augment=self.augment, seed=self.seed, **common)
+        self.val_set = ImageFolderSplit(folders["val"], **common)
+        self.test_set = ImageFolderSplit(folders["test"], **common)
+
+    def loader(self, dataset: Dataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
+        """Workers read and decode the images in parallel; they stay up between epochs (`persistent_workers`)."""
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=self.drop_last and train,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )

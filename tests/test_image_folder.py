@@ -1,0 +1,221 @@
+"""`data=image_folder`: images read from disk by DataLoader workers, with augmentation seeded per image, give the same
+numbers on both paths (alone and under DDP), learn the example dataset, and refuse bad folders and files in one line.
+"""
+
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from project.data.example_image_folder import main as write_example
+from project.data.image_folder import EpochTaggedShuffleSampler, ImageFolderDataModule
+from project.errors import UserError
+from tests.helpers import REPO, check_ok, read_json, run_module
+from tests.test_mid_epoch_resume import STOPPED_BY_SIGTERM, assert_resumed_exactly, signal_at
+
+TOLERANCE = 1e-6
+PER_CLASS = 48  # the example's 4 shapes: 192 training images, 12 per class for validation and for test
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def example_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("images") / "example"
+    write_example([str(root), "--per-class", str(PER_CLASS)])
+    return root
+
+
+def image_folder(root: Path, *extra: str) -> list[str]:
+    return ["experiment=image_folder_cnn", f"data.root={root}", "data.batch_size=32", "logger=none", *extra]
+
+
+def datamodule(root: Path, num_workers: int) -> ImageFolderDataModule:
+    augment = [v2.RandomCrop(28, padding=2), v2.RandomHorizontalFlip()]
+    module = ImageFolderDataModule(
+        str(root),
+        32,
+        seed=3,
+        image_size=28,
+        mean=[0.5],
+        std=[0.5],
+        channels=1,
+        augment=augment,
+        num_workers=num_workers,
+    )
+    module.setup("fit")
+    return module
+
+
+def test_the_example_has_every_split_and_class(example_images: Path):
+    module = datamodule(example_images, num_workers=0)
+    assert module.class_names == ("across", "diagonal", "down", "ring")
+    assert (len(module.train_set), len(module.val_set), len(module.test_set)) == (4 * PER_CLASS, 4 * 12, 4 * 12)
+    assert module.train_set.targets.bincount().tolist() == [PER_CLASS] * 4
+
+
+def test_augmentation_depends_on_seed_epoch_and_index_only(example_images: Path):
+    """Whichever worker loads an image, and however many there are, it gets the same crop and flip."""
+    module = datamodule(example_images, num_workers=0)
+    sampler = EpochTaggedShuffleSampler(module.train_set, seed=3)
+    batches = {}
+    for workers in (0, 2):
+        module.num_workers = workers
+        loader = module.loader(module.train_set, sampler, train=True)
+        sampler.set_epoch(1)
+        batches[workers] = [inputs for inputs, _ in loader]
+    assert all(torch.equal(a, b) for a, b in zip(batches[0], batches[2], strict=True))
+    image_epoch_1, _ = module.train_set[(1, 5)]
+    assert torch.equal(image_epoch_1, module.train_set[(1, 5)][0])
+    differs = [not torch.equal(module.train_set[(epoch, 5)][0], image_epoch_1) for epoch in range(2, 8)]
+    assert any(differs), "another epoch draws another augmentation"
+    plain, _ = module.train_set[5]  # an index alone (validation, test): not augmented
+    assert torch.equal(plain, module.val_set.normalise(module.train_set.read(module.train_set.files[5])))
+
+
+@pytest.mark.slow
+def test_a_cnn_learns_the_example_from_its_folder(tmp_path: Path, example_images: Path):
+    run_dir = tmp_path / "run"
+    check_ok(
+        run_module("project.train", *image_folder(example_images), f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV)
+    )
+    results = read_json(run_dir / "results.json")
+    assert results["epochs"] == 5 and results["test/acc"] >= 0.9, results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [(), ("trainer=ddp", "trainer.devices=2")], ids=["single", "ddp"])
+def test_both_paths_agree_with_two_workers_and_random_augmentation(
+    tmp_path: Path, example_images: Path, strategy: tuple[str, ...]
+):
+    overrides = image_folder(example_images, "data.num_workers=2", "trainer.max_epochs=2", *strategy)
+    run_dir = tmp_path / "compare"
+    compare = run_module("project.compare", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV, timeout=900)
+    check_ok(compare)  # both paths, each with its processes and their workers: more processes than this machine's cores
+    comparison = read_json(run_dir / "comparison.json")
+    print(f"\n{strategy or 'single'}: {comparison['max_step_loss_diff']:.2e} {comparison['max_weight_diff']:.2e}")
+    assert comparison["max_step_loss_diff"] <= TOLERANCE and comparison["max_weight_diff"] <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_predict_under_ddp_lists_every_test_image_once_and_draws_the_mistakes(tmp_path: Path, example_images: Path):
+    """Images read from their files for the CSV and for the picture; the accuracy is `evaluate`'s."""
+    run_dir = tmp_path / "run"
+    overrides = image_folder(example_images, "trainer.max_epochs=1", "model.optimizer.lr=1e-5")
+    check_ok(run_module("project.train", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV))
+    checkpoint = f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
+    predicted = check_ok(
+        run_module("project.predict", checkpoint, "trainer=ddp", "trainer.devices=2", cwd=tmp_path, env=ENV)
+    )
+    (predict_dir,) = re.findall(r"^run dir: (\S+)", predicted.stdout, flags=re.MULTILINE)
+    with (Path(predict_dir) / "predictions.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    labels = datamodule(example_images, num_workers=0).test_set.targets.tolist()
+    assert [int(row["index"]) for row in rows] == list(range(len(labels)))
+    assert [int(row["label"]) for row in rows] == labels
+    accuracy = sum(row["label"] == row["predicted"] for row in rows) / len(rows)
+    evaluated = check_ok(run_module("project.evaluate", checkpoint, cwd=tmp_path, env=ENV))
+    (test_accuracy,) = re.findall(r"^test/acc\s+(\S+)$", evaluated.stdout, flags=re.MULTILINE)
+    assert accuracy == pytest.approx(float(test_accuracy), abs=1e-6) and accuracy < 1
+    picture = matplotlib.image.imread(Path(predict_dir) / "most_confident_mistakes.png")
+    assert picture.ndim == 3 and min(picture.shape[:2]) > 100
+
+
+@pytest.mark.slow
+def test_a_run_stopped_inside_an_epoch_resumes_to_the_same_augmented_batches(tmp_path: Path, example_images: Path):
+    """SIGTERM after step 9 (epoch 1, batch 3 of 6), with 2 workers: the resumed run draws the same images with the
+    same crops and flips, so its losses and final weights are bitwise those of a run never stopped."""
+    overrides = image_folder(example_images, "data.num_workers=2", "trainer.max_epochs=3")
+    env = {**ENV, "PYTHONPATH": str(REPO)}  # lets the run import tests.crash_callback
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    check_ok(run_module("project.train", *overrides, f"hydra.run.dir={whole}", cwd=tmp_path, env=env))
+    signalled = run_module(
+        "project.train", *overrides, *signal_at(9, "SIGTERM"), f"hydra.run.dir={stopped}", cwd=tmp_path, env=env
+    )
+    assert signalled.returncode == STOPPED_BY_SIGTERM, signalled.stderr[-2000:]
+    resumed = tmp_path / "resumed"
+    last = f"ckpt_path={stopped / 'checkpoints' / 'last.ckpt'}"
+    check_ok(run_module("project.train", *overrides, last, f"hydra.run.dir={resumed}", cwd=tmp_path, env=env))
+    assert_resumed_exactly(resumed, whole, first_step=9)
+
+
+def write_bad_image(root: Path, case: str) -> Path:
+    """Damage a copy of the example in one way; the file or folder the error must name."""
+    down = root / "train" / "down"
+    if case == "split missing":
+        shutil.rmtree(root / "val")
+        return root / "val"
+    if case == "class empty":
+        for path in down.iterdir():
+            path.unlink()
+        return down
+    if case == "classes differ":
+        (root / "test" / "down").rename(root / "test" / "sideways")
+        return root / "test"
+    if case == "corrupt image":
+        (down / "00003.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+        return down / "00003.png"
+    Image.new("L", (30, 30)).save(down / "00003.png")
+    return down / "00003.png"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["split missing", "class empty", "classes differ", "corrupt image", "another size"])
+def test_bad_folders_and_images_end_in_one_line_naming_them(tmp_path: Path, example_images: Path, case: str):
+    root = tmp_path / "images"
+    shutil.copytree(example_images, root)
+    named = write_bad_image(root, case)
+    result = run_module(
+        "project.train", *image_folder(root), f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=ENV
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(named) in errors[0], errors
+
+
+def test_mean_and_std_need_one_value_per_channel(example_images: Path):
+    with pytest.raises(UserError, match="one value per channel"):
+        ImageFolderDataModule(str(example_images), 32, seed=0, image_size=28, mean=[0.5], std=[0.5], channels=3)
+
+
+def test_the_loader_keeps_its_workers_between_epochs(example_images: Path):
+    module = datamodule(example_images, num_workers=2)
+    loader = module.loader(module.val_set)
+    assert isinstance(loader, DataLoader) and loader.persistent_workers and loader.num_workers == 2
+
+
+def readme_section_blocks(title: str) -> list[tuple[str, str]]:
+    """(language, text) of each fenced block under the README's `## <title>`."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```(\w+)\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+
+
+@pytest.mark.slow
+def test_the_readme_steps_add_a_network_and_train_it_under_ddp(tmp_path: Path):
+    """The README's "Add your own" blocks as written: the class and the YAML into the files their first lines name,
+    then the commands, in a fresh directory."""
+    blocks = readme_section_blocks("Add your own data and network")
+    assert [language for language, _ in blocks] == ["python", "yaml", "bash"]
+    for _, text in blocks[:2]:
+        path = tmp_path / re.match(r"# ([\w/.]+\.\w+)", text).group(1)  # the file its first line names
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this venv's, as activated
+    for command in blocks[2][1].strip().splitlines():
+        env = {**os.environ, **ENV, "PATH": path}
+        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+    [results] = list(tmp_path.glob("outputs/*/*/results.json"))
+    assert read_json(results)["world_size"] == 2
+    checkpoint = torch.load(results.parent / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["config"]["model"]["network"]["_target_"] == "my_models.TinyCNN"
