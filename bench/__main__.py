@@ -17,7 +17,9 @@ from bench import (
     data_path,
     ddp_scaling,
     gpu,
+    image_folder,
     lightning_overhead,
+    memory,
     plots,
     preemption,
     report,
@@ -45,6 +47,8 @@ def suites(settings: Settings) -> dict[str, Callable[[Path], dict]]:
         chosen["startup"] = lambda scratch: startup.run(settings, scratch)
         chosen["ddp_scaling"] = lambda scratch: ddp_scaling.run(settings, recipe, scratch)
         chosen["preemption"] = lambda scratch: preemption.run(settings, recipe, scratch)
+        chosen["memory"] = lambda scratch: memory.run(settings, recipe, scratch)
+        chosen["image_folder"] = lambda scratch: image_folder.run(settings, recipe, scratch)
     chosen["time_to_accuracy"] = lambda scratch: time_to_accuracy.run(settings, recipe, scratch)
     return chosen
 

@@ -105,6 +105,43 @@ def preemption_rows(preemption: dict) -> list[Row]:
     ]
 
 
+def memory_rows(memory: dict) -> list[Row]:
+    if "peak_rss_mb" not in memory:
+        return []
+    peak, images = memory["peak_rss_mb"], memory["images_mb"]
+    note = (
+        f"{memory['samples_per_second']:,.0f} samples/s; bare imports {peak['imports']:.0f} MB; "
+        f"{memory['images']:,} images held in {images['uint8']:.0f} MB (float32: {images['float32']:.0f} MB)"
+    )
+    return [("memory: peak RSS, recipe 1 epoch", f"{peak['train']:6.0f} MB", note)]
+
+
+def image_folder_rows(folder: dict) -> list[Row]:
+    if "loader_vs_training" not in folder:
+        return []
+    rate = {name: statistics.median(values) for name, values in folder["samples_per_second"].items()}
+    workers = folder["workers"]
+    training = f"training, {workers} workers"
+    return [
+        (
+            f"image folder: data module / plain decode, {workers} workers",
+            ratio_cell(folder["datamodule_vs_plain"]),
+            f"{rate['data module']:,.0f} vs {rate['plain decode']:,.0f} samples/s",
+        ),
+        (
+            f"image folder: loader / CNN training, {workers} workers",
+            ratio_cell(folder["loader_vs_training"]),
+            f"CNN trains {rate[training]:,.0f} samples/s; > 1: the loader keeps ahead",
+        ),
+        (
+            f"image folder: CNN training, {workers} workers / 0",
+            ratio_cell(folder["two_workers_vs_none"]),
+            f"epoch's steps {folder['seconds'][training]['median']:.1f} s vs "
+            f"{folder['seconds']['training, 0 workers']['median']:.1f} s ({folder['training_images']:,} images)",
+        ),
+    ]
+
+
 def accuracy_rows(accuracy: dict) -> list[Row]:
     rows = []
     for key, what in (("to_85", "85 %"), ("to_88", "88 %"), ("best", "best")):
@@ -127,6 +164,8 @@ def rows(suites: dict) -> list[Row]:
         *startup_rows(suites.get("startup", {})),
         *ddp_rows(suites.get("ddp_scaling", {})),
         *preemption_rows(suites.get("preemption", {})),
+        *memory_rows(suites.get("memory", {})),
+        *image_folder_rows(suites.get("image_folder", {})),
         *accuracy_rows(suites.get("time_to_accuracy", {})),
     ]
 

@@ -35,6 +35,8 @@ def test_quick_bench_runs_every_suite_and_writes_json_and_plots(tmp_path: Path):
         "startup",
         "ddp_scaling",
         "preemption",
+        "memory",
+        "image_folder",
         "time_to_accuracy",
     ]
     assert not [name for name, suite in suites.items() if "error" in suite]
@@ -50,6 +52,13 @@ def test_quick_bench_runs_every_suite_and_writes_json_and_plots(tmp_path: Path):
     preemption = suites["preemption"]
     assert preemption["exit_status"] == 128 + 15 and preemption["steps_trained_again"] == 0
     assert preemption["resumed_at_step"] == preemption["stopped_after_step"]
+    memory = suites["memory"]
+    assert memory["peak_rss_mb"]["train"] > memory["peak_rss_mb"]["imports"] > 0
+    assert memory["images_mb"]["float32"] == 4 * memory["images_mb"]["uint8"]
+    folder = suites["image_folder"]
+    passes = {"data module", "plain decode", "training, 0 workers", "training, 2 workers"}
+    assert set(folder["samples_per_second"]) == passes
+    assert folder["training_images"] == 600 and folder["loader_vs_training"]["median"] > 0
     accuracy = suites["time_to_accuracy"]
     assert [point["epoch"] for point in accuracy["points"]] == list(range(1, accuracy["max_epochs"] + 1))
     assert {"to_85", "to_88", "best"} <= set(accuracy)
@@ -59,6 +68,9 @@ def test_quick_bench_runs_every_suite_and_writes_json_and_plots(tmp_path: Path):
         "start-up",
         "DDP: 2",
         "preemption",
+        "memory: peak RSS",
+        "image folder: data module / plain decode",
+        "image folder: loader / CNN training",
         "accuracy",
     )
     for row in rows:
