@@ -77,11 +77,11 @@ class ClassifierModule(L.LightningModule):
             ) from None
         finally:
             self.network.train(training)
-        classes = len(getattr(datamodule, "class_names", ()) or ()) or scores
-        if scores != classes:
+        names = getattr(datamodule, "class_names", ())  # a user's own data module may not name its classes
+        if names and scores != len(names):
             raise UserError(
-                f"model.network scores {scores} classes, the data has {classes} ({', '.join(datamodule.class_names)}): "
-                f"set model.network.num_classes={classes}"
+                f"model.network scores {scores} classes, the data has {len(names)} ({', '.join(names)}): "
+                f"set model.network.num_classes={len(names)}"
             )
 
     def forward(self, inputs: Tensor) -> Tensor:

@@ -79,7 +79,7 @@ def test_augmentation_depends_on_seed_epoch_and_index_only(example_images: Path)
     differs = [not torch.equal(module.train_set[(epoch, 5)][0], image_epoch_1) for epoch in range(2, 8)]
     assert any(differs), "another epoch draws another augmentation"
     plain, _ = module.train_set[5]  # an index alone (validation, test): not augmented
-    assert torch.equal(plain, module.val_set.normalise(module.train_set.read(module.train_set.files[5])))
+    assert torch.equal(plain, module.val_set.normalise(module.train_set.image(5)))
 
 
 @pytest.mark.slow
@@ -180,6 +180,18 @@ def test_bad_folders_and_images_end_in_one_line_naming_them(tmp_path: Path, exam
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and str(named) in errors[0], errors
+
+
+@pytest.mark.slow
+def test_a_network_scoring_another_number_of_classes_is_refused_in_one_line(tmp_path: Path, example_images: Path):
+    overrides = image_folder(example_images, "model.network.num_classes=3", f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_module("project.train", *overrides, cwd=tmp_path, env=ENV)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: model.network scores 3 classes, the data has 4 (across, diagonal, down, ring): "
+        "set model.network.num_classes=4"
+    ]
 
 
 def test_mean_and_std_need_one_value_per_channel(example_images: Path):

@@ -34,7 +34,6 @@ from project.data.training_order import EpochShuffleSampler
 from project.errors import UserError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
-SPLITS = ("train", "val", "test")
 
 
 def normalised(image: Tensor, mean: list[float], std: list[float]) -> Tensor:
@@ -52,7 +51,7 @@ class EpochTaggedShuffleSampler(EpochShuffleSampler):
 
 
 def class_folders(split_dir: Path) -> list[Path]:
-    """The class folders of one split, sorted; refused in one line if the split or a class holds no images."""
+    """The class folders of one split, sorted; refused in one line if the split is missing or has none."""
     if not split_dir.is_dir():
         raise UserError(
             f"{split_dir}: no such split folder; data.root must hold train/, val/ and test/, each with one folder "
@@ -61,34 +60,37 @@ def class_folders(split_dir: Path) -> list[Path]:
     folders = sorted(path for path in split_dir.iterdir() if path.is_dir())
     if not folders:
         raise UserError(f"{split_dir}: no class folders in it; put each class's images in a folder of its own")
-    for folder in folders:
-        if not any(path.suffix.lower() in IMAGE_SUFFIXES for path in folder.iterdir()):
-            raise UserError(
-                f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in this class folder; add some or remove it"
-            )
     return folders
 
 
 class ImageFolderSplit(Dataset):
-    """One split's images and labels; an item is an index, or `(epoch, index)` for a training sample to augment."""
+    """One split's images and labels; an item is an index, or `(epoch, index)` for a training sample to augment.
+
+    Each class folder is listed once, here; one without images is refused in one line.
+    """
 
     def __init__(
         self,
-        folders: list[Path],
+        split_dir: Path,
         image_size: int,
         channels: int,
         normalise: Callable[[Tensor], Tensor],
         augment: Callable[[Tensor], Tensor] | None = None,
         seed: int = 0,
     ) -> None:
-        samples = [
-            (path, label)
-            for label, folder in enumerate(folders)
-            for path in sorted(folder.iterdir())
-            if path.suffix.lower() in IMAGE_SUFFIXES
-        ]
-        self.files = [path for path, _ in samples]
-        self.targets = torch.tensor([label for _, label in samples])
+        folders = class_folders(split_dir)
+        self.class_names = tuple(folder.name for folder in folders)
+        self.files: list[Path] = []
+        labels: list[int] = []
+        for label, folder in enumerate(folders):
+            images = sorted(path for path in folder.iterdir() if path.suffix.lower() in IMAGE_SUFFIXES)
+            if not images:
+                raise UserError(
+                    f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in this class folder; add some or remove it"
+                )
+            self.files += images
+            labels += [label] * len(images)
+        self.targets = torch.tensor(labels)
         self.image_size, self.mode = image_size, "L" if channels == 1 else "RGB"
         self.normalise, self.augment, self.seed = normalise, augment, seed
 
@@ -97,7 +99,7 @@ class ImageFolderSplit(Dataset):
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
         epoch, index = item if isinstance(item, tuple) else (None, item)
-        image = self.read(self.files[index])
+        image = self.image(index)
         if self.augment is not None and epoch is not None:
             image = self.augmented(image, epoch, index)
         return self.normalise(image), self.targets[index]
@@ -117,11 +119,9 @@ class ImageFolderSplit(Dataset):
             generator.set_state(state)
 
     def image(self, index: int) -> Tensor:
-        """The stored image at `index`, uint8 `[channels, size, size]` (what `project.predict` draws)."""
-        return self.read(self.files[index])
-
-    def read(self, path: Path) -> Tensor:
-        """The image at `path` as uint8 `[channels, size, size]`, or one line saying what is wrong with it."""
+        """The image at `index` as uint8 `[channels, size, size]` (what `project.predict` draws), or one line saying
+        what is wrong with its file."""
+        path = self.files[index]
         try:
             with Image.open(path) as opened:
                 image = v2.functional.pil_to_tensor(opened.convert(self.mode))
@@ -164,19 +164,18 @@ class ImageFolderDataModule(ClassificationDataModule):
     def setup(self, stage: str | None = None) -> None:
         if hasattr(self, "train_set"):
             return
-        folders = {split: class_folders(self.root / split) for split in SPLITS}
-        names = {split: [folder.name for folder in found] for split, found in folders.items()}
-        for split in ("val", "test"):
-            if names[split] != names["train"]:
-                raise UserError(
-                    f"{self.root / split} has the classes {names[split]}, {self.root / 'train'} has {names['train']}: "
-                    "every split needs the same class folders"
-                )
-        self.class_names = tuple(names["train"])
         common = {"image_size": self.image_size, "channels": self.channels, "normalise": self.normalise}
-        self.train_set = ImageFolderSplit(folders["train"], augment=self.augment, seed=self.seed, **common)
-        self.val_set = ImageFolderSplit(folders["val"], **common)
-        self.test_set = ImageFolderSplit(folders["test"], **common)
+        self.train_set = ImageFolderSplit(self.root / "train", augment=self.augment, seed=self.seed, **common)
+        self.val_set = ImageFolderSplit(self.root / "val", **common)
+        self.test_set = ImageFolderSplit(self.root / "test", **common)
+        for split in ("val", "test"):
+            classes = getattr(self, f"{split}_set").class_names
+            if classes != self.train_set.class_names:
+                raise UserError(
+                    f"{self.root / split} has the classes {list(classes)}, {self.root / 'train'} has "
+                    f"{list(self.train_set.class_names)}: every split needs the same class folders"
+                )
+        self.class_names = self.train_set.class_names
 
     def loader(self, dataset: Dataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
         """Workers read and decode the images in parallel; they stay up between epochs (`persistent_workers`)."""
