@@ -118,7 +118,10 @@ class ClassifierModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        self._log_epoch_metrics("train")
+        # A run resumed from a checkpoint written as this epoch's training ended (SIGTERM during its validation)
+        # trained none of it: there is nothing to report, on every rank alike.
+        if self.train_totals.update_count:
+            self._log_epoch_metrics("train")
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._step(batch, "val")

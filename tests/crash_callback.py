@@ -38,3 +38,14 @@ class SignalAtStep(L.Callback):
             return
         if self.restart is None or int(os.environ.get("SLURM_RESTART_COUNT", "0")) == self.restart:
             os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class SignalInValidation(L.Callback):
+    """Sends `signal` to its own process as the first validation batch of epoch `epoch`'s end starts (during fit)."""
+
+    def __init__(self, epoch: int, signal: str) -> None:
+        self.epoch, self.signal = epoch, signal
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx, *args):
+        if trainer.state.fn == "fit" and trainer.current_epoch == self.epoch and batch_idx == 0:
+            os.kill(os.getpid(), getattr(signal, self.signal))

@@ -40,6 +40,13 @@ def signal_at(step: int, name: str) -> list[str]:
     ]
 
 
+SIGTERM_IN_VALIDATION_OF_EPOCH_1 = [
+    "+callbacks.crash._target_=tests.crash_callback.SignalInValidation",
+    "+callbacks.crash.epoch=1",
+    "+callbacks.crash.signal=SIGTERM",
+]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> dict[int, Path]:
     """The run dirs of the recipe trained without a stop, by 1 and by 2 processes."""
@@ -64,6 +71,7 @@ def assert_resumed_exactly(resumed: Path, whole: Path, first_step: int) -> None:
         assert again["step_losses"] == once["step_losses"][first_step:], "the resumed run trained other batches"
     expected = network_weights(whole / "checkpoints" / "last.ckpt")
     weights = network_weights(resumed / "checkpoints" / "last.ckpt")
+    assert expected and weights.keys() == expected.keys()
     assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items()), "weights differ"
     assert read_json(resumed / "results.json")["epochs"] == 3
 
@@ -116,6 +124,40 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_neve
         run_module("project.train", *args, f"ckpt_path={last}", f"hydra.run.dir={resumed_dir}", cwd=tmp_path, env=ENV)
     )
     assert_resumed_exactly(resumed_dir, uninterrupted[processes], first_step=resumes_at)
+
+
+@pytest.mark.parametrize(
+    ("processes", "stop", "stopped_after"),
+    [
+        # One process: the signal lands in epoch 1's closing validation, after its 14 training steps (28 in all).
+        (1, SIGTERM_IN_VALIDATION_OF_EPOCH_1, 28),
+        # DDP: signalled after step 13, the ranks agree at the start of step 14, epoch 1's last, and Lightning then
+        # stops in the validation that follows it.
+        (2, signal_at(13, "SIGTERM"), 14),
+    ],
+)
+def test_a_sigterm_in_an_epochs_closing_validation_keeps_that_epochs_training(
+    tmp_path: Path, mnist_root: Path, uninterrupted: dict[int, Path], processes: int, stop: list, stopped_after: int
+):
+    """Lightning stops a validation for SIGTERM before the epoch-end last.ckpt is written: the SIGTERM checkpoint
+    must hold the epoch's training, and the resumed run go on from the next epoch to the same numbers."""
+    stopped_dir, resumed_dir = tmp_path / "stopped", tmp_path / "resumed"
+    args = recipe(mnist_root, processes)
+    stopped = run_module("project.train", *args, *stop, f"hydra.run.dir={stopped_dir}", cwd=tmp_path, env=ENV)
+    assert stopped.returncode == STOPPED_BY_SIGTERM, stopped.stderr[-2000:]
+    assert f"resume from its last checkpoint (step {stopped_after})" in stopped.stderr.splitlines()[-1]
+    last = stopped_dir / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == stopped_after
+    position = checkpoint["MNISTDataModule"]
+    assert (position["epoch"], position["batches_done"]) == (2, 0), "epoch 1 trained whole, epoch 2 next"
+
+    resumed = run_module(
+        "project.train", *args, f"ckpt_path={last}", f"hydra.run.dir={resumed_dir}", cwd=tmp_path, env=ENV
+    )
+    check_ok(resumed)
+    assert "compute` method of metric" not in resumed.stderr, "the resumed epoch 1 had nothing to count"
+    assert_resumed_exactly(resumed_dir, uninterrupted[processes], first_step=stopped_after)
 
 
 @pytest.fixture(scope="module")
@@ -193,4 +235,5 @@ def test_the_reference_loop_stopped_mid_epoch_resumes_to_the_lightning_run_never
     assert resumed["step_losses"] == lightning["step_losses"][first_step:]
     expected = network_weights(tmp_path / "lightning" / "checkpoints" / "last.ckpt")
     weights = torch.load(resumed_dir / "checkpoints" / "model.pt", weights_only=True)
+    assert expected and weights.keys() == {name.removeprefix("network.") for name in expected}
     assert all(torch.equal(weights[name.removeprefix("network.")], tensor) for name, tensor in expected.items())

@@ -53,10 +53,15 @@ class MidEpochCheckpoint(L.Callback):
             self._write(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """On SIGTERM in the middle of an epoch's training, write the step just finished (every rank is here)."""
-        # At an epoch's end last.ckpt is that end's already.
-        stopped_mid_epoch = 0 < batches_done(trainer) < trainer.num_training_batches
-        if isinstance(exception, SIGTERMException) and trainer.training and stopped_mid_epoch:
+        """On SIGTERM while an epoch is under way, write the step just finished (every rank is here).
+
+        Under way includes the epoch's closing validation: Lightning stops a validation for SIGTERM, before the
+        epoch-end `last.ckpt`, so without this write the whole epoch's training would be lost. Once the epoch has
+        ended (Lightning also stops there), `last.ckpt` is that end's already.
+        """
+        epochs = trainer.fit_loop.epoch_progress.current
+        epoch_under_way = epochs.processed < epochs.started and batches_done(trainer) > 0
+        if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and epoch_under_way:
             self._write(trainer)
 
     def _write(self, trainer: L.Trainer) -> None:
