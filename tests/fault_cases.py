@@ -73,6 +73,9 @@ BAD_INPUTS = [
     BadInput("predict-without-a-checkpoint", (), ("ckpt_path",), module="project.predict"),
     BadInput("best-results-without-checkpoints", ("results_from=best", "callbacks=none"), ("results_from",)),
     BadInput("unknown-optimized-mode", ("optimized_mode=up",), ("optimized_mode",)),
+    BadInput("checkpoint-every-0-steps", ("mid_epoch_checkpoint.every_n_steps=0",), ("every_n_steps",)),
+    BadInput("checkpoint-every-true-steps", ("mid_epoch_checkpoint.every_n_steps=true",), ("every_n_steps",)),
+    BadInput("checkpoint-every-negative-minutes", ("mid_epoch_checkpoint.every_n_minutes=-1",), ("every_n_minutes",)),
     # Checkpoints to resume training from.
     BadInput("resume-from-a-missing-file", ("ckpt_path={dir}/no-such.ckpt",), ("{dir}/no-such.ckpt",)),
     BadInput("resume-from-a-directory", ("ckpt_path={dir}/folder.ckpt",), ("{dir}/folder.ckpt",), prepare=a_directory),

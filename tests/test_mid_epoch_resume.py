@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO, check_ok, histories, mnist_overrides, read_json, run_module
+from tests.idx_files import write_idx_split
 
 pytestmark = pytest.mark.slow
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # one thread per rank; lets a run import tests.crash_callback
@@ -77,13 +78,16 @@ def assert_resumed_exactly(resumed: Path, whole: Path, first_step: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("processes", "sent", "every_n_steps", "signalled_after", "resumes_at"),
+    ("processes", "sent", "every", "signalled_after", "resumes_at"),
     [
         # SIGKILL leaves the periodic checkpoint before it: step 20 (epoch 1, batch 6 of 14).
-        (1, "SIGKILL", 4, 22, 20),
+        (1, "SIGKILL", "every_n_steps=4", 22, 20),
+        # A timed checkpoint due at every step: the one of step 22, written before the kill at its end.
+        (1, "SIGKILL", "every_n_minutes=1e-9", 22, 22),
         # SIGTERM writes the step it stopped after, with no periodic checkpoints at all.
         (1, "SIGTERM", None, 22, 22),
-        (2, "SIGKILL", 3, 11, 9),
+        (2, "SIGKILL", "every_n_steps=3", 11, 9),
+        (2, "SIGKILL", "every_n_minutes=1e-9", 11, 11),
         # Under DDP the ranks agree on the signal at the next step's start and all stop after that step.
         (2, "SIGTERM", None, 10, 11),
     ],
@@ -94,13 +98,12 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_neve
     uninterrupted: dict[int, Path],
     processes: int,
     sent: str,
-    every_n_steps: int | None,
+    every: str | None,
     signalled_after: int,
     resumes_at: int,
 ):
-    every = [f"mid_epoch_checkpoint.every_n_steps={every_n_steps}"] if every_n_steps else []
     stopped_dir, resumed_dir = tmp_path / "stopped", tmp_path / "resumed"
-    args = recipe(mnist_root, processes, *every)
+    args = recipe(mnist_root, processes, *([f"mid_epoch_checkpoint.{every}"] if every else []))
     stopped = run_module(
         "project.train", *args, *signal_at(signalled_after, sent), f"hydra.run.dir={stopped_dir}", cwd=tmp_path, env=ENV
     )
@@ -176,11 +179,17 @@ def mid_epoch_checkpoint(tmp_path_factory: pytest.TempPathFactory, mnist_root: P
         (list(DDP), "its processes (trainer.devices × trainer.num_nodes) 1 (this run: 2)"),
         (["data.val_size=60"], "its training samples 350 (this run: 340)"),
         (["seed=7"], "its seed 123 (this run: 7)"),
+        # As many training images, other labels.
+        (["data.root={other_labels}"], "its training labels' checksum"),
     ],
 )
 def test_a_mid_epoch_checkpoint_resumed_in_another_order_is_refused_in_one_line(
     tmp_path: Path, mnist_root: Path, mid_epoch_checkpoint: Path, changed: list[str], named: str
 ):
+    other_labels = tmp_path / "other-labels"  # the small MNIST files' sizes, training labels drawn anew
+    write_idx_split(other_labels / "MNIST" / "raw", train=True, count=400, seed=3)
+    write_idx_split(other_labels / "MNIST" / "raw", train=False, count=100, seed=2)
+    changed = [arg.format(other_labels=other_labels) for arg in changed]
     before = mid_epoch_checkpoint.read_bytes()
     args = [*recipe(mnist_root, 1), *changed, f"ckpt_path={mid_epoch_checkpoint}", f"hydra.run.dir={tmp_path / 'run'}"]
     result = run_module("project.train", *args, cwd=tmp_path, env=ENV)

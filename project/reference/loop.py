@@ -165,12 +165,12 @@ class Trainer:
         every_n_steps, every_n_minutes = self.checkpointing.every_n_steps, self.checkpointing.every_n_minutes
         by_steps = every_n_steps is not None and self.global_step % every_n_steps == 0
         by_time = every_n_minutes is not None and time.monotonic() - self._last_write >= 60 * every_n_minutes
-        flags = torch.tensor([self.sigterm, by_steps, by_time], dtype=torch.int32, device=self.device)
-        if world_size() > 1:  # a signal on any rank stops them all; rank 0's clock decides the time
-            if dist.get_rank() != 0:
-                flags[2] = 0
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop, *due = flags.tolist()
+        flags = [self.sigterm, by_steps, by_time]
+        if world_size() > 1:  # a signal on any rank stops them all, and any rank's clock writes for all
+            shared = torch.tensor(flags, dtype=torch.int32, device=self.device)
+            dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+            flags = shared.tolist()
+        stop, *due = flags
         if stop or any(due):
             self._save_checkpoint()
         if stop:

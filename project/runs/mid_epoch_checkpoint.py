@@ -25,11 +25,11 @@ class MidEpochCheckpoint(L.Callback):
     """Writes `<dirpath>/last.ckpt` every `every_n_steps` steps, every `every_n_minutes`, and when SIGTERM stops it."""
 
     def __init__(self, dirpath: str, every_n_steps: int | None = None, every_n_minutes: float | None = None) -> None:
-        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+        if every_n_steps is not None and (type(every_n_steps) is not int or every_n_steps < 1):
             raise UserError(
                 f"mid_epoch_checkpoint.every_n_steps must be a positive integer or null, not {every_n_steps}"
             )
-        if every_n_minutes is not None and not (isinstance(every_n_minutes, (int, float)) and every_n_minutes > 0):
+        if every_n_minutes is not None and not (type(every_n_minutes) in (int, float) and every_n_minutes > 0):
             raise UserError(
                 f"mid_epoch_checkpoint.every_n_minutes must be a positive number or null, not {every_n_minutes}"
             )
@@ -42,13 +42,18 @@ class MidEpochCheckpoint(L.Callback):
         self._last_write = time.monotonic()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batches_done(trainer) >= trainer.num_training_batches:
+        done = batches_done(trainer)
+        if done >= trainer.num_training_batches:
             return  # the epoch-end last.ckpt follows at once
+        if done % trainer.accumulate_grad_batches:
+            return  # gradients are accumulating: only a batch that stepped the optimizer is a place to resume from
         by_steps = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
         by_time = False
         if self.every_n_minutes is not None:
-            # Rank 0's clock decides for every rank: clocks that disagreed would leave ranks waiting for each other.
-            by_time = trainer.strategy.broadcast(time.monotonic() - self._last_write >= 60 * self.every_n_minutes)
+            # The ranks write together once any rank's clock says so (a small all-reduce): clocks that disagreed
+            # would leave ranks waiting for each other.
+            elapsed = time.monotonic() - self._last_write >= 60 * self.every_n_minutes
+            by_time = trainer.strategy.reduce_boolean_decision(elapsed, all=False)
         if by_steps or by_time:
             self._write(trainer)
 
