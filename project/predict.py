@@ -6,6 +6,8 @@ share, `UnrepeatedDistributedSampler`'s samples r, r + N, ..., and rank 0 puts t
 is refused: Lightning returns no predictions from spawned workers). Rank 0 writes
 `predictions.csv`, `per_class.csv`, `confusion_matrix.png` and, for image data, `most_confident_mistakes.png` into
 the run dir (`project.predictions`), and prints the per-class table. Its accuracy is `evaluate`'s test/acc.
+A data module of your own needs no `class_names` (the labels then name the classes) and no datasets with the
+project's `image` (then no mistakes are drawn).
 """
 
 from collections.abc import Callable
@@ -55,12 +57,27 @@ def predict(cfg: DictConfig) -> tuple[Predictions | None, L.LightningDataModule]
         probabilities = torch.cat([probabilities for probabilities, _ in batches])
         labels = torch.cat([labels for _, labels in batches])
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            shares: list = [None] * dist.get_world_size()
-            dist.all_gather_object(shares, (probabilities, labels))
-            probabilities, labels = interleave(shares)
+            probabilities, labels = interleave(gathered_shares(probabilities, labels))
     if trainer.global_rank != 0:
         return None, datamodule
-    return Predictions(labels, probabilities, tuple(datamodule.class_names)), datamodule
+    return Predictions(labels, probabilities, class_names(datamodule, probabilities.shape[1])), datamodule
+
+
+def class_names(datamodule: L.LightningDataModule, classes: int) -> tuple[str, ...]:
+    """The data module's names of its classes, or the labels as strings ("0", "1", ...) where it names none."""
+    names = getattr(datamodule, "class_names", ())  # a user's own data module may not name its classes
+    return tuple(str(name) for name in names) if names else tuple(str(label) for label in range(classes))
+
+
+def gathered_shares(probabilities: torch.Tensor, labels: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's (probabilities, labels), by rank, on every rank.
+
+    The shares travel on the CPU: `all_gather_object` pickles them, and a GPU tensor unpickles onto the GPU it was
+    sent from, which the receiving rank may not see (where each rank is shown only its own GPU).
+    """
+    shares: list = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, (probabilities.cpu(), labels.cpu()))
+    return shares
 
 
 def interleave(shares: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,11 +105,13 @@ def write_outputs(predictions: Predictions, images: Callable[[int], torch.Tensor
 
 def split_images(datamodule: L.LightningDataModule, split: str) -> Callable[[int], torch.Tensor] | None:
     """The split's image at an index, in [0, 1] for drawing (read when drawn: an image folder may not fit in
-    memory), or None when the data are no images (the toy points)."""
-    dataset = getattr(datamodule, f"{split}_set")
-    if dataset.image(0) is None:
+    memory), or None when the data are no images: the toy points, or a dataset without the project's `image`
+    (uint8 `[channels, height, width]` at an index), as a user's own may be."""
+    dataset = getattr(datamodule, f"{split}_set", None)
+    image = getattr(dataset, "image", None)
+    if image is None or image(0) is None:
         return None
-    return lambda index: dataset.image(index).float() / 255
+    return lambda index: image(index).float() / 255
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="predict")

@@ -1,17 +1,25 @@
-"""`python -m project.predict`: every sample once and in order, the accuracy `evaluate` reports, pictures that open."""
+"""`python -m project.predict`: every sample once and in order, the accuracy `evaluate` reports, pictures that open,
+and a data module of your own that names no classes and has no images."""
 
 import csv
 import re
 import shutil
 from pathlib import Path
 
+import lightning as L
 import matplotlib.image
 import pytest
+import torch
+import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets
 
-from tests.helpers import check_ok, mnist_overrides, run_module
+from project.predict import gathered_shares, predict, split_images, write_outputs
+from tests.helpers import CONF_DIR, check_ok, mnist_overrides, run_module
 
-pytestmark = pytest.mark.slow
 ENV = {"OMP_NUM_THREADS": "1"}
 TEST_IMAGES = 100
 
@@ -27,7 +35,7 @@ def barely_trained(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -
     return cwd / "run" / "checkpoints" / "last.ckpt"
 
 
-def predict(cwd: Path, *args: str) -> tuple[Path, str]:
+def run_predict(cwd: Path, *args: str) -> tuple[Path, str]:
     """Run project.predict in `cwd`; (its run dir, its stdout)."""
     result = check_ok(run_module("project.predict", *args, cwd=cwd, env=ENV))
     (run_dir,) = re.findall(r"^run dir: (\S+)", result.stdout, flags=re.MULTILINE)
@@ -39,10 +47,11 @@ def read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(file))
 
 
+@pytest.mark.slow
 def test_predictions_cover_the_test_split_in_order_with_evaluates_accuracy(
     tmp_path: Path, barely_trained: Path, mnist_root: Path
 ):
-    run_dir, stdout = predict(tmp_path, f"ckpt_path={barely_trained}")
+    run_dir, stdout = run_predict(tmp_path, f"ckpt_path={barely_trained}")
     rows = read_rows(run_dir / "predictions.csv")
     labels = datasets.MNIST(str(mnist_root), train=False, download=False).targets.tolist()
     assert [int(row["index"]) for row in rows] == list(range(TEST_IMAGES)), "every sample once, in order"
@@ -65,19 +74,32 @@ def test_predictions_cover_the_test_split_in_order_with_evaluates_accuracy(
         assert image.ndim == 3 and min(image.shape[:2]) > 100, picture
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_predict_the_same_rows_as_one(tmp_path: Path, barely_trained: Path):
     """Each rank predicts its share; rank 0 alone writes them back in order."""
-    single, _ = predict(tmp_path, f"ckpt_path={barely_trained}")
-    ddp, _ = predict(tmp_path, f"ckpt_path={barely_trained}", "trainer=ddp", "trainer.devices=2")
+    single, _ = run_predict(tmp_path, f"ckpt_path={barely_trained}")
+    ddp, _ = run_predict(tmp_path, f"ckpt_path={barely_trained}", "trainer=ddp", "trainer.devices=2")
     assert (ddp / "predictions.csv").read_text() == (single / "predictions.csv").read_text()
     assert sorted(path.name for path in ddp.glob("*.log")) == ["predict.log", "predict.rank1.log"]
 
 
+@pytest.mark.slow
+def test_two_ddp_processes_put_uneven_shares_back_in_order(tmp_path: Path, barely_trained: Path):
+    """49 validation images (the run held out 50): rank 0 predicts 25 (0, 2, ..., 48), rank 1 the other 24."""
+    split = ("split=val", "+data.val_size=49", "data.batch_size=8")
+    single, _ = run_predict(tmp_path, f"ckpt_path={barely_trained}", *split)
+    ddp, _ = run_predict(tmp_path, f"ckpt_path={barely_trained}", *split, "trainer=ddp", "trainer.devices=2")
+    assert [int(row["index"]) for row in read_rows(ddp / "predictions.csv")] == list(range(49))
+    assert (ddp / "predictions.csv").read_text() == (single / "predictions.csv").read_text()
+    assert (ddp / "predict.rank1.log").is_file(), "two processes predicted"
+
+
+@pytest.mark.slow
 def test_another_split_from_data_moved_elsewhere(tmp_path: Path, barely_trained: Path, mnist_root: Path):
     """The validation split as the run drew it (data.val_size=50), from a copy of the files at another root."""
     moved = tmp_path / "moved"
     shutil.copytree(mnist_root, moved)
-    run_dir, _ = predict(tmp_path, f"ckpt_path={barely_trained}", "split=val", f"data.root={moved}")
+    run_dir, _ = run_predict(tmp_path, f"ckpt_path={barely_trained}", "split=val", f"data.root={moved}")
     assert len(read_rows(run_dir / "predictions.csv")) == 50
 
 
@@ -86,19 +108,69 @@ def assert_one_error_line(result, expected: str) -> None:
     assert result.stderr.rstrip().splitlines()[-1].startswith(f"error: {expected}"), result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_split_that_does_not_exist_ends_in_one_line(tmp_path: Path, barely_trained: Path):
     result = run_module("project.predict", f"ckpt_path={barely_trained}", "split=banana", cwd=tmp_path, env=ENV)
     assert_one_error_line(result, "split must be one of test | val | train, got 'banana'")
 
 
+@pytest.mark.slow
 def test_spawned_workers_which_return_no_predictions_are_refused_in_one_line(tmp_path: Path, barely_trained: Path):
     result = run_module("project.predict", f"ckpt_path={barely_trained}", "trainer=ddp_spawn", cwd=tmp_path, env=ENV)
     assert_one_error_line(result, "project.predict takes the predictions back from its processes")
 
 
+@pytest.mark.slow
 def test_a_data_key_the_checkpoints_data_lacks_ends_in_one_line(tmp_path: Path):
     """The toy data has no files, so no root to move."""
     check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={tmp_path / 'toy'}", cwd=tmp_path, env=ENV))
     toy = tmp_path / "toy" / "checkpoints" / "last.ckpt"
     result = run_module("project.predict", f"ckpt_path={toy}", "data.root=/data", cwd=tmp_path, env=ENV)
     assert_one_error_line(result, "data.root: the checkpoint's data (project.data.ToyDataModule) has no such key")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_ranks_shares_arrive_on_the_cpu_whatever_device_predicted(tmp_path: Path, device: str):
+    """`all_gather_object` unpickles a GPU tensor onto the sender's GPU, which the receiving rank may not see."""
+    probabilities = torch.tensor([[0.9, 0.1], [0.2, 0.8]], device=device)
+    labels = torch.tensor([0, 1], device=device)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ((received_probabilities, received_labels),) = gathered_shares(probabilities, labels)
+    finally:
+        dist.destroy_process_group()
+    assert received_probabilities.device.type == received_labels.device.type == "cpu"
+    assert torch.equal(received_probabilities, probabilities.cpu()) and torch.equal(received_labels, labels.cpu())
+
+
+class PlainDataModule(L.LightningDataModule):
+    """A data module of a user's own: no `class_names`, and its test set (torch's TensorDataset) has no `image`."""
+
+    def __init__(self, samples: int) -> None:
+        super().__init__()
+        inputs = torch.randn(samples, 2, generator=torch.Generator().manual_seed(0))
+        self.test_set = TensorDataset(inputs, torch.arange(samples) % 2)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.test_set, batch_size=4)
+
+
+def test_a_data_module_of_your_own_gets_its_labels_as_class_names_and_no_mistakes_drawn(tmp_path: Path):
+    """A checkpoint whose stored config names `PlainDataModule` and the toy network, predicted as `main` does."""
+    torch.manual_seed(0)
+    model = OmegaConf.load(CONF_DIR / "model" / "toy.yaml")
+    data = {"_target_": f"{PlainDataModule.__module__}.PlainDataModule", "samples": 9}
+    config = {"data": data, "model": OmegaConf.to_container(model)}
+    torch.save({"config": config, "state_dict": instantiate(model).state_dict()}, tmp_path / "user.ckpt")
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            "predict", overrides=[f"ckpt_path={tmp_path / 'user.ckpt'}", "trainer=cpu", f"run_dir={tmp_path}"]
+        )
+
+    predictions, datamodule = predict(cfg)
+    written = write_outputs(predictions, split_images(datamodule, cfg.split), tmp_path)
+    assert predictions.labels.tolist() == [0, 1, 0, 1, 0, 1, 0, 1, 0]
+    assert predictions.class_names == ("0", "1")
+    assert [row["class"] for row in read_rows(tmp_path / "per_class.csv")] == ["0", "1"]
+    assert predictions.accuracy < 1, "there are mistakes, which image data would have drawn"
+    assert written == ["predictions.csv", "per_class.csv", "confusion_matrix.png"]
