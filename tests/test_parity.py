@@ -1,5 +1,7 @@
 """The distributed paths compute what one process computes: the claims the tutorials make in prose."""
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.parity import max_loss_difference, max_weight_difference, network_weights
+from project.reference.ddp import train_process
 from project.reference.loop import Trainer, build
 from project.runs.history import TrainingHistory
 from tests.helpers import (
@@ -176,3 +179,26 @@ def test_reference_script_without_its_launcher_says_how_to_launch_it(tmp_path: P
     assert "Traceback" not in result.stderr
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and expected in error_lines[0], result.stderr
+
+
+def gloo_threads() -> int:
+    return sum(
+        (Path("/proc/self/task") / task / "comm").read_text().startswith("pt_gloo")
+        for task in os.listdir("/proc/self/task")
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+def test_a_reference_rank_ends_its_gloo_threads_and_gives_sigterm_back_when_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A rank's process group must be gone when `train_process` returns, not at the interpreter's exit, where a gloo
+    worker still releasing a collective's tensors aborts the process (CI saw SIGABRT: a SIGTERM handler had kept
+    the Trainer, its DDP model and so the group alive)."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    handler, threads = signal.getsignal(signal.SIGTERM), gloo_threads()
+    train_process(reference_cfg(tmp_path), rank=0, local_rank=0, world_size=1)
+    assert read_json(tmp_path / "results.json")["test/acc"] == 1.0, "the toy trained"
+    assert gloo_threads() == threads, "the process group's worker threads outlived the run"
+    assert signal.getsignal(signal.SIGTERM) is handler

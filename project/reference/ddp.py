@@ -35,9 +35,7 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
         trainer = Trainer(model, optimizer, scheduler, device, TrainingHistory(rank, world_size))
         fit_and_report(cfg, trainer, datamodule, network, train_loader, is_main=rank == 0)
-        # The ranks leave the group together, once rank 0 has tested and written, as Lightning's do: ranks that
-        # left while rank 0 still evaluated were seen to abort in gloo's teardown at exit on a loaded machine.
-        dist.barrier()
+        dist.barrier()  # the ranks leave the group together, once rank 0 has tested and written
     finally:
         dist.destroy_process_group()
 

@@ -139,22 +139,30 @@ class Trainer:
         return metrics
 
     def fit(self, train_loader: DataLoader, val_loader: DataLoader | None, epochs: int) -> None:
-        """Train up to epoch `epochs`, validating after each one when `val_loader` is given (rank 0 only in DDP)."""
+        """Train up to epoch `epochs`, validating after each one when `val_loader` is given (rank 0 only in DDP).
+
+        While it trains, SIGTERM is only noted (the loop checkpoints and stops between steps); the previous handler
+        is put back afterwards, which also lets go of this Trainer: a handler left in place would keep it, its DDP
+        model and so the process group alive until the interpreter exits.
+        """
         start = time.perf_counter()
-        if self.checkpointing is not None:
-            signal.signal(signal.SIGTERM, self._note_sigterm)
-        for epoch in range(self.epoch, epochs):
-            if hasattr(train_loader.sampler, "set_epoch"):
-                train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-            if self.batches_done:  # resumed inside this epoch: on from the next batch of its order
-                train_loader.sampler.start_part_way(epoch, self.batches_done * train_loader.batch_size)
-            metrics = self._run_epoch(train_loader)
-            if val_loader is not None:
-                metrics |= self.evaluate(val_loader, "val")
-            self.epoch_metrics.append(metrics)
-            self.epoch, self.batches_done = epoch + 1, 0
+        previous = signal.signal(signal.SIGTERM, self._note_sigterm) if self.checkpointing is not None else None
+        try:
+            for epoch in range(self.epoch, epochs):
+                if hasattr(train_loader.sampler, "set_epoch"):
+                    train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+                if self.batches_done:  # resumed inside this epoch: on from the next batch of its order
+                    train_loader.sampler.start_part_way(epoch, self.batches_done * train_loader.batch_size)
+                metrics = self._run_epoch(train_loader)
+                if val_loader is not None:
+                    metrics |= self.evaluate(val_loader, "val")
+                self.epoch_metrics.append(metrics)
+                self.epoch, self.batches_done = epoch + 1, 0
+                if self.checkpointing is not None:
+                    self._save_checkpoint()
+        finally:
             if self.checkpointing is not None:
-                self._save_checkpoint()
+                signal.signal(signal.SIGTERM, previous)
         self.history.fit_seconds = time.perf_counter() - start
 
     def _note_sigterm(self, signum: int, frame: object) -> None:
