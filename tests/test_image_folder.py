@@ -1,5 +1,6 @@
 """`data=image_folder`: images read from disk by DataLoader workers, with augmentation seeded per image, give the same
 numbers on both paths (alone and under DDP), learn the example dataset, and refuse bad folders and files in one line.
+The README's "Add your own" steps, for data that is not images and for a network, run as written under DDP.
 """
 
 import csv
@@ -20,7 +21,7 @@ from torchvision.transforms import v2
 from project.data.example_image_folder import main as write_example
 from project.data.image_folder import EpochTaggedShuffleSampler, ImageFolderDataModule
 from project.errors import UserError
-from tests.helpers import REPO, check_ok, read_json, run_module
+from tests.helpers import REPO, check_ok, histories, read_json, run_module
 from tests.test_mid_epoch_resume import STOPPED_BY_SIGTERM, assert_resumed_exactly, signal_at
 
 TOLERANCE = 1e-6
@@ -212,22 +213,50 @@ def readme_section_blocks(title: str) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w+)\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
 
 
-@pytest.mark.slow
-def test_the_readme_steps_add_a_network_and_train_it_under_ddp(tmp_path: Path):
-    """The README's "Add your own" blocks as written: the class and the YAML into the files their first lines name,
-    then the commands, in a fresh directory."""
+def readme_steps() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The README's "Add your own" steps: (the data's, the network's), each a class, a YAML and the commands."""
     blocks = readme_section_blocks("Add your own data and network")
-    assert [language for language, _ in blocks] == ["python", "yaml", "bash"]
-    for _, text in blocks[:2]:
-        path = tmp_path / re.match(r"# ([\w/.]+\.\w+)", text).group(1)  # the file its first line names
+    assert [language for language, _ in blocks] == ["python", "yaml", "bash"] * 2
+    return blocks[:3], blocks[3:]
+
+
+def follow_readme_steps(steps: list[tuple[str, str]], cwd: Path) -> Path:
+    """The class and the YAML into the files their first lines name, then the commands, as a user would in `cwd`;
+    the results.json of the one run they make."""
+    for _, text in steps[:2]:
+        path = cwd / re.match(r"# ([\w/.]+\.\w+)", text).group(1)  # the file its first line names
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this venv's, as activated
-    for command in blocks[2][1].strip().splitlines():
+    for command in steps[2][1].strip().splitlines():
         env = {**os.environ, **ENV, "PATH": path}
-        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+        result = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
         assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
-    [results] = list(tmp_path.glob("outputs/*/*/results.json"))
+    [results] = list(cwd.glob("outputs/*/*/results.json"))
+    return results
+
+
+@pytest.mark.slow
+def test_the_readme_steps_add_data_and_train_on_it_under_ddp(tmp_path: Path):
+    """The README's data class, YAML and command as written: the points are learnt, each rank on its own half."""
+    data_steps, _ = readme_steps()
+    results = follow_readme_steps(data_steps, tmp_path)
+    summary = read_json(results)
+    assert summary["world_size"] == 2 and summary["test/acc"] >= 0.9, summary  # half the points are inside
+    checkpoint = torch.load(results.parent / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["config"]["data"]["_target_"] == "my_data.CircleDataModule"
+    half = checkpoint["CircleDataModule"]["train_samples"] // 2  # the data module's saved place in its order
+    rank0, rank1 = histories(results.parent)
+    assert (rank0["rank"], rank1["rank"]) == (0, 1)
+    assert rank0["epoch_samples"] == rank1["epoch_samples"] == [half] * summary["epochs"]
+    assert len(rank0["step_losses"]) == len(rank1["step_losses"]) and rank0["step_losses"] != rank1["step_losses"]
+
+
+@pytest.mark.slow
+def test_the_readme_steps_add_a_network_and_train_it_under_ddp(tmp_path: Path):
+    """The README's network class, YAML and commands as written, in a fresh directory."""
+    _, network_steps = readme_steps()
+    results = follow_readme_steps(network_steps, tmp_path)
     assert read_json(results)["world_size"] == 2
     checkpoint = torch.load(results.parent / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["config"]["model"]["network"]["_target_"] == "my_models.TinyCNN"
