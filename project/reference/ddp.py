@@ -35,7 +35,6 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
         trainer = Trainer(model, optimizer, scheduler, device, TrainingHistory(rank, world_size))
         fit_and_report(cfg, trainer, datamodule, network, train_loader, is_main=rank == 0)
-        dist.barrier()  # the ranks leave the group together, once rank 0 has tested and written
     finally:
         dist.destroy_process_group()
 
