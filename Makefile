@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-fast bench lint tensorboard system-deps slurm-up slurm-down data-fashion-mnist clean
+.PHONY: train test test-fast coverage bench lint tensorboard system-deps slurm-up slurm-down data-fashion-mnist clean
 
 # The venv is rebuilt when pyproject.toml changes. torch/torchvision are pinned to a pair known to import together.
 $(STAMP): pyproject.toml
@@ -23,6 +23,9 @@ test: $(STAMP)  ## the whole test suite (skips, with the reason, what this machi
 
 test-fast: $(STAMP)  ## the inner loop: in-process tests only (a test that would start a process skips there)
 	PROJECT_TESTS_IN_PROCESS=1 $(BIN)/python -m pytest -m "not slow and not slurm and not gpu and not realdata" $(ARGS)
+
+coverage: $(STAMP)  ## the whole suite, measuring what it runs of project/ (its processes too): outputs/coverage/index.html
+	$(BIN)/python -m pytest --cov --cov-report=term --cov-report=html $(ARGS)
 
 bench: $(STAMP)  ## the benchmark suite: one table, bench/results/<date>.json and PNGs (ARGS=--quick: a smoke run)
 	$(BIN)/python -m bench $(ARGS)
