@@ -6,11 +6,13 @@ torchrun, a shell) is then skipped at that point, which leaves the suite's in-pr
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from project.compare import free_port
+from tests import preloaded_python
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -38,11 +40,51 @@ def run_module(
     timeout: float = 300,
     env: dict | None = None,
     launcher: tuple[str, ...] = (),
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run `python -m <module> <args>` (or `<launcher> -m <module>`) in `cwd` and capture its output."""
+    """Run `python -m <module> <args>` (or `<launcher> -m <module>`) in `cwd` and capture its output.
+
+    One intra-op thread unless `env` says otherwise: two such runs (or a run's ranks) share this machine's cores.
+    The process is forked from a Python that has imported the libraries already (tests/preloaded_python.py)
+    unless a launcher starts it, its environment makes it a rank of a job, or `fresh` asks for an interpreter of
+    its own (the tests of start-up itself).
+    """
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    if not launcher and not fresh and preloaded_python.can_start(full_env):
+        sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        return preloaded_python.run(module, list(args), cwd, full_env, timeout, sigint_ignored)
     command = [*launcher, "-m", module, *args] if launcher else [sys.executable, "-m", module, *args]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def start_module(
+    module: str,
+    args: list[str],
+    cwd: Path,
+    stdout: Path,
+    stderr: Path,
+    env: dict | None = None,
+    new_session: bool = False,
+):
+    """`python -m <module> <args>` in the background, its output in files (a pipe would fill up and block it), as
+    a terminal starts it (Ctrl-C reaches Python): a `subprocess.Popen`, or its preloaded twin with the same
+    `pid`, `poll`, `wait`, `send_signal` and `kill` (see `run_module` for which).
+    """
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    if preloaded_python.can_start(full_env):
+        return preloaded_python.PreloadedPython.get().start(module, args, cwd, full_env, stdout, stderr, new_session)
+    with stdout.open("w") as out, stderr.open("w") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=err,
+            env=full_env,
+            start_new_session=new_session,
+            # A runner started in the background (`cmd &` in a script) passes on an ignored SIGINT, which Python
+            # would leave ignored.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
 
 
 def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

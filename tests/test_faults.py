@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +22,7 @@ import pytest
 import torch
 
 from tests.fault_cases import BAD_INPUTS, BadInput
-from tests.helpers import REPO, check_ok, free_port, mnist_overrides, read_json, run_module
+from tests.helpers import REPO, check_ok, free_port, mnist_overrides, read_json, run_module, start_module
 from tests.test_strategies import alive, descendants
 
 pytestmark = pytest.mark.slow  # every case starts the entry point (seconds each), most train
@@ -90,23 +89,10 @@ def assert_no_process_left(directory: Path, grace: float = 10.0) -> None:
 
 @contextmanager
 def background_run(args: list[str], cwd: Path, new_session: bool = False) -> Iterator[subprocess.Popen]:
-    """`python -m project.train <args>` in the background, its output in files in `cwd` (`output_of` reads them;
-    a pipe would fill up and block it). Whatever is still running when the test ends is killed.
+    """`python -m project.train <args>` in the background, its output in files in `cwd` (`output_of` reads them).
+    Whatever is still running when the test ends is killed.
     """
-    out, err = cwd / "stdout.txt", cwd / "stderr.txt"
-    with out.open("w") as stdout, err.open("w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "project.train", *args],
-            cwd=cwd,
-            stdout=stdout,
-            stderr=stderr,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **ENV},
-            start_new_session=new_session,
-            # Ctrl-C as a terminal delivers it: a runner started in the background (`cmd &` in a script) passes on
-            # an ignored SIGINT, which Python then leaves ignored.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
+    proc = start_module("project.train", args, cwd, cwd / "stdout.txt", cwd / "stderr.txt", new_session=new_session)
     try:
         yield proc
     finally:
@@ -523,14 +509,11 @@ def test_disk_full_mid_run_exits_2_and_keeps_the_last_checkpoint(tmp_path: Path,
 
 def test_launches_started_together_write_their_own_run_dirs(tmp_path: Path):
     """Two runs started at once must not share (and garble) one `outputs/<date>/<time>`."""
-    command = [sys.executable, "-m", "project.train", "logger=none"]
-    env = {**os.environ, **ENV}
-    procs = [
-        subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    ended = [proc.communicate(timeout=300) for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0], [stderr[-3000:] for _, stderr in ended]
+    outputs = [(tmp_path / f"stdout{number}.txt", tmp_path / f"stderr{number}.txt") for number in range(2)]
+    procs = [start_module("project.train", ["logger=none"], tmp_path, *files) for files in outputs]
+    statuses = [proc.wait(timeout=300) for proc in procs]
+    ended = [(stdout.read_text(), stderr.read_text()) for stdout, stderr in outputs]
+    assert statuses == [0, 0], [stderr[-3000:] for _, stderr in ended]
     printed = sorted(re.search(r"^run dir +(\S+)\s*$", stdout, re.MULTILINE).group(1) for stdout, _ in ended)
     run_dirs = sorted(path for path in (tmp_path / "outputs").glob("*/*") if path.is_dir())
     assert printed == [str(run_dir) for run_dir in run_dirs]

@@ -7,17 +7,14 @@ batches of 25, 14 steps per epoch alone and 7 per rank under DDP(2), 3 epochs. T
 """
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import REPO, check_ok, histories, mnist_overrides, read_json, run_module
+from tests.helpers import REPO, check_ok, histories, mnist_overrides, read_json, run_module, start_module
 from tests.idx_files import write_idx_split
 
 pytestmark = pytest.mark.slow
@@ -209,20 +206,16 @@ def test_the_reference_loop_stopped_mid_epoch_resumes_to_the_lightning_run_never
     check_ok(run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'lightning'}", cwd=tmp_path, env=ENV))
     stopped_dir = tmp_path / "stopped"
     last = stopped_dir / "checkpoints" / "last.pt"
-    command = [sys.executable, "-m", "project.reference.single", *args, "mid_epoch_checkpoint.every_n_steps=5"]
-    with subprocess.Popen(
-        [*command, f"hydra.run.dir={stopped_dir}"],
-        cwd=tmp_path,
-        env={**os.environ, **ENV},
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        deadline = time.monotonic() + 120
-        while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        stderr = proc.stderr.read()
-    assert proc.returncode == STOPPED_BY_SIGTERM, stderr[-3000:]
+    args_stopped = [*args, "mid_epoch_checkpoint.every_n_steps=5", f"hydra.run.dir={stopped_dir}"]
+    output = tmp_path / "stopped.out", tmp_path / "stopped.err"
+    proc = start_module("project.reference.single", args_stopped, tmp_path, *output, env=ENV)
+    deadline = time.monotonic() + 120
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    status = proc.wait(timeout=120)
+    stderr = output[1].read_text()
+    assert status == STOPPED_BY_SIGTERM, stderr[-3000:]
     assert stderr.splitlines()[-1].endswith(f"ckpt_path={last.resolve()}")
     first_step = torch.load(last, weights_only=True)["global_step"]
     assert 0 < first_step < 30 * 14

@@ -2,8 +2,6 @@
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -11,31 +9,25 @@ import optuna
 import pytest
 
 from project.runs.sweep_summary import INTERRUPTED_FILE, format_sweep_table, job_rows
-from tests.helpers import check_ok, mnist_overrides
+from tests.helpers import check_ok, mnist_overrides, run_module, start_module
 
 pytestmark = pytest.mark.slow
 TRIALS = 4
 KILLED_IN = 2  # the trial (and job) the first run is killed in: trials 0 and 1 have finished
 
 
-def search_command(mnist_root: Path, sweep_dir: Path) -> list[str]:
+def search_arguments(mnist_root: Path, sweep_dir: Path) -> list[str]:
     overrides = mnist_overrides(mnist_root, "trainer.max_epochs=1", "hparams_search=mnist_optuna")
     return [
-        sys.executable,
-        "-m",
-        "project.train",
         *overrides,
         f"hydra.sweeper.n_trials={TRIALS}",
         f"hydra.sweep.dir={sweep_dir}",
     ]
 
 
-def kill_when_job_starts(command: list[str], cwd: Path, job_dir: Path) -> None:
+def kill_when_job_starts(args: list[str], cwd: Path, job_dir: Path) -> None:
     """Run the search until `job_dir` is made (its trial has been asked for), then SIGKILL it, ranks and all."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    search = subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    search = start_module("project.train", args, cwd, cwd / "search.out", cwd / "search.err", new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not (job_dir / ".hydra" / "overrides.yaml").is_file():
@@ -49,16 +41,12 @@ def kill_when_job_starts(command: list[str], cwd: Path, job_dir: Path) -> None:
 
 def test_a_killed_search_carries_on_to_n_trials_and_runs_no_finished_trial_again(tmp_path: Path, mnist_root: Path):
     sweep_dir = tmp_path / "search"
-    command = search_command(mnist_root, sweep_dir)
-    kill_when_job_starts(command, tmp_path, sweep_dir / str(KILLED_IN))
+    args = search_arguments(mnist_root, sweep_dir)
+    kill_when_job_starts(args, tmp_path, sweep_dir / str(KILLED_IN))
     assert not (sweep_dir / str(KILLED_IN) / "results.json").exists(), "killed during the trial"
     before = {job: (sweep_dir / str(job) / "results.json").read_text() for job in range(KILLED_IN)}
 
-    result = check_ok(
-        subprocess.run(
-            command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True
-        )
-    )
+    result = check_ok(run_module("project.train", *args, cwd=tmp_path))
 
     study = optuna.load_study(study_name="mnist_optuna", storage=f"sqlite:///{sweep_dir}/optuna.db")
     states = [trial.state for trial in study.trials]

@@ -2,14 +2,20 @@
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import check_ok, histories, mnist_overrides, read_json, run_module, simulated_slurm_nodes
+from tests.helpers import (
+    check_ok,
+    histories,
+    mnist_overrides,
+    read_json,
+    run_module,
+    simulated_slurm_nodes,
+    start_module,
+)
 
 pytestmark = pytest.mark.slow
 TRAIN_IMAGES, BATCH = 350, 25
@@ -173,13 +179,7 @@ def test_a_killed_rank_stops_the_whole_run_quickly(tmp_path: Path, mnist_root: P
         "data.batch_size=5",
         f"hydra.run.dir={tmp_path / 'run'}",
     )
-    main = subprocess.Popen(
-        [sys.executable, "-m", "project.train", *args],
-        cwd=tmp_path,
-        text=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    main = start_module("project.train", args, tmp_path, tmp_path / "stdout.txt", tmp_path / "stderr.txt")
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "run" / "train.rank1.log").exists() or not descendants(main.pid):
@@ -196,7 +196,7 @@ def test_a_killed_rank_stops_the_whole_run_quickly(tmp_path: Path, mnist_root: P
         assert time.monotonic() - killed_at < 60
         assert not any(alive(pid) for pid in everyone), "a process of the run outlived it"
         if victim == "rank 1":
-            assert "error: rank 1 (pid" in main.stderr.read()
+            assert "error: rank 1 (pid" in (tmp_path / "stderr.txt").read_text()
     finally:
         for pid in [main.pid, *descendants(main.pid)]:
             if alive(pid):

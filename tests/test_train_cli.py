@@ -1,4 +1,7 @@
-"""`python -m project.train` as a user runs it: a subprocess, its output, its run dir."""
+"""`python -m project.train` as a user runs it: a subprocess, its output, its run dir.
+
+The default run and a config error go through an interpreter of their own (`fresh`), start-up included; the rest
+are forked from the tests' preloaded Python (tests/preloaded_python.py)."""
 
 from pathlib import Path
 
@@ -11,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_default_run_learns_the_toy_problem_and_writes_everything_in_its_run_dir(tmp_path: Path):
-    result = check_ok(run_module("project.train", cwd=tmp_path))
+    result = check_ok(run_module("project.train", cwd=tmp_path, fresh=True))
     run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
     assert len(run_dirs) == 1, run_dirs
     run_dir = run_dirs[0]
@@ -56,7 +59,10 @@ def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path)
 )
 def test_bad_input_ends_with_one_clear_line(tmp_path: Path, override: str, expected: str):
     extra = ["experiment=mnist"] if override.startswith("data.name") else []
-    result = run_module("project.train", *extra, override, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    fresh = override == "trainer=nope"  # Hydra's own error, reported before any of the project runs
+    result = run_module(
+        "project.train", *extra, override, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, fresh=fresh
+    )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert expected in result.stderr
