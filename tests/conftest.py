@@ -11,8 +11,15 @@ from tests.helpers import FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY
 from tests.idx_files import write_idx_dataset
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip, with the reason, what this machine cannot run."""
+    """Skip, with the reason, what this machine cannot run; group and order the tests for the two workers."""
+    skip_unrunnable(items)
+    group_by_shared_fixtures(items)
+    items.sort(key=run_order)
+
+
+def skip_unrunnable(items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is visible here")
     skip_real = pytest.mark.skip(
         reason=f"needs Debian's Fashion-MNIST in {FASHION_MNIST_DEBIAN} (`make system-deps` as root)"
@@ -22,6 +29,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
         if "realdata" in item.keywords and not FASHION_MNIST_DEBIAN.is_dir():
             item.add_marker(skip_real)
+
+
+def group_by_shared_fixtures(items: list[pytest.Item]) -> None:
+    """Tests that share a module-scoped fixture (a trained run, a cluster) run on one xdist worker, which builds it
+    once; every other test goes to whichever worker is free (`--dist loadgroup`). The Slurm tests are one group:
+    their jobs queue for the same two nodes.
+    """
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            name = parent[name]
+        return name
+
+    shared: dict[pytest.Item, list[str]] = {}
+    for item in items:
+        definitions = getattr(item, "_fixtureinfo", None)
+        names = [
+            f"{item.module.__name__}::{name}"
+            for name, fixture_defs in (definitions.name2fixturedefs.items() if definitions else ())
+            if fixture_defs and fixture_defs[-1].scope == "module"
+        ]
+        if item.get_closest_marker("slurm"):
+            names.append("slurm")
+        for name in names[1:]:
+            parent[root(name)] = root(names[0])
+        shared[item] = names
+    for item, names in shared.items():
+        if names:
+            item.add_marker(pytest.mark.xdist_group(root(names[0])))
+
+
+def run_order(item: pytest.Item) -> int:
+    """The longest work first, so that neither worker is left with a long tail: the Slurm jobs, the other groups,
+    then the slow tests, then the quick ones."""
+    if item.get_closest_marker("slurm"):
+        return 0
+    if item.get_closest_marker("xdist_group"):
+        return 1
+    return 2 if item.get_closest_marker("slow") else 3
 
 
 @pytest.fixture(scope="session", autouse=True)
