@@ -29,12 +29,6 @@ def linear_output_dtype_in_thread_as_parallel_apply_runs_it(replica: Callable[..
     return in_new_thread(worker)
 
 
-def test_autocast_state_of_main_thread_is_not_seen_by_a_new_thread():
-    with torch.autocast("cpu", dtype=torch.float16):
-        seen = in_new_thread(lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
-    assert seen == (False, torch.bfloat16)  # CPU's defaults, not the caller's float16
-
-
 def test_replica_runs_in_callers_autocast_dtype_in_another_thread():
     linear = nn.Linear(3, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -9,7 +9,6 @@ def test_toy_network_is_2_30_20_2_with_relu():
     linears = [m for m in network.modules() if isinstance(m, nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(2, 30), (30, 20), (20, 2)]
     assert sum(isinstance(m, nn.ReLU) for m in network.modules()) == 2
-    assert sum(p.numel() for p in network.parameters()) == 752
     assert network(torch.zeros(5, 2)).shape == (5, 2)
 
 

@@ -90,21 +90,6 @@ def label(combination: Combination) -> str:
     return " ".join(f"{axis}={value}" for axis, value in combination.items())
 
 
-def test_the_matrix_covers_every_pair_in_far_fewer_runs_than_the_product():
-    """Pairwise coverage is the claim of part (a); the full product would not build in seconds."""
-    covered = {
-        ((a, combination[a]), (b, combination[b]))
-        for combination in COMBINATIONS
-        for a, b in itertools.combinations(AXES, 2)
-    }
-    wanted = {((a, x), (b, y)) for a, b in itertools.combinations(AXES, 2) for x in AXES[a] for y in AXES[b]}
-    assert covered == wanted
-    product = math.prod(len(values) for values in AXES.values())
-    print(f"{len(COMBINATIONS)} combinations cover all {len(wanted)} value pairs (the product: {product})")
-    assert product == 36288 and len(COMBINATIONS) == 43, "at least trainer × recipe (7 × 6); greedy adds one"
-    assert all_pairs(AXES) == COMBINATIONS, "the generator is deterministic"
-
-
 # --- (a) every pair builds or refuses ---------------------------------------------------------------------------
 
 NO_GPU = not torch.cuda.is_available()

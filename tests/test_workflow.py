@@ -212,8 +212,9 @@ def test_bf16_mixed_precision_trains(tmp_path: Path):
         run_module("project.train", "trainer.precision=bf16-mixed", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     )
     results = read_json(tmp_path / "run" / "results.json")
-    assert results["test/acc"] == 1.0
-    assert json.loads(json.dumps(results))["epochs"] == 3
+    assert results["test/acc"] == 1.0 and results["epochs"] == 3
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["config"]["trainer"]["precision"] == "bf16-mixed"
 
 
 @pytest.mark.parametrize(
