@@ -5,6 +5,7 @@ few thousand images into a scratch root, so that every suite runs its real code 
 """
 
 import gzip
+import math
 import struct
 from pathlib import Path
 
@@ -51,14 +52,14 @@ def find_root(requested: str | None, scratch: Path) -> Path:
     )
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """An IDX file (packed or not) as an array of its shape, unsigned bytes."""
+def read_idx(path: Path, count: int) -> np.ndarray:
+    """The first `count` items of an IDX file (packed or not), unsigned bytes; only they are read (and unpacked)."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as file:
-        data = file.read()
-    dimensions = data[3]
-    shape = struct.unpack(f">{dimensions}I", data[4 : 4 + 4 * dimensions])
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dimensions).reshape(shape)
+        dimensions = file.read(4)[3]
+        items, *item_shape = struct.unpack(f">{dimensions}I", file.read(4 * dimensions))
+        shape = (min(count, items), *item_shape)
+        return np.frombuffer(file.read(math.prod(shape)), dtype=np.uint8).reshape(shape)
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -74,5 +75,5 @@ def small_copy(root: Path, scratch: Path, sizes: dict[str, int]) -> Path:
         for name in names:
             source = raw_dir(root) / name
             source = source if source.is_file() else source.with_name(f"{name}.gz")
-            write_idx(raw_dir(target) / name, read_idx(source)[: sizes[split]])
+            write_idx(raw_dir(target) / name, read_idx(source, sizes[split]))
     return target

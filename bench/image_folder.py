@@ -27,7 +27,7 @@ from bench.training_runs import compose_config, lightning_fit, load_datamodule
 from project.data.example_image_folder import fashion_mnist_splits, write
 
 WORKERS = 2
-PER_CLASS = {"quick": 60, "full": 600}  # training images per class; a quarter of that for validation and test
+PER_CLASS = {"quick": 20, "full": 600}  # training images per class; a quarter of that for validation and test
 
 
 class DecodeOnly(Dataset):

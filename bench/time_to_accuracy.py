@@ -18,6 +18,7 @@ from project.data import InMemoryDataset
 from project.metrics import ClassificationTotals
 
 TARGETS = (0.85, 0.88)
+QUICK_EPOCHS = 2  # `--quick`: the probe after each epoch, not the recipe's ten
 
 
 class TestAccuracyProbe(L.Callback):
@@ -62,6 +63,8 @@ def first_reaching(points: list[dict], target: float) -> dict | None:
 
 def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
     overrides = [*recipe, settings.trainer_override()]
+    if settings.quick:
+        overrides.append(f"trainer.max_epochs={QUICK_EPOCHS}")
     cfg = compose_config(overrides, scratch)
     datamodule = load_datamodule(cfg, torch.device(settings.device) if settings.resident else None)
     probe = TestAccuracyProbe(datamodule.test_set)
