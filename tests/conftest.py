@@ -1,5 +1,6 @@
 """Fixtures and the skips of what this machine cannot run; plain helpers live in tests/helpers.py."""
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,9 @@ import torch
 
 from tests.helpers import FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY
 from tests.idx_files import write_idx_dataset
+
+# Set by coverage (`make coverage`) for the processes it measures, this one included.
+UNDER_COVERAGE = "COVERAGE_PROCESS_CONFIG" in os.environ
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -21,6 +25,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def skip_unrunnable(items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is visible here")
+    skip_traced = pytest.mark.skip(
+        reason="Hydra prints its whole traceback while a tracer runs (hydra._internal.utils.is_under_debugger), "
+        "as coverage's does: `make test` checks this error's one-line report"
+    )
     skip_real = pytest.mark.skip(
         reason=f"needs Debian's Fashion-MNIST in {FASHION_MNIST_DEBIAN} (`make system-deps` as root)"
     )
@@ -29,6 +37,8 @@ def skip_unrunnable(items: list[pytest.Item]) -> None:
             item.add_marker(skip_gpu)
         if "realdata" in item.keywords and not FASHION_MNIST_DEBIAN.is_dir():
             item.add_marker(skip_real)
+        if item.get_closest_marker("hydra_report") and UNDER_COVERAGE:
+            item.add_marker(skip_traced)
 
 
 def group_by_shared_fixtures(items: list[pytest.Item]) -> None:

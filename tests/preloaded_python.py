@@ -107,6 +107,12 @@ def become(request: dict) -> None:
     pythonpath = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
     sys.path[:] = [request["cwd"], *pythonpath, *BASE_PATH]
     sys.argv[:] = [request["module"], *request["args"]]
+    # torch sized its thread pool as the server imported it (with no OMP_NUM_THREADS: one thread per core).
+    threads = request["env"].get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
     random.seed()
     tempfile.tempdir = None  # found again from this run's TMPDIR
 
@@ -124,7 +130,7 @@ class PreloadedPython:
         self.directory = Path(os.environ.get("TMPDIR", "/tmp")) / f"preloaded-python-{os.getpid()}"
         self.directory.mkdir(exist_ok=True)
         self.socket_path = str(self.directory / "socket")
-        env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+        env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "OMP_NUM_THREADS")}
         self.server = subprocess.Popen(
             [sys.executable, "-m", "tests.preloaded_python", self.socket_path],
             cwd=Path(__file__).resolve().parents[1],

@@ -188,6 +188,7 @@ def test_bad_input_exits_2_with_one_error_line_naming_it(
     assert_no_process_left(case_dir)
 
 
+@pytest.mark.hydra_report
 def test_a_key_the_config_does_not_have_is_named_by_hydra_before_anything_runs(tmp_path: Path):
     """`trainer.foo=1` fails in Hydra's composition, before this project's code: Hydra's own message, exit 1."""
     result = run_module("project.train", "trainer.foo=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=ENV)

@@ -51,7 +51,7 @@ def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path)
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("trainer=nope", "Could not find 'trainer/nope'"),
+        pytest.param("trainer=nope", "Could not find 'trainer/nope'", marks=pytest.mark.hydra_report),
         ("trainer.max_epochs=abc", "trainer.max_epochs must be an integer"),
         ("data.batch_size=0", "data.batch_size must be a positive integer"),
         ("data.name=cifar", "data.name='cifar' is not one of"),

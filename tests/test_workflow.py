@@ -222,7 +222,7 @@ def test_bf16_mixed_precision_trains(tmp_path: Path):
     [
         (["ckpt_path=/no/such/file.ckpt"], "ckpt_path=/no/such/file.ckpt: no such file"),
         (["ckpt_path=last"], "ckpt_path=last: no earlier run"),
-        (["hparams_search=nope"], "Could not find 'hparams_search/nope'"),
+        pytest.param(["hparams_search=nope"], "Could not find 'hparams_search/nope'", marks=pytest.mark.hydra_report),
     ],
 )
 def test_bad_resume_or_search_input_touches_nothing(tmp_path: Path, overrides: list[str], expected: str):
