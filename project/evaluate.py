@@ -52,7 +52,6 @@ def rebuild_trained(cfg: DictConfig, program: str, data_overrides: dict | None =
             f"use it with the version that trained it"
         ) from None
     module.load_state_dict(checkpoint["state_dict"])
-    module.run_config = checkpoint["config"]
     return datamodule, module
 
 

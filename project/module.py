@@ -32,13 +32,10 @@ class ClassifierModule(L.LightningModule):
     ) -> None:
         super().__init__()
         # No `save_hyperparameters()`: the entry point saves the whole Hydra config (which builds the network and
-        # the partials) in every checkpoint, and logs it to TensorBoard's HParams view.
+        # the partials) in every checkpoint (`project.runs.run_config`), and logs it to TensorBoard's HParams view.
         self.network = network
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
-        # The run's whole resolved config, set by the entry point and stored in every checkpoint, so a checkpoint
-        # alone can rebuild its network (`checkpoint["config"]["model"]`).
-        self.run_config: dict | None = None
         # The learning-rate schedule's length stored in the checkpoint being resumed, if any (`on_load_checkpoint`).
         self.resumed_total_steps: int | None = None
         # One loss-and-accuracy count per stage (submodules, so they follow the network to its device).
@@ -139,10 +136,6 @@ class ClassifierModule(L.LightningModule):
         """(class probabilities, labels) of one batch: what `project.predict` writes and draws."""
         inputs, labels = batch
         return torch.softmax(self(inputs).float(), dim=1), labels
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.run_config is not None:
-            checkpoint["config"] = self.run_config
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Remember the length of the resumed run's schedule, for `configure_optimizers` to check.

@@ -25,10 +25,10 @@ from project.errors import UserError, exit_on_user_error, find_user_error
 from project.job import isolated_job, stop_if_signalled
 from project.runs.checkpoints import resume_path
 from project.runs.history import TrainingHistory
-from project.runs.results import format_results_table, save_results
+from project.runs.mid_epoch_resume import MidEpochResumeCheck
+from project.runs.results import format_results_table, logged_metrics, save_results
+from project.runs.run_config import RunConfigCallback
 from project.runs.run_log import capture_logs, report
-
-FINAL_METRICS = ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc")
 
 
 @dataclass
@@ -45,18 +45,20 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     """Check `cfg`, then seed and instantiate everything a run needs, in the order the reference path does.
 
     The benchmarks and tests build through here too, adding their probes as `extra_callbacks`. `cfg.ckpt_path`
-    is resolved here to the file itself (`last` names the newest earlier run's `last.ckpt` under
-    `outputs_dir`), so the stored config says which file a run resumed from and every rank resumes from the same.
+    is resolved here to the file itself (`last` names the newest earlier run's `last.ckpt` of the same model and
+    data under `outputs_dir`), so the stored config says which file a run resumed from and every rank resumes from
+    the same. Every checkpoint stores the whole config (`RunConfigCallback`), whatever the module, and a resume
+    from inside an epoch needs a data module that restores its position there (`MidEpochResumeCheck`).
     """
     check_config(cfg)
-    network = OmegaConf.to_container(cfg.model.network, resolve=True)
-    cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, network)
+    run_config = OmegaConf.to_container(cfg, resolve=True)
+    cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, run_config)
+    run_config["ckpt_path"] = cfg.ckpt_path
     L.seed_everything(cfg.seed, workers=True)
     datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
     module: L.LightningModule = instantiate_group("model", cfg.model)
-    module.run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
-    callbacks += extra_callbacks
+    callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *extra_callbacks]
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
     # Checkpoints come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add its own.
     checkpointing = any(isinstance(callback, ModelCheckpoint) for callback in callbacks)
@@ -127,7 +129,11 @@ def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> N
     params = OmegaConf.to_container(cfg, resolve=True)
     for key in ("run_dir", "callbacks", "logger"):
         params.pop(key, None)
-    metrics = {f"hp/{name.replace('/', '_')}": results[name] for name in FINAL_METRICS if name in results}
+    metrics = {
+        f"hp/{name.replace('/', '_')}": value
+        for name, value in logged_metrics(results).items()
+        if isinstance(value, (int, float))
+    }
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger):
             logger.log_hyperparams(params, metrics)

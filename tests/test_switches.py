@@ -78,18 +78,20 @@ def test_a_torchrun_restart_carries_on_from_its_own_last_checkpoint(tmp_path: Pa
     """Not from the checkpoint the launch started from (that would redo its progress); another network is refused."""
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "restarted")
     network = {"_target_": "project.models.NeuralNetwork", "num_inputs": 2, "num_outputs": 2}
+    config = {"model": {"_target_": "project.module.ClassifierModule", "network": network}}
 
     def write_checkpoint(path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"state_dict": {}, "config": {"model": {"network": network}}}, path)
+        torch.save({"state_dict": {}, "config": config}, path)
         return path
 
     given, run = write_checkpoint(tmp_path / "given.ckpt"), tmp_path / "run"
-    assert resume_path(str(given), run, tmp_path, network) == str(given), "first attempt: nothing of its own yet"
+    assert resume_path(str(given), run, tmp_path, config) == str(given), "first attempt: nothing of its own yet"
     own = write_checkpoint(run / "checkpoints" / "last.ckpt")
-    assert resume_path(str(given), run, tmp_path, network) == resume_path(None, run, tmp_path, network) == str(own)
-    with pytest.raises(UserError, match="holds another network .* with a new --rdzv-id"):
-        resume_path(None, run, tmp_path, {**network, "_target_": "project.models.DeepNeuralNetwork"})
+    assert resume_path(str(given), run, tmp_path, config) == resume_path(None, run, tmp_path, config) == str(own)
+    other = {"model": {**config["model"], "network": {**network, "_target_": "project.models.DeepNeuralNetwork"}}}
+    with pytest.raises(UserError, match="holds another model .*DeepNeuralNetwork.* with a new --rdzv-id"):
+        resume_path(None, run, tmp_path, other)
 
 
 def test_a_multi_node_torchrun_launch_without_an_id_ends_in_one_line(tmp_path: Path, monkeypatch, capsys):

@@ -15,7 +15,7 @@ from project.errors import UserError
 def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one of ours.
 
-    Ours: a Lightning checkpoint whose `config` (stored by `ClassifierModule`) can rebuild its network.
+    Ours: a Lightning checkpoint whose `config` (stored by `project.runs.run_config`) can rebuild its run.
     """
     path = Path(path)
     if not path.is_file():
@@ -31,24 +31,63 @@ def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
-def newest_last_checkpoint(outputs_dir: Path, exclude: Path) -> Path:
-    """`checkpoints/last.ckpt` of the most recently written run under `outputs_dir`, other than `exclude`."""
-    candidates = [
-        path for path in outputs_dir.rglob("checkpoints/last.ckpt") if exclude.resolve() not in path.resolve().parents
-    ]
+def what_it_trains(config: dict) -> dict:
+    """What a run's weights fit: its module class and, where the module has one, its network's config.
+
+    Two runs that agree here hold weights of the same shapes (for the classifier and its networks; a module of
+    the user's own that builds its layers from other keys is matched by class alone, and Lightning names any
+    mismatched weight when it loads them). Optimizer, schedule and data settings may differ: a resumed run
+    can change them.
+    """
+    model = config.get("model") or {}
+    return {"model": model.get("_target_"), "network": model.get("network")}
+
+
+def same_data(first: dict, second: dict) -> bool:
+    return (first.get("data") or {}).get("_target_") == (second.get("data") or {}).get("_target_")
+
+
+def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict | None = None) -> Path:
+    """`checkpoints/last.ckpt` of the most recently written run under `outputs_dir`, other than `exclude`, that
+    trained the same model on the same kind of data as `run_config` (any run, without one)."""
+    files = outputs_dir.rglob("checkpoints/last.ckpt")
+    candidates = sorted(
+        (path for path in files if exclude.resolve() not in path.resolve().parents),
+        key=lambda path: path.stat().st_mtime,
+        reverse=True,
+    )
     if not candidates:
         raise UserError(
             f"ckpt_path=last: no earlier run under {outputs_dir} has a checkpoints/last.ckpt; "
             "train once first, or give the checkpoint's path"
         )
-    return max(candidates, key=lambda path: path.stat().st_mtime)
+    if run_config is None:
+        return candidates[0]
+    for path in candidates:
+        stored = stored_config(path)
+        if stored and what_it_trains(stored) == what_it_trains(run_config) and same_data(stored, run_config):
+            return path
+    model, data = run_config["model"].get("_target_"), (run_config.get("data") or {}).get("_target_")
+    raise UserError(
+        f"ckpt_path=last: none of the {len(candidates)} earlier runs under {outputs_dir} trained this model "
+        f"({model}) on this data ({data}); the newest, {candidates[0]}, trained another: give the checkpoint's "
+        "path, or train once first"
+    )
 
 
-def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, network: dict | None = None) -> str | None:
+def stored_config(path: Path) -> dict | None:
+    """The run config a checkpoint stores, or None for a file that is not one of ours."""
+    try:
+        return load_project_checkpoint(path)["config"]
+    except UserError:
+        return None
+
+
+def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_config: dict | None = None) -> str | None:
     """The checkpoint `trainer.fit` resumes from.
 
-    `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt), or null. A file whose network differs from
-    `network` (this run's `model.network` config) is refused: its weights would not load.
+    `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt of the same model and data), or null. A file
+    that trained another model than `run_config` (this run's config) builds is refused: its weights would not load.
 
     With null, a run that its launcher started again resumes from its own run dir's `checkpoints/last.ckpt`, since
     it finds that dir again: a requeued Slurm job (SLURM_RESTART_COUNT > 0; the dir is named after the job), and
@@ -67,16 +106,24 @@ def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, network
             return None
         hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
         return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
+    elif ckpt_path == "last":
+        path = newest_last_checkpoint(outputs_dir, exclude=run_dir, run_config=run_config)
     else:
-        path = newest_last_checkpoint(outputs_dir, exclude=run_dir) if ckpt_path == "last" else Path(ckpt_path)
-    trained = load_project_checkpoint(path)["config"]["model"]["network"]
-    if network is not None and trained != network:
+        path = Path(ckpt_path)
+    trained = what_it_trains(load_project_checkpoint(path)["config"])
+    if run_config is not None and trained != what_it_trains(run_config):
+        building = what_it_trains(run_config)
         raise UserError(
-            f"ckpt_path={path} holds another network ({trained.get('_target_')}) than this run builds "
-            f"({network.get('_target_')}): resume with the checkpoint's own model and data (its run's "
+            f"ckpt_path={path} holds another model ({describe(trained)}) than this run builds "
+            f"({describe(building)}): resume with the checkpoint's own model and data (its run's "
             ".hydra/overrides.yaml), or train afresh (without ckpt_path; under torchrun, with a new --rdzv-id)"
         )
     return str(path)
+
+
+def describe(trained: dict) -> str:
+    network = trained["network"]
+    return f"{trained['model']} with {network.get('_target_')}" if isinstance(network, dict) else str(trained["model"])
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -14,6 +14,8 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from project.runs.batch_size import batch_size_of
+
 
 @dataclass
 class TrainingHistory:
@@ -25,10 +27,10 @@ class TrainingHistory:
     first_step: int = 0  # the optimizer steps before the first of `step_losses` (a resumed run's checkpoint's)
     step_losses: list[float] = field(default_factory=list)
     epoch_losses: list[float] = field(default_factory=list)
-    epoch_samples: list[int] = field(default_factory=list)
+    epoch_samples: list[int | None] = field(default_factory=list)  # None: some batch's size could not be read
     fit_seconds: float = 0.0
 
-    def end_epoch(self, losses: list[Tensor], samples: int) -> None:
+    def end_epoch(self, losses: list[Tensor], samples: int | None) -> None:
         """Close an epoch: `losses` are its per-step losses, kept as tensors until now to avoid a sync per step."""
         values = torch.stack(losses).tolist() if losses else []
         self.step_losses.extend(values)
@@ -36,13 +38,19 @@ class TrainingHistory:
         self.epoch_samples.append(samples)
 
     def run_summary(self, run_dir: str | Path) -> dict:
-        """The size, speed and place of the run, as both paths' results.json state them (samples of all ranks)."""
-        samples = sum(self.epoch_samples) * self.world_size
+        """The size, speed and place of the run, as both paths' results.json state them (samples of all ranks).
+
+        `samples_per_second` is None where some batch's size could not be read (`batch_size_of`).
+        """
+        speed = None
+        if None not in self.epoch_samples:
+            samples = sum(self.epoch_samples) * self.world_size
+            speed = samples / self.fit_seconds if self.fit_seconds else float("nan")
         return {
             "epochs": self.first_epoch + len(self.epoch_samples),
             "world_size": self.world_size,
             "fit_seconds": self.fit_seconds,
-            "samples_per_second": samples / self.fit_seconds if self.fit_seconds else float("nan"),
+            "samples_per_second": speed,
             "run_dir": str(run_dir),
         }
 
@@ -56,6 +64,15 @@ class TrainingHistory:
         return cls(**json.loads(Path(path).read_text()))
 
 
+def training_loss(outputs: object) -> Tensor | None:
+    """The loss a `training_step` returned: a tensor, or a dict's "loss" (None where it returned nothing to step)."""
+    if isinstance(outputs, Tensor):
+        return outputs
+    if isinstance(outputs, dict) and isinstance(outputs.get("loss"), Tensor):
+        return outputs["loss"]
+    return None
+
+
 class HistoryCallback(L.Callback):
     """Fills a `TrainingHistory` from Lightning's training loop and saves it at the end of `fit`."""
 
@@ -63,7 +80,7 @@ class HistoryCallback(L.Callback):
         self.run_dir = run_dir
         self.history = TrainingHistory()
         self._losses: list[Tensor] = []
-        self._samples = 0
+        self._samples: int | None = 0
         self._start: float | None = None  # None until training starts: a finished run resumed never does
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -77,8 +94,11 @@ class HistoryCallback(L.Callback):
         self._losses, self._samples = [], 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._losses.append(outputs["loss"].detach())
-        self._samples += len(batch[1])
+        loss = training_loss(outputs)
+        if loss is not None:
+            self._losses.append(loss.detach())
+        size = batch_size_of(batch)
+        self._samples = None if size is None or self._samples is None else self._samples + size
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.history.end_epoch(self._losses, self._samples)

@@ -7,7 +7,6 @@ after every other job has run.
 """
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,6 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from project.errors import ERROR_FILE
+from project.runs.results import format_value
 from project.runs.run_log import report
 
 SWEEP_FAILED_STATUS = 1
@@ -27,7 +27,7 @@ INTERRUPTED_FILE = "interrupted.txt"
 class JobRow(NamedTuple):
     job: str
     overrides: str
-    value: float  # NaN where the job failed or reported none
+    value: float | None  # None (or NaN) where the job failed or its module logged no such metric
     directory: str
     error: str | None  # the job's error line, if it failed
     interrupted: bool = False  # stopped with its search and run again (INTERRUPTED_FILE)
@@ -45,7 +45,7 @@ def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
         saved = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else ["(not saved)"]
         overrides = " ".join(saved or [])
         results_file, error_file = job_dir / "results.json", job_dir / ERROR_FILE
-        value = json.loads(results_file.read_text()).get(metric, math.nan) if results_file.is_file() else math.nan
+        value = json.loads(results_file.read_text()).get(metric) if results_file.is_file() else None
         error = error_file.read_text().strip() if error_file.is_file() else None
         interrupted = (job_dir / INTERRUPTED_FILE).is_file()
         if error is None and not results_file.is_file() and not interrupted:
@@ -58,7 +58,7 @@ def format_sweep_table(rows: list[JobRow], metric: str) -> str:
     width = max([len("overrides"), *(len(row.overrides) for row in rows)])
     lines = [f"{'job':<5}{'overrides':<{width + 2}}{metric:>12}  dir"]
     for row in rows:
-        value = "failed" if row.error else "interrupted" if row.interrupted else f"{row.value:.4f}"
+        value = "failed" if row.error else "interrupted" if row.interrupted else format_value(row.value)
         lines.append(f"{row.job:<5}{row.overrides:<{width + 2}}{value:>12}  {row.directory}")
     lines += [f"job {row.job} {row.error}" for row in rows if row.error]
     rule = "-" * max(len(line) for line in lines)

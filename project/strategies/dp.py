@@ -84,7 +84,14 @@ class DataParallelStrategy(ParallelStrategy):
         self.model.to(self.root_device)
 
     def _setup_model(self, model: Module) -> Module:
-        network = getattr(self.lightning_module, self.module_attribute)
+        network = getattr(self.lightning_module, self.module_attribute, None)
+        if not isinstance(network, Module):
+            # Refused with or without a GPU, so a run tried on a laptop behaves as it will on the GPU machine.
+            raise UserError(
+                f"trainer=dp splits each batch over the GPUs in the module's `{self.module_attribute}` network, "
+                f"which {type(self.lightning_module).__name__} has no nn.Module attribute of that name for: set "
+                "trainer.strategy.module_attribute=<the attribute that holds its network>, or use trainer=ddp"
+            )
         if self.root_device.type != "cuda":
             if self._said_no_gpu:
                 return model
@@ -98,7 +105,7 @@ class DataParallelStrategy(ParallelStrategy):
     @contextmanager
     def _plain_network(self) -> Iterator[None]:
         """Put the unwrapped network back for the duration, so state dicts carry no `module.` prefix."""
-        network = getattr(self.lightning_module, self.module_attribute)
+        network = getattr(self.lightning_module, self.module_attribute, None)
         if not isinstance(network, DataParallel):
             yield
             return

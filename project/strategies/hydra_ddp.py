@@ -40,6 +40,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 
 import __main__
 from project.errors import UserError
+from project.runs.run_config import run_config_of
 from project.strategies.same_config import check_same_config_on_every_rank
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,7 @@ class HydraDDPStrategy(DDPStrategy):
                 f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
                 "allow more time with trainer.strategy.timeout.seconds"
             ) from None
-        check_same_config_on_every_rank(getattr(self.lightning_module, "run_config", None))
+        check_same_config_on_every_rank(run_config_of(self.lightning_module.trainer))
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
