@@ -3,11 +3,13 @@
 The checkpoint's stored config rebuilds its network and data (as `project.evaluate` does, `weights_only=True`);
 Lightning's `predict` runs it over one split with the chosen `trainer=` (under DDP each rank predicts its
 share, `UnrepeatedDistributedSampler`'s samples r, r + N, ..., and rank 0 puts them back in order; `trainer=ddp_spawn`
-is refused: Lightning returns no predictions from spawned workers). Rank 0 writes
-`predictions.csv`, `per_class.csv`, `confusion_matrix.png` and, for image data, `most_confident_mistakes.png` into
-the run dir (`project.predictions`), and prints the per-class table. Its accuracy is `evaluate`'s test/acc.
-A data module of your own needs no `class_names` (the labels then name the classes) and no datasets with the
-project's `image` (then no mistakes are drawn).
+is refused: Lightning returns no predictions from spawned workers). Rank 0 writes what `predict_step` returned,
+whatever the module, to `predictions.pt` (and `predictions.csv` where it fits a table: `project.predicted_outputs`).
+Where those are class scores and labels (the classifier's `predict_step`), it writes `predictions.csv`,
+`per_class.csv`, `confusion_matrix.png` and, for image data, `most_confident_mistakes.png` into the run dir
+(`project.predictions`) instead, and prints the per-class table; its accuracy is `evaluate`'s test/acc. A data
+module of your own needs no `class_names` (the labels then name the classes) and no datasets with the project's
+`image` (then no mistakes are drawn).
 """
 
 from collections.abc import Callable
@@ -20,6 +22,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from omegaconf import DictConfig, OmegaConf
 
+from project import predicted_outputs
 from project.errors import UserError, exit_on_user_error
 from project.evaluate import rebuild_trained
 from project.job import isolated_job
@@ -31,21 +34,30 @@ from project.predictions import (
     write_csv,
     write_per_class,
 )
+from project.runs.run_config import RunConfigCallback
 from project.runs.run_log import capture_logs, report
 from project.train import instantiate_group
 
 SPLITS = ("test", "val", "train")
 
 
-def predict(cfg: DictConfig) -> tuple[Predictions | None, L.LightningDataModule]:
-    """Every sample of split `cfg.split` once, in order, on rank 0 (None on the other ranks), and the data."""
+def predict(cfg: DictConfig) -> tuple[predicted_outputs.Outputs | None, L.LightningDataModule]:
+    """What `predict_step` returns for every sample of the split, once, in order, on rank 0 (None on the other
+    ranks), by output name (`project.predicted_outputs`), and the data."""
     if cfg.split not in SPLITS:
         raise UserError(f"split must be one of {' | '.join(SPLITS)}, got {cfg.split!r}")
     given = {key: value for key, value in OmegaConf.to_container(cfg.data).items() if value is not None}
     datamodule, module = rebuild_trained(cfg, "project.predict", given)
-    datamodule.predict_split = cfg.split
+    datamodule.predict_split = cfg.split  # the project's data modules serve that split; a user's own its own
+    # The ranks of a DDP prediction check that they composed the same config (`HydraDDPStrategy`).
+    same_config = RunConfigCallback(OmegaConf.to_container(cfg, resolve=True))
     trainer: L.Trainer = instantiate_group(
-        "trainer", cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[], enable_progress_bar=False
+        "trainer",
+        cfg.trainer,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[same_config],
+        enable_progress_bar=False,
     )
     if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
         raise UserError(
@@ -53,14 +65,21 @@ def predict(cfg: DictConfig) -> tuple[Predictions | None, L.LightningDataModule]
             "do not return: use trainer=ddp"
         )
     with isolated_job(trainer):
-        batches = trainer.predict(module, datamodule=datamodule)
-        probabilities = torch.cat([probabilities for probabilities, _ in batches])
-        labels = torch.cat([labels for _, labels in batches])
+        outputs = predicted_outputs.joined(trainer.predict(module, datamodule=datamodule))
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            probabilities, labels = interleave(gathered_shares(probabilities, labels))
+            outputs = predicted_outputs.interleave(gathered_shares(outputs))
     if trainer.global_rank != 0:
         return None, datamodule
-    return Predictions(labels, probabilities, class_names(datamodule, probabilities.shape[1])), datamodule
+    return outputs, datamodule
+
+
+def as_class_predictions(outputs: predicted_outputs.Outputs, datamodule: L.LightningDataModule) -> Predictions | None:
+    """The outputs as class predictions, where they are class scores and labels (the classifier's), else None."""
+    scores = predicted_outputs.class_scores(outputs)
+    if scores is None:
+        return None
+    probabilities, labels = scores
+    return Predictions(labels, probabilities, class_names(datamodule, probabilities.shape[1]))
 
 
 def class_names(datamodule: L.LightningDataModule, classes: int) -> tuple[str, ...]:
@@ -69,35 +88,35 @@ def class_names(datamodule: L.LightningDataModule, classes: int) -> tuple[str, .
     return tuple(str(name) for name in names) if names else tuple(str(label) for label in range(classes))
 
 
-def gathered_shares(probabilities: torch.Tensor, labels: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every rank's (probabilities, labels), by rank, on every rank.
+def gathered_shares(outputs: predicted_outputs.Outputs) -> list[predicted_outputs.Outputs]:
+    """Every rank's outputs, by rank, on every rank.
 
     The shares travel on the CPU: `all_gather_object` pickles them, and a GPU tensor unpickles onto the GPU it was
     sent from, which the receiving rank may not see (where each rank is shown only its own GPU).
     """
     shares: list = [None] * dist.get_world_size()
-    dist.all_gather_object(shares, (probabilities.cpu(), labels.cpu()))
+    dist.all_gather_object(shares, {name: output.cpu() for name, output in outputs.items()})
     return shares
 
 
-def interleave(shares: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ranks' shares back in the split's order: rank r holds samples r, r + N, r + 2N, ..."""
-    ranks = len(shares)
-    total = sum(len(labels) for _, labels in shares)
-    probabilities = torch.empty(total, shares[0][0].shape[1])
-    labels = torch.empty(total, dtype=shares[0][1].dtype)
-    for rank, (rank_probabilities, rank_labels) in enumerate(shares):
-        probabilities[rank::ranks] = rank_probabilities
-        labels[rank::ranks] = rank_labels
-    return probabilities, labels
-
-
-def write_outputs(predictions: Predictions, images: Callable[[int], torch.Tensor] | None, run_dir: Path) -> list[str]:
-    """The files `project.predictions` makes, in `run_dir`; their names."""
+def write_outputs(
+    outputs: predicted_outputs.Outputs,
+    predictions: Predictions | None,
+    images: Callable[[int], torch.Tensor] | None,
+    run_dir: Path,
+) -> list[str]:
+    """`predictions.pt` always; for class predictions the files `project.predictions` makes, else
+    `predictions.csv` where the outputs fit a table; the names written, in `run_dir`."""
+    torch.save(outputs, run_dir / "predictions.pt")
+    written = ["predictions.pt"]
+    if predictions is None:
+        return written + (
+            ["predictions.csv"] if predicted_outputs.write_table(outputs, run_dir / "predictions.csv") else []
+        )
     write_csv(predictions, run_dir / "predictions.csv")
     write_per_class(predictions, run_dir / "per_class.csv")
     plot_confusion_matrix(predictions, run_dir / "confusion_matrix.png")
-    written = ["predictions.csv", "per_class.csv", "confusion_matrix.png"]
+    written += ["predictions.csv", "per_class.csv", "confusion_matrix.png"]
     if images is not None and plot_confident_mistakes(predictions, images, run_dir / "most_confident_mistakes.png"):
         written.append("most_confident_mistakes.png")
     return written
@@ -118,11 +137,16 @@ def split_images(datamodule: L.LightningDataModule, split: str) -> Callable[[int
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     capture_logs()
-    predictions, datamodule = predict(cfg)
-    if predictions is None:
+    outputs, datamodule = predict(cfg)
+    if outputs is None:
         return
-    written = write_outputs(predictions, split_images(datamodule, cfg.split), Path(cfg.run_dir))
-    report(f"{cfg.split} split of {cfg.ckpt_path}\n{per_class_table(predictions)}")
+    predictions = as_class_predictions(outputs, datamodule)
+    written = write_outputs(outputs, predictions, split_images(datamodule, cfg.split), Path(cfg.run_dir))
+    if predictions is not None:
+        report(f"{cfg.split} split of {cfg.ckpt_path}\n{per_class_table(predictions)}")
+    else:
+        shapes = ", ".join(f"{name} {list(output.shape)}" for name, output in outputs.items())
+        report(f"{cfg.split} split of {cfg.ckpt_path}: {shapes or 'no outputs'}")
     report(f"run dir: {cfg.run_dir} ({', '.join(written)})")
 
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets
 
-from project.predict import gathered_shares, predict, split_images, write_outputs
+from project.predict import as_class_predictions, gathered_shares, predict, split_images, write_outputs
 from tests.helpers import CONF_DIR, check_ok, mnist_overrides, run_module
 
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -136,11 +136,11 @@ def test_the_ranks_shares_arrive_on_the_cpu_whatever_device_predicted(tmp_path: 
     labels = torch.tensor([0, 1], device=device)
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        ((received_probabilities, received_labels),) = gathered_shares(probabilities, labels)
+        (received,) = gathered_shares({"0": probabilities, "1": labels})
     finally:
         dist.destroy_process_group()
-    assert received_probabilities.device.type == received_labels.device.type == "cpu"
-    assert torch.equal(received_probabilities, probabilities.cpu()) and torch.equal(received_labels, labels.cpu())
+    assert received["0"].device.type == received["1"].device.type == "cpu"
+    assert torch.equal(received["0"], probabilities.cpu()) and torch.equal(received["1"], labels.cpu())
 
 
 class PlainDataModule(L.LightningDataModule):
@@ -167,10 +167,11 @@ def test_a_data_module_of_your_own_gets_its_labels_as_class_names_and_no_mistake
             "predict", overrides=[f"ckpt_path={tmp_path / 'user.ckpt'}", "trainer=cpu", f"run_dir={tmp_path}"]
         )
 
-    predictions, datamodule = predict(cfg)
-    written = write_outputs(predictions, split_images(datamodule, cfg.split), tmp_path)
+    outputs, datamodule = predict(cfg)
+    predictions = as_class_predictions(outputs, datamodule)
+    written = write_outputs(outputs, predictions, split_images(datamodule, cfg.split), tmp_path)
     assert predictions.labels.tolist() == [0, 1, 0, 1, 0, 1, 0, 1, 0]
     assert predictions.class_names == ("0", "1")
     assert [row["class"] for row in read_rows(tmp_path / "per_class.csv")] == ["0", "1"]
     assert predictions.accuracy < 1, "there are mistakes, which image data would have drawn"
-    assert written == ["predictions.csv", "per_class.csv", "confusion_matrix.png"]
+    assert written == ["predictions.pt", "predictions.csv", "per_class.csv", "confusion_matrix.png"]
