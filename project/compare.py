@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error
 from project.parity import RunOutputs, comparison_rows, max_loss_difference, max_weight_difference
+from project.reference.loop import require_the_classifier
 
 
 def free_port() -> int:
@@ -115,6 +116,7 @@ def main(cfg: DictConfig) -> None:
     script, reference_launcher = REFERENCE_FOR_TRAINER[trainer]
     reference_command = [*reference_launcher(cfg), "-m", f"project.reference.{script}"]  # refuses what it can't run
     check_config(cfg)
+    require_the_classifier(cfg)
     require_history_and_checkpoint(cfg)
     # Both sides get the user's overrides; their run dirs are compare's to choose.
     overrides = [o for o in hydra_cfg.overrides.task if not o.lstrip("+~").startswith("hydra.")]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
@@ -26,6 +26,7 @@ from project.data import ClassificationDataModule
 from project.data.training_order import TrainingPosition
 from project.errors import RunStopped, UserError
 from project.metrics import ClassificationTotals
+from project.module import ClassifierModule
 from project.runs.history import TrainingHistory
 from project.runs.results import format_results_table, save_results
 
@@ -41,12 +42,34 @@ def pick_device(local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+def require_the_classifier(cfg: DictConfig) -> None:
+    """Refuse, before anything trains, a model or data module that the reference path has no twin of.
+
+    The reference scripts re-implement `ClassifierModule` (a `network`, an optimizer and schedule partial,
+    cross-entropy and accuracy) on a `ClassificationDataModule` (its sampler, loaders and training position); a
+    module or data module of another kind would train something else, so `project.compare` and parity mean nothing.
+    """
+    for group, expected in (("model", ClassifierModule), ("data", ClassificationDataModule)):
+        target = cfg[group].get("_target_")
+        try:
+            ours = isinstance(target, str) and issubclass(get_class(target), expected)
+        except (ImportError, ValueError):
+            ours = False
+        if not ours:
+            raise UserError(
+                f"{group}={target} is not a {expected.__name__}: the reference path (project/reference/, and "
+                f"project.compare) re-implements the classifier example only; train your own {group} with "
+                "python -m project.train, under any trainer="
+            )
+
+
 def build(
     cfg: DictConfig, device: torch.device
 ) -> tuple[ClassificationDataModule, nn.Module, torch.optim.Optimizer, Scheduler | None]:
     """Seed, then data, then network, optimizer and schedule: the order (and so the random numbers) of
     `project.train`. The schedule (None without `model.scheduler`) spans the run's optimizer steps, as Lightning
     sizes it."""
+    require_the_classifier(cfg)
     torch.manual_seed(cfg.seed)
     datamodule: ClassificationDataModule = instantiate(cfg.data)
     datamodule.prepare_data()
