@@ -6,6 +6,7 @@ torchrun, a shell) is then skipped at that point, which leaves the suite's in-pr
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -195,3 +196,26 @@ def torchrun_nodes(
 def histories(run_dir: Path) -> list[dict]:
     """Every rank's history file in `run_dir`, in rank order."""
     return [read_json(path) for path in sorted(run_dir.glob("history.rank*.json"))]
+
+
+def readme_section_blocks(title: str) -> list[tuple[str, str]]:
+    """(language, text) of each fenced block under the README's `## <title>`."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```(\w+)\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+
+
+def follow_readme_steps(steps: list[tuple[str, str]], cwd: Path, extra_env: dict[str, str]) -> Path:
+    """The classes and YAML files into the files their first lines name, then the commands (the last block), as a
+    user would in `cwd`; the results.json of the one run they make."""
+    for _, text in steps[:-1]:
+        path = cwd / re.match(r"# ([\w/.]+\.\w+)", text).group(1)  # the file its first line names
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this venv's, as activated
+    for command in steps[-1][1].strip().splitlines():
+        env = {**os.environ, **extra_env, "PATH": path}
+        result = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+    [results] = list(cwd.glob("outputs/*/*/results.json"))
+    return results

@@ -4,11 +4,8 @@ The README's "Add your own" steps, for data that is not images and for a network
 """
 
 import csv
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -21,7 +18,7 @@ from torchvision.transforms import v2
 from project.data.example_image_folder import main as write_example
 from project.data.image_folder import EpochTaggedShuffleSampler, ImageFolderDataModule
 from project.errors import UserError
-from tests.helpers import REPO, check_ok, histories, read_json, run_module
+from tests.helpers import REPO, check_ok, follow_readme_steps, histories, read_json, readme_section_blocks, run_module
 from tests.test_mid_epoch_resume import STOPPED_BY_SIGTERM, assert_resumed_exactly, signal_at
 
 TOLERANCE = 1e-6
@@ -206,13 +203,6 @@ def test_the_loader_keeps_its_workers_between_epochs(example_images: Path):
     assert isinstance(loader, DataLoader) and loader.persistent_workers and loader.num_workers == 2
 
 
-def readme_section_blocks(title: str) -> list[tuple[str, str]]:
-    """(language, text) of each fenced block under the README's `## <title>`."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^```(\w+)\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
-
-
 def readme_steps() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The README's "Add your own" steps: (the data's, the network's), each a class, a YAML and the commands."""
     blocks = readme_section_blocks("Add your own data and network")
@@ -220,27 +210,11 @@ def readme_steps() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     return blocks[:3], blocks[3:]
 
 
-def follow_readme_steps(steps: list[tuple[str, str]], cwd: Path) -> Path:
-    """The class and the YAML into the files their first lines name, then the commands, as a user would in `cwd`;
-    the results.json of the one run they make."""
-    for _, text in steps[:2]:
-        path = cwd / re.match(r"# ([\w/.]+\.\w+)", text).group(1)  # the file its first line names
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this venv's, as activated
-    for command in steps[2][1].strip().splitlines():
-        env = {**os.environ, **ENV, "PATH": path}
-        result = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
-        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
-    [results] = list(cwd.glob("outputs/*/*/results.json"))
-    return results
-
-
 @pytest.mark.slow
 def test_the_readme_steps_add_data_and_train_on_it_under_ddp(tmp_path: Path):
     """The README's data class, YAML and command as written: the points are learnt, each rank on its own half."""
     data_steps, _ = readme_steps()
-    results = follow_readme_steps(data_steps, tmp_path)
+    results = follow_readme_steps(data_steps, tmp_path, ENV)
     summary = read_json(results)
     assert summary["world_size"] == 2 and summary["test/acc"] >= 0.9, summary  # half the points are inside
     checkpoint = torch.load(results.parent / "checkpoints" / "last.ckpt", weights_only=True)
@@ -256,7 +230,7 @@ def test_the_readme_steps_add_data_and_train_on_it_under_ddp(tmp_path: Path):
 def test_the_readme_steps_add_a_network_and_train_it_under_ddp(tmp_path: Path):
     """The README's network class, YAML and commands as written, in a fresh directory."""
     _, network_steps = readme_steps()
-    results = follow_readme_steps(network_steps, tmp_path)
+    results = follow_readme_steps(network_steps, tmp_path, ENV)
     assert read_json(results)["world_size"] == 2
     checkpoint = torch.load(results.parent / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["config"]["model"]["network"]["_target_"] == "my_models.TinyCNN"

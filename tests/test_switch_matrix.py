@@ -29,8 +29,10 @@ from project.data import MNISTDataModule, ToyDataModule
 from project.errors import find_user_error
 from project.models import DeepNeuralNetwork, NeuralNetwork
 from project.runs.history import HistoryCallback
+from project.runs.run_config import run_config_of
 from project.strategies import DataParallelStrategy, HydraDDPStrategy
 from project.train import build
+from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import CONF_DIR, REPO, SRUN_TASK_ZERO, check_ok, histories, mnist_overrides, read_json, run_module
 
 AXES: dict[str, tuple[str, ...]] = {
@@ -43,6 +45,7 @@ AXES: dict[str, tuple[str, ...]] = {
         "data=mnist model=mnist_mlp",
         "data=fashion_mnist model=mnist_mlp",
         "data=kmnist model=mnist_mlp",
+        "foreign",  # a LightningModule and data module of the user's own: FOREIGN_RECIPE
     ),
     "logger": ("tensorboard", "csv", "none"),
     "callbacks": ("default", "none"),
@@ -103,6 +106,14 @@ EXPECTED_REFUSALS: list[tuple[Callable[[Combination], bool], str]] = [
     (lambda c: NO_GPU and c["trainer"] == "gpu", "No supported gpu backend found"),
 ]
 OTHER_NAME = "my_train"  # the -cn copy of train.yaml
+# tests/foreign_modules.py's regression, from its YAML files on Hydra's search path, optimising the metric it logs.
+FOREIGN_RECIPE = [
+    f"hydra.searchpath=[file://{REPO / 'tests' / 'foreign_conf'}]",
+    "model=regression",
+    "data=regression",
+    "optimized_metric=val/mse",
+    "optimized_mode=min",
+]
 LAUNCH_OVERRIDES = {
     "plain": [],
     "multirun": ["hydra.mode=MULTIRUN", "seed=7"],  # one job of `-m seed=1,7`
@@ -143,14 +154,25 @@ def is_mnist_family(recipe: str) -> bool:
     return "mnist" in recipe
 
 
-@pytest.fixture(scope="module")
-def earlier_runs(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> dict[bool, tuple[Path, Path]]:
-    """Per network (toy, or the MNIST MLP): (a checkpoint file, an outputs dir whose one run has a last.ckpt).
+def family(recipe: str) -> str:
+    """Which earlier run a combination resumes from: one per kind of model and data."""
+    return "foreign" if recipe == "foreign" else "mnist" if is_mnist_family(recipe) else "toy"
 
-    Real checkpoints of one epoch, trained in this process on the toy points and the small MNIST files.
+
+def recipe_overrides(recipe: str) -> list[str]:
+    return FOREIGN_RECIPE if recipe == "foreign" else recipe.split()
+
+
+@pytest.fixture(scope="module")
+def earlier_runs(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> dict[str, tuple[Path, Path]]:
+    """Per `family`: (a checkpoint file, an outputs dir whose one run has a last.ckpt).
+
+    Real checkpoints of one epoch, trained in this process on the toy points, the small MNIST files and the
+    foreign regression's points.
     """
     runs = {}
-    for mnist, overrides in ((False, ["logger=none"]), (True, mnist_overrides(mnist_root))):
+    families = (("toy", ["logger=none"]), ("mnist", mnist_overrides(mnist_root)), ("foreign", FOREIGN_RECIPE))
+    for kind, overrides in families:
         outputs = tmp_path_factory.mktemp("outputs")
         run_dir = outputs / "earlier"
         cfg, _ = compose_train(
@@ -160,20 +182,23 @@ def earlier_runs(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> 
         run.trainer.fit(run.module, datamodule=run.datamodule)
         saved = outputs.parent / f"{outputs.name}.ckpt"
         shutil.copy(run_dir / "checkpoints" / "last.ckpt", saved)
-        runs[mnist] = (saved, outputs)
+        runs[kind] = (saved, outputs)
     return runs
 
 
 def combination_overrides(combination: Combination, resume_file: Path, run_dir: Path) -> list[str]:
     trainer = [] if combination["trainer"] == "default" else [f"trainer={combination['trainer']}"]
     resume = {"none": [], "file": [f"ckpt_path={resume_file}"], "last": ["ckpt_path=last"]}[combination["resume"]]
+    launch = LAUNCH_OVERRIDES[combination["launch"]]
+    if combination["recipe"] == "foreign" and combination["launch"] == "optuna":
+        launch = [o.replace("model.optimizer.lr", "model.lr") for o in launch]  # the regression's own argument
     return [
-        *combination["recipe"].split(),
+        *recipe_overrides(combination["recipe"]),
         *trainer,
         f"logger={combination['logger']}",
         f"callbacks={combination['callbacks']}",
         f"trainer.precision={combination['precision']}",
-        *LAUNCH_OVERRIDES[combination["launch"]],
+        *launch,
         *resume,
         f"run_dir={run_dir}",
     ]
@@ -188,10 +213,10 @@ def test_every_pair_of_switches_builds_or_refuses_in_one_line(
     combination: Combination,
     tmp_path: Path,
     config_dirs: dict[str, tuple[Path, str]],
-    earlier_runs: dict[bool, tuple[Path, Path]],
+    earlier_runs: dict[str, tuple[Path, Path]],
 ):
     """Built: the Trainer, data and network are the ones chosen. Refused: a user error, which ends in one line."""
-    resume_file, outputs = earlier_runs[is_mnist_family(combination["recipe"])]
+    resume_file, outputs = earlier_runs[family(combination["recipe"])]
     run_dir = tmp_path / "run"
     config_dir, config_name = config_dirs[combination["source"]]
     cfg, hydra_cfg = compose_train(config_dir, config_name, combination_overrides(combination, resume_file, run_dir))
@@ -214,7 +239,7 @@ def test_every_pair_of_switches_builds_or_refuses_in_one_line(
     latest = outputs / "earlier" / "checkpoints" / "last.ckpt"
     expected_ckpt = {"none": None, "file": str(resume_file), "last": str(latest)}[combination["resume"]]
     assert run.ckpt_path == expected_ckpt
-    assert run.module.run_config["trainer"]["precision"] == combination["precision"], "checkpoints store the config"
+    assert run_config_of(run.trainer)["trainer"]["precision"] == combination["precision"], "checkpoints store it"
 
 
 def check_sources_and_launch(combination: Combination, hydra_cfg: DictConfig, config_dir: Path, name: str) -> None:
@@ -230,15 +255,19 @@ def check_sources_and_launch(combination: Combination, hydra_cfg: DictConfig, co
 
 def check_data_and_network(combination: Combination, run) -> None:
     recipe, launch = combination["recipe"], combination["launch"]
-    if is_mnist_family(recipe):
+    if recipe == "foreign":
+        assert isinstance(run.datamodule, RegressionData) and isinstance(run.module, RegressionModule)
+        if launch == "optuna":
+            assert run.datamodule.batch_size == 64 and run.module.lr == 0.0005
+    elif is_mnist_family(recipe):
         assert isinstance(run.datamodule, MNISTDataModule)
         assert run.datamodule.name == (recipe.split()[0].split("=")[1] if recipe.startswith("data=") else "mnist")
         assert isinstance(run.module.network, DeepNeuralNetwork)
     else:
         assert isinstance(run.datamodule, ToyDataModule) and isinstance(run.module.network, NeuralNetwork)
-    if launch == "optuna":
+    if launch == "optuna" and recipe != "foreign":
         assert run.datamodule.batch_size == 64 and run.module.optimizer_factory.keywords["lr"] == 0.0005
-    assert run.module.run_config["seed"] == (7 if launch == "multirun" else 123)
+    assert run_config_of(run.trainer)["seed"] == (7 if launch == "multirun" else 123)
 
 
 STRATEGIES = {  # trainer config → (strategy class, processes per node, nodes)

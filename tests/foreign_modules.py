@@ -1,0 +1,128 @@
+"""Modules and data modules a user might bring, none of them the template's classifier: the tests run them through
+the project's entry points (with `PYTHONPATH` at the repository) to prove the machinery assumes nothing of them.
+
+- `RegressionModule` on `RegressionData`: `(inputs, targets)` float batches, its own `configure_optimizers`, its own
+  metric names (`train/mse`, `val/mse`, `test/mse`, to be minimised), and a `predict_step` returning a tensor.
+- `DictBatchModule` on `DictBatchData`: batches that are dicts, and metrics without a `<stage>/` prefix.
+Lightning's own `BoringModel` and `BoringDataModule` (which log no metric at all) are the third.
+"""
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+def line_points(count: int, generator: torch.Generator) -> TensorDataset:
+    """Points on y = 3x + 1 with a little noise."""
+    inputs = torch.rand(count, 1, generator=generator) * 2 - 1
+    return TensorDataset(inputs, 3 * inputs + 1 + 0.05 * torch.randn(count, 1, generator=generator))
+
+
+class RegressionData(L.LightningDataModule):
+    def __init__(self, batch_size: int = 8, seed: int = 0) -> None:
+        super().__init__()
+        self.batch_size, self.seed = batch_size, seed
+
+    def setup(self, stage: str) -> None:
+        generator = torch.Generator().manual_seed(self.seed)
+        self.splits = {
+            split: line_points(count, generator) for split, count in (("train", 48), ("val", 16), ("test", 16))
+        }
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits["train"], batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits["val"], batch_size=self.batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits["test"], batch_size=self.batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits["test"], batch_size=self.batch_size)
+
+
+class RegressionModule(L.LightningModule):
+    def __init__(self, hidden: int = 8, lr: float = 0.05) -> None:
+        super().__init__()
+        self.lr = lr
+        self.layers = nn.Sequential(nn.Linear(1, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+    def _mse(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        inputs, targets = batch
+        loss = nn.functional.mse_loss(self.layers(inputs), targets)
+        self.log(f"{stage}/mse", loss, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self._mse(batch, "train")
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._mse(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._mse(batch, "test")
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self.layers(batch[0])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+class PointsAsDicts(Dataset):
+    """Three clusters of 2-D points, each sample `{"features": [2], "target": class}`."""
+
+    def __init__(self, count: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.targets = torch.arange(count) % 3
+        centres = torch.tensor([[0.0, 2.0], [2.0, -1.0], [-2.0, -1.0]])
+        self.features = centres[self.targets] + 0.3 * torch.randn(count, 2, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return {"features": self.features[index], "target": self.targets[index]}
+
+
+class DictBatchData(L.LightningDataModule):
+    def __init__(self, batch_size: int = 6) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(PointsAsDicts(36, seed=1), batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(PointsAsDicts(12, seed=2), batch_size=self.batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(PointsAsDicts(12, seed=3), batch_size=self.batch_size)
+
+
+class DictBatchModule(L.LightningModule):
+    def __init__(self, lr: float = 0.1) -> None:
+        super().__init__()
+        self.lr = lr
+        self.linear = nn.Linear(2, 3)
+
+    def _loss(self, batch: dict[str, Tensor], prefix: str) -> Tensor:
+        logits = self.linear(batch["features"])
+        loss = nn.functional.cross_entropy(logits, batch["target"])
+        hits = (logits.argmax(dim=1) == batch["target"]).float().mean()
+        self.log_dict({f"{prefix}_loss": loss, f"{prefix}_hits": hits}, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._loss(batch, "fit")
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._loss(batch, "holdout")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._loss(batch, "final")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
