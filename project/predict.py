@@ -145,8 +145,9 @@ def main(cfg: DictConfig) -> None:
     if predictions is not None:
         report(f"{cfg.split} split of {cfg.ckpt_path}\n{per_class_table(predictions)}")
     else:
+        # A data module of the user's own serves its own predict_dataloader, whatever `split` says.
         shapes = ", ".join(f"{name} {list(output.shape)}" for name, output in outputs.items())
-        report(f"{cfg.split} split of {cfg.ckpt_path}: {shapes or 'no outputs'}")
+        report(f"predictions of {cfg.ckpt_path}: {shapes or 'none'}")
     report(f"run dir: {cfg.run_dir} ({', '.join(written)})")
 
 

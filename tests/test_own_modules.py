@@ -15,7 +15,17 @@ import torch
 
 from project.errors import UserError
 from project.runs.checkpoints import resume_path
-from tests.helpers import REPO, check_ok, follow_readme_steps, histories, read_json, readme_section_blocks, run_module
+from tests.helpers import (
+    REPO,
+    check_ok,
+    follow_readme_steps,
+    histories,
+    read_json,
+    readme_section_blocks,
+    run_module,
+    simulated_slurm_nodes,
+    torchrun_nodes,
+)
 
 ENV = {"PYTHONPATH": str(REPO)}  # the runs import tests.foreign_modules
 FOREIGN_CONF = REPO / "tests" / "foreign_conf"  # their YAML files: model/, data/, hparams_search/
@@ -94,9 +104,8 @@ def test_a_module_that_logs_no_metric_is_told_which_it_logs_and_trains_on(user_d
     )
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: optimized_metric")]
     assert warnings == [
-        "warning: optimized_metric=val/acc is not logged by BoringModel (it logs: nothing): set optimized_metric to "
-        "one of those and optimized_mode=min|max, or log val/acc with self.log in the module; no best checkpoint "
-        "is kept"
+        "warning: optimized_metric=val/acc is not logged by BoringModel, which logs no metric: log one with self.log "
+        "in the module and name it with optimized_metric=<name> optimized_mode=min|max; no best checkpoint is kept"
     ]
     assert "none logged" in result.stdout and (tmp_path / "a" / "checkpoints" / "last.ckpt").is_file()
     assert histories(tmp_path / "a")[0]["epoch_samples"] == [64]
@@ -132,6 +141,43 @@ def test_dict_batches_sweep_under_ddp_with_the_metric_they_log(user_dir: Path, t
     summary = result.stdout[result.stdout.index("Sweep: 2 job(s)") :]
     values = [line.split()[-2] for line in summary.splitlines() if line[:1].isdigit()]
     assert len(values) == 2 and all(0 <= float(value) <= 1 for value in values), summary
+
+
+# Rank 1 dies (SIGKILL) as epoch 2 of 4 starts, in torchrun's first attempt only.
+CRASH = (
+    "+callbacks.crash._target_=tests.crash_callback.KillAtEpochStart",
+    "+callbacks.crash.epoch=2",
+    "+callbacks.crash.rank=1",
+    "+callbacks.crash.attempt=0",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["ddp_spawn", "slurm", "torchrun"])
+def test_the_launchers_that_start_every_rank_train_a_module_of_your_own(
+    user_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launch: str
+):
+    """Two ranks, each its half (24 of 48 points) every epoch: spawned workers, Slurm tasks on two simulated nodes,
+    and a two-host torchrun launch whose killed worker is restarted and resumes from the run's last.ckpt."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # every rank imports tests.foreign_modules
+    args = [f"hydra.searchpath=[file://{user_dir / 'my_conf'}]", *REGRESSION, "logger=none", "trainer.max_epochs=4"]
+    if launch == "ddp_spawn":
+        check_ok(run_module("project.train", *args, "trainer=ddp_spawn", "hydra.run.dir=outputs/spawn", cwd=tmp_path))
+    elif launch == "slurm":
+        slurm = ["trainer=slurm", "trainer.num_nodes=2", "trainer.devices=1"]
+        for task in simulated_slurm_nodes("project.train", [*args, *slurm], cwd=tmp_path):
+            check_ok(task)
+    else:
+        launch_args = [*args, "trainer=ddp", "trainer.num_nodes=2", "trainer.devices=1", *CRASH]
+        for agent in torchrun_nodes("project.train", launch_args, tmp_path, "own", options=("--max-restarts=1",)):
+            check_ok(agent)
+    (run_dir,) = [path.parent for path in (tmp_path / "outputs").rglob("results.json")]
+    ranks = histories(run_dir)
+    first_epoch = 2 if launch == "torchrun" else 0
+    assert [(h["rank"], h["world_size"], h["first_epoch"]) for h in ranks] == [(0, 2, first_epoch), (1, 2, first_epoch)]
+    assert all(h["epoch_samples"] == [24] * (4 - first_epoch) for h in ranks)
+    results = read_json(run_dir / "results.json")
+    assert results["epochs"] == 4 and math.isfinite(results["val/mse"])
 
 
 @pytest.mark.slow

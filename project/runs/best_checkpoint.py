@@ -32,12 +32,19 @@ class BestCheckpoint(ModelCheckpoint):
         if self._told:
             return
         self._told = True
-        logged = ", ".join(sorted(name for name in monitor_candidates if name not in ("epoch", "step"))) or "nothing"
-        message = (
-            f"optimized_metric={self.monitor} is not logged by {type(trainer.lightning_module).__name__} (it logs: "
-            f"{logged}): set optimized_metric to one of those and optimized_mode=min|max, or log {self.monitor} "
-            "with self.log in the module"
-        )
+        logged = sorted(name for name in monitor_candidates if name not in ("epoch", "step"))
+        module = type(trainer.lightning_module).__name__
+        if logged:
+            message = (
+                f"optimized_metric={self.monitor} is not logged by {module} (it logs: {', '.join(logged)}): set "
+                f"optimized_metric to one of those and optimized_mode=min|max, or log {self.monitor} with self.log "
+                "in the module"
+            )
+        else:
+            message = (
+                f"optimized_metric={self.monitor} is not logged by {module}, which logs no metric: log one with "
+                "self.log in the module and name it with optimized_metric=<name> optimized_mode=min|max"
+            )
         if self.results_from == "best" or in_sweep_job():
             reason = "results_from=best" if self.results_from == "best" else "the sweep's value"
             raise UserError(f"{message} ({reason} is that metric)")
