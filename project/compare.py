@@ -6,6 +6,7 @@ runs `project.train` into `<run_dir>/lightning`, then the reference script that 
 per-step loss and final weight differences, and writes `comparison.json` and `loss_curves.png` next to them.
 """
 
+import inspect
 import json
 import os
 import shlex
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import hydra
+import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
@@ -99,6 +101,48 @@ def run_side(side: str, command: list[str], cwd: str, log_path: Path) -> None:
         raise UserError(f"the {side} run failed (exit {status}): {last_line!r}; its whole output is in {log_path}")
 
 
+# Trainer keys that change nothing the two sides compute (where it runs, how long, what it prints and writes); the
+# strategy is mirrored by the reference script REFERENCE_FOR_TRAINER picks.
+HARMLESS_TRAINER_KEYS = {
+    "_target_",
+    "accelerator",
+    "strategy",
+    "devices",
+    "num_nodes",
+    "max_epochs",
+    "log_every_n_steps",
+    "check_val_every_n_epoch",
+    "default_root_dir",
+    "deterministic",
+    "plugins",
+    "enable_progress_bar",
+    "enable_model_summary",
+    "num_sanity_val_steps",
+}
+
+
+def require_what_the_reference_mirrors(cfg: DictConfig) -> None:
+    """Refuse, before training, a Trainer setting that changes what Lightning computes and the reference has no
+    counterpart of (it trains in float32, steps the optimizer after every batch, whole epochs, unclipped): the two
+    sides would differ by design, and a difference would read as a bug in one of them."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(L.Trainer.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    for key, value in cfg.trainer.items():
+        if key in HARMLESS_TRAINER_KEYS or key not in defaults:
+            continue
+        default = defaults[key]
+        if value == default or str(value) == str(default) or (key == "precision" and str(value) in ("32", "32-true")):
+            continue
+        raise UserError(
+            f"trainer.{key}={value} changes what Lightning trains, and project/reference/ has no counterpart of it "
+            "(it trains in float32, steps after every batch, whole epochs, unclipped): the two sides would differ "
+            f"by design; compare without it (Lightning's default is {key}={default})"
+        )
+
+
 def require_history_and_checkpoint(cfg: DictConfig) -> None:
     """Fail before training if the Lightning side would not write the history and last.ckpt that compare reads."""
     targets = {str(callback.get("_target_")) for callback in cfg.callbacks.values()}
@@ -117,6 +161,7 @@ def main(cfg: DictConfig) -> None:
     reference_command = [*reference_launcher(cfg), "-m", f"project.reference.{script}"]  # refuses what it can't run
     check_config(cfg)
     require_the_classifier(cfg)
+    require_what_the_reference_mirrors(cfg)
     require_history_and_checkpoint(cfg)
     # Both sides get the user's overrides; their run dirs are compare's to choose.
     overrides = [o for o in hydra_cfg.overrides.task if not o.lstrip("+~").startswith("hydra.")]

@@ -129,3 +129,17 @@ def test_loss_difference_is_the_largest_step_gap_and_refuses_different_lengths()
     assert max_loss_difference([0.5, 0.25, 0.125], [0.5, 0.75, 0.125]) == 0.5
     with pytest.raises(ValueError, match="lightning took 2 steps, the reference 3"):
         max_loss_difference([0.5, 0.25], [0.5, 0.25, 0.125])
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["+trainer.gradient_clip_val=0.5", "+trainer.accumulate_grad_batches=2", "trainer.precision=bf16-mixed"],
+)
+def test_a_trainer_setting_the_reference_does_not_mirror_is_refused_before_training(tmp_path: Path, setting: str):
+    """Clipping, accumulation, another precision: the sides would differ by design, never silently."""
+    result = run_module("project.compare", setting, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    key, value = setting.lstrip("+").split("=")
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {key}={value} changes what Lightning trains, and project/reference/ has no")
+    assert not (tmp_path / "compare" / "lightning").exists(), "neither side was started"
