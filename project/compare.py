@@ -6,7 +6,6 @@ runs `project.train` into `<run_dir>/lightning`, then the reference script that 
 per-step loss and final weight differences, and writes `comparison.json` and `loss_curves.png` next to them.
 """
 
-import inspect
 import json
 import os
 import shlex
@@ -17,7 +16,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import hydra
-import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
@@ -25,7 +23,7 @@ from omegaconf import DictConfig
 from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error
 from project.parity import RunOutputs, comparison_rows, max_loss_difference, max_weight_difference
-from project.reference.loop import require_the_classifier
+from project.reference.loop import require_the_classifier, require_what_the_reference_mirrors
 
 
 def free_port() -> int:
@@ -99,48 +97,6 @@ def run_side(side: str, command: list[str], cwd: str, log_path: Path) -> None:
     if status != 0:
         last_line = (log_path.read_text().strip().splitlines() or [""])[-1]
         raise UserError(f"the {side} run failed (exit {status}): {last_line!r}; its whole output is in {log_path}")
-
-
-# Trainer keys that change nothing the two sides compute (where it runs, how long, what it prints and writes); the
-# strategy is mirrored by the reference script REFERENCE_FOR_TRAINER picks.
-HARMLESS_TRAINER_KEYS = {
-    "_target_",
-    "accelerator",
-    "strategy",
-    "devices",
-    "num_nodes",
-    "max_epochs",
-    "log_every_n_steps",
-    "check_val_every_n_epoch",
-    "default_root_dir",
-    "deterministic",
-    "plugins",
-    "enable_progress_bar",
-    "enable_model_summary",
-    "num_sanity_val_steps",
-}
-
-
-def require_what_the_reference_mirrors(cfg: DictConfig) -> None:
-    """Refuse, before training, a Trainer setting that changes what Lightning computes and the reference has no
-    counterpart of (it trains in float32, steps the optimizer after every batch, whole epochs, unclipped): the two
-    sides would differ by design, and a difference would read as a bug in one of them."""
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(L.Trainer.__init__).parameters.items()
-        if parameter.default is not inspect.Parameter.empty
-    }
-    for key, value in cfg.trainer.items():
-        if key in HARMLESS_TRAINER_KEYS or key not in defaults:
-            continue
-        default = defaults[key]
-        if value == default or str(value) == str(default) or (key == "precision" and str(value) in ("32", "32-true")):
-            continue
-        raise UserError(
-            f"trainer.{key}={value} changes what Lightning trains, and project/reference/ has no counterpart of it "
-            "(it trains in float32, steps after every batch, whole epochs, unclipped): the two sides would differ "
-            f"by design; compare without it (Lightning's default is {key}={default})"
-        )
 
 
 def require_history_and_checkpoint(cfg: DictConfig) -> None:

@@ -133,13 +133,21 @@ def test_loss_difference_is_the_largest_step_gap_and_refuses_different_lengths()
 
 @pytest.mark.parametrize(
     "setting",
-    ["+trainer.gradient_clip_val=0.5", "+trainer.accumulate_grad_batches=2", "trainer.precision=bf16-mixed"],
+    ["trainer.gradient_clip_val=0.5", "trainer.accumulate_grad_batches=2", "trainer.precision=bf16-mixed"],
 )
 def test_a_trainer_setting_the_reference_does_not_mirror_is_refused_before_training(tmp_path: Path, setting: str):
     """Clipping, accumulation, another precision: the sides would differ by design, never silently."""
     result = run_module("project.compare", setting, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    key, value = setting.lstrip("+").split("=")
+    key, value = setting.split("=")
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: {key}={value} changes what Lightning trains, and project/reference/ has no")
     assert not (tmp_path / "compare" / "lightning").exists(), "neither side was started"
+
+
+def test_a_reference_script_refuses_a_setting_it_would_ignore(tmp_path: Path):
+    result = run_module(
+        "project.reference.single", "trainer.gradient_clip_val=0.5", f"hydra.run.dir={tmp_path}", cwd=tmp_path
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: trainer.gradient_clip_val=0.5 changes what")

@@ -30,7 +30,7 @@ def test_last_checkpoint_holds_the_final_step_when_validation_skips_epochs(tmp_p
 @pytest.mark.slow
 def test_last_checkpoint_holds_the_final_step_when_validating_twice_per_epoch(tmp_path: Path, mnist_root: Path):
     run_dir = tmp_path / "run"
-    args = mnist_overrides(mnist_root, "data.batch_size=50", "trainer.max_epochs=2", "+trainer.val_check_interval=0.5")
+    args = mnist_overrides(mnist_root, "data.batch_size=50", "trainer.max_epochs=2", "trainer.val_check_interval=0.5")
     check_ok(run_module("project.train", *args, f"hydra.run.dir={run_dir}", cwd=tmp_path))
     checkpoint = last_checkpoint(run_dir)
     # 350 images in batches of 50: 7 steps per epoch, validated after steps 3 and 6 of each, not after the 7th.

@@ -85,7 +85,7 @@ def test_a_regression_module_trains_resumes_from_last_and_is_evaluated(user_dir:
 @pytest.mark.slow
 def test_a_resume_inside_an_epoch_is_refused_where_the_data_cannot_say_where_it_stood(user_dir: Path, tmp_path: Path):
     """RegressionData keeps no position: its epoch would restart its batches, so only an epoch's end resumes."""
-    check_ok(train(user_dir, *REGRESSION, "+trainer.max_steps=3", "logger=none", f"hydra.run.dir={tmp_path}/a"))
+    check_ok(train(user_dir, *REGRESSION, "trainer.max_steps=3", "logger=none", f"hydra.run.dir={tmp_path}/a"))
     stopped = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert torch.load(stopped, weights_only=True)["global_step"] == 3, "6 steps an epoch: inside the first"
     result = train(user_dir, *REGRESSION, f"ckpt_path={stopped}", "logger=none", f"hydra.run.dir={tmp_path}/b")

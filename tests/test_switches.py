@@ -19,6 +19,7 @@ from project.job import isolated_job
 from project.runs import run_dir
 from project.runs.checkpoints import resume_path
 from project.strategies.same_config import check_same_config_on_every_rank, differing_keys
+from project.train import build
 from tests.helpers import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
 
 
@@ -39,6 +40,31 @@ def test_choosing_data_and_model_gives_their_own_settings_not_the_toy_recipe():
     toy = compose_train()
     assert (toy.data.batch_size, toy.trainer.max_epochs, toy.trainer.log_every_n_steps) == (2, 3, 1)
     assert compose_train("trainer=ddp").trainer.max_epochs == 3, "the toy's run length whatever the strategy"
+
+
+@pytest.mark.parametrize("trainer", ["default", "ddp", "dp"])
+def test_the_everyday_trainer_knobs_need_no_plus_and_reach_the_trainer(tmp_path: Path, trainer: str):
+    """`trainer.gradient_clip_val=0.5` as a user types it, under any trainer= config, is the Trainer's setting."""
+    knobs = {
+        "gradient_clip_val": 0.5,
+        "accumulate_grad_batches": 2,
+        "val_check_interval": 0.5,
+        "limit_train_batches": 0.5,
+        "limit_val_batches": 3,
+        "limit_test_batches": 0.25,
+        "max_steps": 7,
+    }
+    cfg = compose_train(
+        f"trainer={trainer}", *(f"trainer.{key}={value}" for key, value in knobs.items()), f"run_dir={tmp_path}"
+    )
+    saved = dict(os.environ)  # building seeds (PL_GLOBAL_SEED) and may set launcher variables
+    try:
+        built = build(cfg, tmp_path).trainer
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert {key: getattr(built, key) for key in knobs} == knobs
+    assert compose_train().trainer.gradient_clip_val is None, "unset: Lightning's default"
 
 
 def test_launches_in_the_same_second_get_their_own_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

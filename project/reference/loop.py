@@ -7,6 +7,7 @@ writes `checkpoints/last.pt` at every epoch's end, every `mid_epoch_checkpoint.e
 training order's position is saved with the weights (`_save_checkpoint`).
 """
 
+import inspect
 import math
 import os
 import signal
@@ -14,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import lightning as L
 import torch
 import torch.distributed as dist
 from hydra.utils import get_class, instantiate
@@ -63,6 +65,48 @@ def require_the_classifier(cfg: DictConfig) -> None:
             )
 
 
+# Trainer keys that change nothing the two sides compute (where it runs, how long, what it prints and writes); the
+# strategy is mirrored by the reference script REFERENCE_FOR_TRAINER picks.
+HARMLESS_TRAINER_KEYS = {
+    "_target_",
+    "accelerator",
+    "strategy",
+    "devices",
+    "num_nodes",
+    "max_epochs",
+    "log_every_n_steps",
+    "check_val_every_n_epoch",
+    "default_root_dir",
+    "deterministic",
+    "plugins",
+    "enable_progress_bar",
+    "enable_model_summary",
+    "num_sanity_val_steps",
+}
+
+
+def require_what_the_reference_mirrors(cfg: DictConfig) -> None:
+    """Refuse, before training, a Trainer setting that changes what Lightning computes and this loop has no
+    counterpart of (it trains in float32, steps the optimizer after every batch, whole epochs, unclipped): the
+    reference run would silently ignore it, and `project.compare` would show a difference by design."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(L.Trainer.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    for key, value in cfg.trainer.items():
+        if key in HARMLESS_TRAINER_KEYS or key not in defaults:
+            continue
+        default = defaults[key]
+        if value == default or str(value) == str(default) or (key == "precision" and str(value) in ("32", "32-true")):
+            continue
+        raise UserError(
+            f"trainer.{key}={value} changes what Lightning trains, and project/reference/ has no counterpart of it "
+            "(it trains in float32, steps after every batch, whole epochs, unclipped): the two sides would differ "
+            f"by design; compare without it (Lightning's default is {key}={default})"
+        )
+
+
 def build(
     cfg: DictConfig, device: torch.device
 ) -> tuple[ClassificationDataModule, nn.Module, torch.optim.Optimizer, Scheduler | None]:
@@ -70,6 +114,7 @@ def build(
     `project.train`. The schedule (None without `model.scheduler`) spans the run's optimizer steps, as Lightning
     sizes it."""
     require_the_classifier(cfg)
+    require_what_the_reference_mirrors(cfg)
     torch.manual_seed(cfg.seed)
     datamodule: ClassificationDataModule = instantiate(cfg.data)
     datamodule.prepare_data()
