@@ -77,15 +77,22 @@ def launched_on_every_node() -> bool:
     return under_srun() or "TORCHELASTIC_RUN_ID" in os.environ
 
 
-def is_data_parallel(cfg: DictConfig) -> bool:
-    """Whether `cfg.trainer` is DataParallel (`trainer=dp`): one process, whatever `devices` says."""
-    strategy = cfg.trainer.get("strategy")
-    if not isinstance(strategy, DictConfig) or "_target_" not in strategy:
+def targets_subclass_of(node: object, expected: type) -> bool:
+    """Whether config `node` has a `_target_` naming `expected` or a subclass of it.
+
+    A misspelt class is no: instantiating it names it in one line.
+    """
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
         return False
     try:
-        return issubclass(get_class(strategy._target_), DataParallelStrategy)
-    except (ImportError, ValueError):  # a misspelt class: instantiating the Trainer names it in one line
+        return issubclass(get_class(node._target_), expected)
+    except (ImportError, ValueError):
         return False
+
+
+def is_data_parallel(cfg: DictConfig) -> bool:
+    """Whether `cfg.trainer` is DataParallel (`trainer=dp`): one process, whatever `devices` says."""
+    return targets_subclass_of(cfg.trainer.get("strategy"), DataParallelStrategy)
 
 
 def check_multi_node_launch(cfg: DictConfig) -> None:

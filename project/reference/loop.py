@@ -18,12 +18,13 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
+from project.config_checks import targets_subclass_of
 from project.data import ClassificationDataModule
 from project.data.training_order import TrainingPosition
 from project.errors import RunStopped, UserError
@@ -52,16 +53,11 @@ def require_the_classifier(cfg: DictConfig) -> None:
     module or data module of another kind would train something else, so `project.compare` and parity mean nothing.
     """
     for group, expected in (("model", ClassifierModule), ("data", ClassificationDataModule)):
-        target = cfg[group].get("_target_")
-        try:
-            ours = isinstance(target, str) and issubclass(get_class(target), expected)
-        except (ImportError, ValueError):
-            ours = False
-        if not ours:
+        if not targets_subclass_of(cfg[group], expected):
             raise UserError(
-                f"{group}={target} is not a {expected.__name__}: the reference path (project/reference/, and "
-                f"project.compare) re-implements the classifier example only; train your own {group} with "
-                "python -m project.train, under any trainer="
+                f"{group}={cfg[group].get('_target_')} is not a {expected.__name__}: the reference path "
+                f"(project/reference/, and project.compare) re-implements the classifier example only; train your "
+                f"own {group} with python -m project.train, under any trainer="
             )
 
 

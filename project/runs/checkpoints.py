@@ -47,9 +47,9 @@ def same_data(first: dict, second: dict) -> bool:
     return (first.get("data") or {}).get("_target_") == (second.get("data") or {}).get("_target_")
 
 
-def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict | None = None) -> Path:
+def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict) -> Path:
     """`checkpoints/last.ckpt` of the most recently written run under `outputs_dir`, other than `exclude`, that
-    trained the same model on the same kind of data as `run_config` (any run, without one)."""
+    trained the same model on the same kind of data as `run_config`."""
     files = outputs_dir.rglob("checkpoints/last.ckpt")
     candidates = sorted(
         (path for path in files if exclude.resolve() not in path.resolve().parents),
@@ -61,8 +61,6 @@ def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict | 
             f"ckpt_path=last: no earlier run under {outputs_dir} has a checkpoints/last.ckpt; "
             "train once first, or give the checkpoint's path"
         )
-    if run_config is None:
-        return candidates[0]
     for path in candidates:
         stored = stored_config(path)
         if stored and what_it_trains(stored) == what_it_trains(run_config) and same_data(stored, run_config):
@@ -83,7 +81,7 @@ def stored_config(path: Path) -> dict | None:
         return None
 
 
-def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_config: dict | None = None) -> str | None:
+def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_config: dict) -> str | None:
     """The checkpoint `trainer.fit` resumes from.
 
     `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt of the same model and data), or null. A file
@@ -106,13 +104,12 @@ def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_con
             return None
         hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
         return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
-    elif ckpt_path == "last":
-        path = newest_last_checkpoint(outputs_dir, exclude=run_dir, run_config=run_config)
+    elif ckpt_path == "last":  # chosen among the runs of this model and data: nothing left to check
+        return str(newest_last_checkpoint(outputs_dir, exclude=run_dir, run_config=run_config))
     else:
         path = Path(ckpt_path)
-    trained = what_it_trains(load_project_checkpoint(path)["config"])
-    if run_config is not None and trained != what_it_trains(run_config):
-        building = what_it_trains(run_config)
+    trained, building = what_it_trains(load_project_checkpoint(path)["config"]), what_it_trains(run_config)
+    if trained != building:
         raise UserError(
             f"ckpt_path={path} holds another model ({describe(trained)}) than this run builds "
             f"({describe(building)}): resume with the checkpoint's own model and data (its run's "

@@ -25,17 +25,22 @@ def format_value(value: object) -> str:
     return f"{value:.4f}" if isinstance(value, (int, float)) else str(value)
 
 
+def stage_of(metric: str) -> tuple[str, str] | None:
+    """("val", "acc") for "val/acc"; None for a metric not named `<stage>/<name>`."""
+    stage, slash, name = metric.partition("/")
+    return (stage, name) if slash and stage in STAGES else None
+
+
 def format_results_table(results: dict) -> str:
     """Logged metrics per stage as rows, the other metrics, then the run's size, speed and place."""
     metrics = logged_metrics(results)
-    staged = [name.split("/", 1) for name in metrics if name.split("/", 1)[0] in STAGES and "/" in name]
-    names = list(dict.fromkeys(name for _, name in staged))
+    names = list(dict.fromkeys(staged[1] for staged in map(stage_of, metrics) if staged))
     width = max([10, *(len(name) + 2 for name in names)])
     lines = [f"{'':<{width}}{''.join(f'{stage:>10}' for stage in STAGES)}"] if names else []
     for name in names:
         cells = "".join(f"{format_value(metrics.get(f'{stage}/{name}')):>10}" for stage in STAGES)
         lines.append(f"{name:<{width}}{cells}")
-    others = [name for name in metrics if name.split("/", 1)[0] not in STAGES or "/" not in name]
+    others = [name for name in metrics if stage_of(name) is None]
     lines += [f"{name:<{width}}{format_value(metrics[name]):>10}" for name in others]
     if not metrics:
         lines.append("metrics     none logged (self.log in the module's steps puts them here)")
