@@ -7,10 +7,15 @@ the project's entry points (with `PYTHONPATH` at the repository) to prove the ma
 Lightning's own `BoringModel` and `BoringDataModule` (which log no metric at all) are the third.
 """
 
+from pathlib import Path
+
 import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+# Their YAML files (model/, data/, hparams_search/), to put on Hydra's search path.
+FOREIGN_CONF = Path(__file__).parent / "foreign_conf"
 
 
 def line_points(count: int, generator: torch.Generator) -> TensorDataset:

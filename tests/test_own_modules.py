@@ -15,6 +15,7 @@ import torch
 
 from project.errors import UserError
 from project.runs.checkpoints import resume_path
+from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
     REPO,
     check_ok,
@@ -28,7 +29,6 @@ from tests.helpers import (
 )
 
 ENV = {"PYTHONPATH": str(REPO)}  # the runs import tests.foreign_modules
-FOREIGN_CONF = REPO / "tests" / "foreign_conf"  # their YAML files: model/, data/, hparams_search/
 REGRESSION = ["model=regression", "data=regression", "optimized_metric=val/mse", "optimized_mode=min"]
 
 

@@ -32,7 +32,7 @@ from project.runs.history import HistoryCallback
 from project.runs.run_config import run_config_of
 from project.strategies import DataParallelStrategy, HydraDDPStrategy
 from project.train import build
-from tests.foreign_modules import RegressionData, RegressionModule
+from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule
 from tests.helpers import CONF_DIR, REPO, SRUN_TASK_ZERO, check_ok, histories, mnist_overrides, read_json, run_module
 
 AXES: dict[str, tuple[str, ...]] = {
@@ -108,7 +108,7 @@ EXPECTED_REFUSALS: list[tuple[Callable[[Combination], bool], str]] = [
 OTHER_NAME = "my_train"  # the -cn copy of train.yaml
 # tests/foreign_modules.py's regression, from its YAML files on Hydra's search path, optimising the metric it logs.
 FOREIGN_RECIPE = [
-    f"hydra.searchpath=[file://{REPO / 'tests' / 'foreign_conf'}]",
+    f"hydra.searchpath=[file://{FOREIGN_CONF}]",
     "model=regression",
     "data=regression",
     "optimized_metric=val/mse",
