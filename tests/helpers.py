@@ -34,6 +34,19 @@ SRUN_TASK_ZERO = {
 }
 
 
+def python() -> str:
+    """The Python to give a launcher (sbatch, torchrun, a shell): tests/preloaded_bin/python, which has this test
+    process's preloaded Python fork what it can (tests/preloaded_python.py). Its environment: `environment()`."""
+    return str(preloaded_python.SHIM)
+
+
+def environment(env: dict | None = None) -> dict[str, str]:
+    """The environment of a process the tests start: one intra-op thread unless `env` says otherwise (two such
+    processes, or a run's ranks, share this machine's cores), and what leads `python()` to the preloaded Python."""
+    base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return {**base, **preloaded_python.PreloadedPython.get().environment(), **(env or {})}
+
+
 def run_module(
     module: str,
     *args: str,
@@ -43,19 +56,19 @@ def run_module(
     launcher: tuple[str, ...] = (),
     fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run `python -m <module> <args>` (or `<launcher> -m <module>`) in `cwd` and capture its output.
+    """Run `python -m <module> <args>` (or `<launcher> -m <module>`, a launcher that is this Python's `-m ...`) in
+    `cwd` and capture its output.
 
-    One intra-op thread unless `env` says otherwise: two such runs (or a run's ranks) share this machine's cores.
-    The process is forked from a Python that has imported the libraries already (tests/preloaded_python.py)
-    unless a launcher starts it, its environment makes it a rank of a job, or `fresh` asks for an interpreter of
-    its own (the tests of start-up itself).
+    The process, and every process it launches, is forked from a Python that has imported the libraries already
+    (tests/preloaded_python.py), unless `fresh` asks for an interpreter of its own and of its ranks' own (the tests
+    of start-up itself).
     """
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    if not launcher and not fresh and preloaded_python.can_start(full_env):
-        sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        return preloaded_python.run(module, list(args), cwd, full_env, timeout, sigint_ignored)
     command = [*launcher, "-m", module, *args] if launcher else [sys.executable, "-m", module, *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if fresh:
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    return preloaded_python.run(command, cwd, environment(env), timeout, sigint_ignored)
 
 
 def start_module(
@@ -66,26 +79,13 @@ def start_module(
     stderr: Path,
     env: dict | None = None,
     new_session: bool = False,
-):
+) -> preloaded_python.ForkedProcess:
     """`python -m <module> <args>` in the background, its output in files (a pipe would fill up and block it), as
-    a terminal starts it (Ctrl-C reaches Python): a `subprocess.Popen`, or its preloaded twin with the same
-    `pid`, `poll`, `wait`, `send_signal` and `kill` (see `run_module` for which).
-    """
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    if preloaded_python.can_start(full_env):
-        return preloaded_python.PreloadedPython.get().start(module, args, cwd, full_env, stdout, stderr, new_session)
-    with stdout.open("w") as out, stderr.open("w") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            cwd=cwd,
-            stdout=out,
-            stderr=err,
-            env=full_env,
-            start_new_session=new_session,
-            # A runner started in the background (`cmd &` in a script) passes on an ignored SIGINT, which Python
-            # would leave ignored.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
+    a terminal starts it (Ctrl-C reaches Python), forked from the preloaded Python: the `pid`, `poll`, `wait`,
+    `send_signal` and `kill` of a `subprocess.Popen`."""
+    return preloaded_python.PreloadedPython.get().start(
+        [sys.executable, "-m", module, *args], cwd, environment(env), stdout, stderr, new_session
+    )
 
 
 def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -117,9 +117,7 @@ def simulated_slurm_nodes(
     procs = []
     for node in range(nodes):
         env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
+            **environment(),
             "SLURM_JOB_ID": "4242",
             "SLURM_STEP_ID": "0",
             "SLURM_JOB_NAME": "train",
@@ -134,7 +132,7 @@ def simulated_slurm_nodes(
             "MASTER_PORT": str(port),
         }
         # As srun starts a task: SLURM_TASK_PID is the program's own pid (`exec` keeps the shell's).
-        task = ["sh", "-c", 'SLURM_TASK_PID=$$ exec "$@"', "srun-task", sys.executable, "-m", module, *args]
+        task = ["sh", "-c", 'SLURM_TASK_PID=$$ exec "$@"', "srun-task", python(), "-m", module, *args]
         procs.append(
             subprocess.Popen(
                 task,
@@ -168,7 +166,7 @@ def torchrun_nodes(
     processes. The agents all try to serve the rendezvous; the first to bind its port does, as on one host.
     """
     command = [
-        sys.executable,
+        python(),
         "-m",
         "project.torchrun",
         f"--nnodes={nodes}",
@@ -181,7 +179,7 @@ def torchrun_nodes(
         module,
         *args,
     ]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env = environment(env)
     agents = [
         subprocess.Popen(command, cwd=cwd, env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for _ in range(nodes)
@@ -198,6 +196,14 @@ def histories(run_dir: Path) -> list[dict]:
     return [read_json(path) for path in sorted(run_dir.glob("history.rank*.json"))]
 
 
+def shell_environment(env: dict | None = None) -> dict[str, str]:
+    """`environment(env)` for a user's shell: `python` and `torchrun` are the venv's, as activated, through the
+    preloaded Python (tests/preloaded_bin)."""
+    full_env = environment(env)
+    path = os.pathsep.join([str(preloaded_python.SHIM.parent), str(Path(sys.executable).parent), full_env["PATH"]])
+    return {**full_env, "PATH": path}
+
+
 def readme_section_blocks(title: str) -> list[tuple[str, str]]:
     """(language, text) of each fenced block under the README's `## <title>`."""
     readme = (REPO / "README.md").read_text()
@@ -212,9 +218,8 @@ def follow_readme_steps(steps: list[tuple[str, str]], cwd: Path, extra_env: dict
         path = cwd / re.match(r"# ([\w/.]+\.\w+)", text).group(1)  # the file its first line names
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this venv's, as activated
     for command in steps[-1][1].strip().splitlines():
-        env = {**os.environ, **extra_env, "PATH": path}
+        env = shell_environment(extra_env)
         result = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
         assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
     [results] = list(cwd.glob("outputs/*/*/results.json"))

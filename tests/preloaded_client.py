@@ -1,49 +1,78 @@
-"""`python -m <module> <args>` typed in a shell script, run by the preloaded Python of the test running the script.
+"""`python <args>` for the tests' launchers: forked by the tests' preloaded Python where it can be, else started.
 
-tests/test_readme_commands.py runs the README's lines in bash as a user types them. Its shell defines `python` as
-a function that hands `python -m project.<entry> ...` to this client (started with `-S`: the standard library
-only, no import of the libraries the run needs), which asks the test's preloaded Python (tests/preloaded_python.py)
-to fork the run with this process's working directory, environment and standard output and error (the pipes the
-test reads), waits for it, passes on SIGINT and SIGTERM, and ends as the run ended.
+tests/preloaded_bin/python runs this file (`-S`: the standard library only, no import of the libraries the run
+needs) with its own arguments. Where they run a module (`-m ...`) or multiprocessing's spawned child, and the
+environment names a preloaded Python (tests/preloaded_python.py), it hands the process over: this process's
+working directory, environment and open descriptors (stdin, stdout, stderr, and the pipes multiprocessing passes
+on). It then stands in for the forked process: passes on every signal it can catch, and ends as that process ended
+(a signal that killed it kills this process too). Anything else replaces this process with the real interpreter.
 
-Usage: python -S tests/preloaded_client.py SOCKET MODULE [ARG ...]
+Usage: python -S tests/preloaded_client.py ARG ...
 """
 
 import json
 import os
 import signal
-import socket
 import sys
 
+from preloaded_python import SOCKET_VARIABLE, forkable, send_request
 
-def main(socket_path: str, module: str, args: list[str]) -> None:
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.connect(socket_path)
+# The signals a launcher or a user sends a process to stop or steer it; SIGKILL cannot be caught, which the server
+# answers by killing the forked process once this one is gone.
+PASSED_ON = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCONT,
+)
+
+
+def open_descriptors() -> list[int]:
+    """This process's open descriptors, as a program it started would inherit them."""
+    listed = [int(name) for name in os.listdir("/proc/self/fd")]
+    found = []
+    for descriptor in listed:
+        try:
+            os.fstat(descriptor)
+        except OSError:  # the listing's own, closed by now
+            continue
+        found.append(descriptor)
+    return found
+
+
+def main(python_args: list[str]) -> None:
+    socket_path = os.environ.get(SOCKET_VARIABLE, "")
+    target = forkable(python_args)
+    if target is None or not os.path.exists(socket_path):
+        os.execv(sys.executable, [sys.executable, *python_args])
+    descriptors = open_descriptors()
     request = {
-        "module": module,
-        "args": args,
+        **target,
         "cwd": os.getcwd(),
         "env": dict(os.environ),
-        # The run opens the same pipes (or terminal) this process writes to.
-        "stdout": f"/proc/{os.getpid()}/fd/1",
-        "stderr": f"/proc/{os.getpid()}/fd/2",
+        "fds": descriptors,
         "new_session": False,
+        "stand_in": True,
         "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
     }
-    connection.sendall((json.dumps(request) + "\n").encode())
+    connection = send_request(socket_path, request, descriptors)
     replies = connection.makefile("r")
     pid = json.loads(replies.readline())["pid"]
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, lambda received, _frame: os.kill(pid, received))
+    for number in PASSED_ON:
+        if signal.getsignal(number) != signal.SIG_IGN:
+            signal.signal(number, lambda received, _frame: os.kill(pid, received))
     line = replies.readline()
     if not line:
         sys.exit(f"the preloaded Python ended while process {pid} ran")
     returncode = json.loads(line)["returncode"]
-    if returncode < 0:  # killed by a signal: so is this process, for the shell to report it alike
+    if returncode < 0:  # killed by a signal: so is this process, for its parent to see alike
         signal.signal(-returncode, signal.SIG_DFL)
         os.kill(os.getpid(), -returncode)
     sys.exit(returncode)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1:])

@@ -1,27 +1,41 @@
 """A Python that has already imported torch, Lightning, Hydra and torchvision, and forks a fresh process per run.
 
-Most of the suite's processes are `python -m project.<entry> <args>`, and each fresh interpreter spends seconds
-importing the same libraries before it does anything. `run_module` (tests/helpers.py) hands such runs to this
-server instead: it forks a child that becomes the run as `python -m` would start it (its own pid, working
-directory, environment, argv, stdin/stdout/stderr, session and signal dispositions, `__main__` the module), so
-exit statuses, signals, the ranks it launches and the files it writes are those of a real process. Only the
-libraries' import-time work is shared; the project itself is imported afresh in every child.
+Most of the suite's processes are Python programs of the project: runs, the ranks a run or a launcher starts,
+torchrun's agents and workers, Slurm tasks, `ddp_spawn`'s workers. Each fresh interpreter spends seconds importing
+the same libraries before it does anything. The tests hand such processes to this server instead: it forks a child
+that becomes the process `python -m <module>` (or multiprocessing's `python -c ... --multiprocessing-fork`) would
+be: its own pid, working directory, environment, argv, open files (stdin, stdout, stderr and any other descriptor
+the caller passed on, so a pipe stays a pipe and a log file keeps its offset), session, signal dispositions and,
+where the caller lives in other namespaces (a node of the local Slurm cluster), that node's network, hostname and
+mounts. `__main__` is the module, so exit statuses, signals, the ranks it launches and the files it writes are
+those of a real process. Only the libraries' import-time work is shared; the project itself is imported afresh in
+every child, and what Lightning read from the environment as it was imported (the process's rank) is read again.
 
-What is read at import time is the server's, so runs whose environment places them in a distributed job
-(a rank or Slurm task number, which Lightning reads as it is imported) start a fresh interpreter instead.
+Who asks:
+- the tests themselves (`run_module`, `start_module` in tests/helpers.py), through `PreloadedPython`;
+- any program that starts `preloaded_bin/python` (the tests give it to launchers as their Python: Lightning's DDP,
+  torchrun's `PYTHON_EXEC`, sbatch's `PROJECT_PYTHON`, multiprocessing's spawn, the README's shell). That file
+  runs tests/preloaded_client.py, which passes its arguments, working directory, environment and open descriptors
+  here, passes on the signals it gets, and ends as the forked process ended. A process that cannot be forked
+  (`python -c CODE`, a script, unknown options) is started as a fresh interpreter by the same client.
+  Because the client stands in for the process, a client killed by SIGKILL (which it cannot pass on) takes its
+  forked process with it: the server watches every client and kills the process of one that is gone.
 
-Protocol, one connection per run over a Unix socket: the client sends one JSON line (module, args, cwd, env,
-stdout and stderr file paths, new_session); the server answers `{"pid": N}` and, once the child has ended,
-`{"returncode": N}` (negative: the signal that killed it, as `subprocess` reports it).
+Protocol, one connection per process over a Unix socket: an 8-byte length carrying the descriptors (SCM_RIGHTS),
+then that many bytes of JSON (module or code, args, cwd, env, the descriptors' numbers, new_session,
+sigint_ignored); the server answers `{"pid": N}` and, once the child has ended, `{"returncode": N}` (negative: the
+signal that killed it, as `subprocess` reports it).
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import random
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,94 +44,213 @@ import time
 import types
 from pathlib import Path
 
-# Environment variables that make a process a rank of a distributed job from its import on.
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+# What the tests give launchers as their Python, and the environment variables that lead it to this server.
+SHIM = Path(__file__).resolve().parent / "preloaded_bin" / "python"
+SOCKET_VARIABLE, REAL_PYTHON_VARIABLE = "PRELOADED_PYTHON_SOCKET", "PRELOADED_PYTHON_REAL"
+# Interpreter options that change nothing a forked child would do differently (its output is unbuffered anyway).
+HARMLESS_OPTIONS = ("-u", "-B", "-s", "-E")
+MAX_DESCRIPTORS = 253  # the kernel's limit for one SCM_RIGHTS message
+HEADER = struct.Struct("!Q")
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
 
 
-def can_start(env: dict[str, str]) -> bool:
-    """Whether a run with this environment can be forked from the server (see the module docstring)."""
-    return not any(name in RANK_VARIABLES or name.startswith(("SLURM_", "JSM_", "PMI_", "OMPI_")) for name in env)
+def forkable(python_args: list[str]) -> dict | None:
+    """What `python <python_args>` runs, if the server can fork it: {"module"|"script"|"code": ..., "args": [...]}."""
+    index = 0
+    while index < len(python_args) and python_args[index] in HARMLESS_OPTIONS:
+        index += 1
+    option, rest = python_args[index : index + 2], python_args[index + 2 :]
+    if len(option) == 2 and option[0] == "-m":
+        return {"module": option[1], "args": rest}
+    if len(option) == 2 and option[0] == "-c" and "--multiprocessing-fork" in rest:
+        return {"code": option[1], "args": rest}
+    if option and option[0].endswith(".py"):
+        return {"script": os.path.abspath(option[0]), "args": python_args[index + 1 :]}
+    return None
+
+
+def send_request(socket_path: str, request: dict, descriptors: list[int]) -> socket.socket:
+    """Ask the server at `socket_path` to fork `request`, with `descriptors` as its open files (their numbers in
+    `request["fds"]`); the connection its answers come on."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(socket_path)
+    payload = json.dumps(request).encode()
+    socket.send_fds(connection, [HEADER.pack(len(payload))], descriptors)
+    connection.sendall(payload)
+    return connection
 
 
 # --- the server ---------------------------------------------------------------------------------------------------
 
 
-def serve(socket_path: str) -> dict | None:
-    """Accept runs until stdin closes (the test process is gone); in a forked child, return its request."""
+def serve(socket_path: str) -> tuple[dict, list[int], int] | None:
+    """Accept runs until stdin closes (the test process is gone); in a forked child, return its request, the
+    descriptors that came with it and the pid of the process that asked."""
     import hydra  # noqa: F401
     import lightning.pytorch  # noqa: F401
     import optuna  # noqa: F401  (the sweepers' plugins import it as Hydra looks for plugins)
     import torch  # noqa: F401
+    import torch.distributed.run  # noqa: F401  (torchrun's agents)
     import torchmetrics  # noqa: F401
     import torchvision  # noqa: F401
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
-    listener.listen(16)
+    listener.listen(64)
     print("ready", flush=True)
-    running: dict[int, socket.socket] = {}
+    running: dict[int, tuple[socket.socket, int]] = {}  # child pid → (connection, pidfd of the client)
     while True:
-        readable, _, _ = select.select([listener, sys.stdin], [], [], 0.05)
+        watched = {pidfd: pid for pid, (_, pidfd) in running.items()}
+        readable, _, _ = select.select([listener, sys.stdin, *watched], [], [], 0.05)
         if sys.stdin in readable and not sys.stdin.buffer.read1(1):
             return None
+        for pidfd in readable:
+            if pidfd in watched:  # the client is gone before its process: so is the process, as its stand-in
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(watched[pidfd], signal.SIGKILL)
         if listener in readable:
             connection, _ = listener.accept()
-            request = json.loads(connection.makefile("r").readline())
+            request, descriptors = receive(connection)
+            client = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
                 listener.close()
                 connection.close()
-                for other in running.values():
+                for other, pidfd in running.values():
                     other.close()
-                return request
+                    os.close(pidfd)
+                return request, descriptors, client
+            for descriptor in descriptors:
+                os.close(descriptor)
             send(connection, {"pid": pid})
-            running[pid] = connection
+            running[pid] = (connection, os.pidfd_open(client))
         while running:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            connection = running.pop(pid)
+            connection, pidfd = running.pop(pid)
+            os.close(pidfd)
             send(connection, {"returncode": os.waitstatus_to_exitcode(status)})
             connection.close()
 
 
+def receive(connection: socket.socket) -> tuple[dict, list[int]]:
+    header, descriptors, _, _ = socket.recv_fds(connection, HEADER.size, MAX_DESCRIPTORS)
+    header += read_exactly(connection, HEADER.size - len(header))
+    return json.loads(read_exactly(connection, HEADER.unpack(header)[0])), descriptors
+
+
+def read_exactly(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the client went away mid-request")
+        data += chunk
+    return data
+
+
 def send(connection: socket.socket, message: dict) -> None:
-    with contextlib.suppress(OSError):  # the test that asked may have gone
+    with contextlib.suppress(OSError):  # the client that asked may have gone
         connection.sendall((json.dumps(message) + "\n").encode())
 
 
-def become(request: dict) -> None:
-    """Make this forked child the process `python -m <module> <args>` would be, started as subprocess starts it."""
+def become(request: dict, descriptors: list[int], client: int) -> None:
+    """Make this forked child the process the client asked for, started as the client was."""
+    join_namespaces(client)
     if request["new_session"]:
         os.setsid()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    stdin = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(stdin, 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    place_descriptors(descriptors, request["fds"])
     # What a fresh interpreter has: Python's own SIGINT handler (unless SIGINT is ignored), SIGPIPE ignored.
     signal.signal(signal.SIGINT, signal.SIG_IGN if request["sigint_ignored"] else signal.default_int_handler)
     for number in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(number, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     pythonpath = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
-    sys.path[:] = [request["cwd"], *pythonpath, *BASE_PATH]
-    sys.argv[:] = [request["module"], *request["args"]]
+    if "module" in request:
+        sys.path[:] = [request["cwd"], *pythonpath, *BASE_PATH]
+        sys.argv[:] = [request["module"], *request["args"]]
+    elif "script" in request:
+        sys.path[:] = [os.path.dirname(os.path.realpath(request["script"])), *pythonpath, *BASE_PATH]
+        sys.argv[:] = [request["script"], *request["args"]]
+    else:
+        sys.path[:] = ["", *pythonpath, *BASE_PATH]
+        sys.argv[:] = ["-c", *request["args"]]
     # torch sized its thread pool as the server imported it (with no OMP_NUM_THREADS: one thread per core).
     threads = request["env"].get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         import torch
 
         torch.set_num_threads(int(threads))
+    if request.get("stand_in"):
+        take_the_identity_of(client)
+    # Lightning read the process's rank from the environment as the server imported it.
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+    rank_zero_only.rank = _get_rank() or 0
+    if SOCKET_VARIABLE in os.environ:  # the processes this one starts are forked too
+        import multiprocessing
+
+        sys.executable = str(SHIM)
+        multiprocessing.set_executable(sys.executable)
     random.seed()
-    tempfile.tempdir = None  # found again from this run's TMPDIR
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    tempfile.tempdir = None  # found again from this process's TMPDIR
 
 
-# --- the client ---------------------------------------------------------------------------------------------------
+def join_namespaces(pid: int) -> None:
+    """Enter the network, hostname and mount namespaces of process `pid` where they are not this process's (a node
+    of the local Slurm cluster; only root gets there). Must run while this process has one thread."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, flag in (("net", CLONE_NEWNET), ("uts", CLONE_NEWUTS), ("mnt", CLONE_NEWNS)):
+        theirs = f"/proc/{pid}/ns/{kind}"
+        if os.stat(theirs).st_ino == os.stat(f"/proc/self/ns/{kind}").st_ino:
+            continue
+        descriptor = os.open(theirs, os.O_RDONLY)
+        if libc.setns(descriptor, flag) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot enter the {kind} namespace of process {pid}")
+        os.close(descriptor)
+
+
+def take_the_identity_of(client: int) -> None:
+    """Answer `os.getpid()` and `os.getppid()` with the client's: the pid its launcher knows, signals and waits for
+    (the client passes signals on), and the parent that launched it (torchrun's workers name their launch after
+    it, a Slurm task knows itself by SLURM_TASK_PID). Processes this one forks see their own."""
+    this, real_getpid, real_getppid = os.getpid(), os.getpid, os.getppid
+
+    def client_parent() -> int:
+        with contextlib.suppress(OSError):
+            return int(Path(f"/proc/{client}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return real_getppid()
+
+    os.getpid = lambda: client if real_getpid() == this else real_getpid()
+    os.getppid = lambda: client_parent() if real_getpid() == this else real_getppid()
+
+
+def place_descriptors(descriptors: list[int], numbers: list[int]) -> None:
+    """Give each received descriptor the number it had in the client (first moved out of the way of each other)."""
+    above = max([*descriptors, *numbers], default=2) + 1
+    moved = [fcntl_dup(descriptor, above) for descriptor in descriptors]
+    for descriptor in descriptors:
+        os.close(descriptor)
+    for descriptor, number in zip(moved, numbers, strict=True):
+        os.dup2(descriptor, number)
+        os.close(descriptor)
+
+
+def fcntl_dup(descriptor: int, lowest: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(descriptor, fcntl.F_DUPFD, lowest)
+
+
+# --- the tests' client --------------------------------------------------------------------------------------------
 
 
 class PreloadedPython:
@@ -149,10 +282,17 @@ class PreloadedPython:
                 cls._instance = cls()
             return cls._instance
 
+    def environment(self) -> dict[str, str]:
+        """What leads `preloaded_bin/python`, and every launcher given it, to this server."""
+        return {
+            SOCKET_VARIABLE: self.socket_path,
+            REAL_PYTHON_VARIABLE: sys.executable,
+            "PYTHON_EXEC": str(SHIM),  # torchrun's workers
+        }
+
     def start(
         self,
-        module: str,
-        args: list[str],
+        command: list[str],
         cwd: Path,
         env: dict[str, str],
         stdout: Path,
@@ -160,20 +300,26 @@ class PreloadedPython:
         new_session: bool = False,
         sigint_ignored: bool = False,
     ) -> "ForkedProcess":
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.connect(self.socket_path)
+        """`command` (this Python's `-m <module> ...`) forked, its output in the files `stdout` and `stderr`."""
+        target = forkable(command[1:]) if command[0] == sys.executable else None
+        if target is None:
+            raise ValueError(f"not a command the preloaded Python runs: {command}")
         request = {
-            "module": module,
-            "args": list(args),
+            **target,
             "cwd": str(cwd),
-            "env": env,
-            "stdout": str(stdout),
-            "stderr": str(stderr),
+            "env": {**env, **self.environment()},
+            "fds": [0, 1, 2],
             "new_session": new_session,
             "sigint_ignored": sigint_ignored,
         }
-        connection.sendall((json.dumps(request) + "\n").encode())
-        return ForkedProcess(connection, [sys.executable, "-m", module, *args])
+        files = [os.open(os.devnull, os.O_RDONLY)]
+        files += [os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for path in (stdout, stderr)]
+        try:
+            connection = send_request(self.socket_path, request, files)
+        finally:
+            for descriptor in files:
+                os.close(descriptor)
+        return ForkedProcess(connection, command)
 
 
 class ForkedProcess:
@@ -220,13 +366,13 @@ class ForkedProcess:
 
 
 def run(
-    module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float, sigint_ignored: bool
+    command: list[str], cwd: Path, env: dict[str, str], timeout: float, sigint_ignored: bool
 ) -> subprocess.CompletedProcess:
-    """As `subprocess.run([python, -m, module, *args], capture_output=True, text=True, timeout=...)` would."""
+    """As `subprocess.run(command, capture_output=True, text=True, timeout=...)` would."""
     server = PreloadedPython.get()
     stamp = f"{threading.get_ident()}-{time.monotonic_ns()}"
     stdout, stderr = server.directory / f"{stamp}.out", server.directory / f"{stamp}.err"
-    proc = server.start(module, args, cwd, env, stdout, stderr, sigint_ignored=sigint_ignored)
+    proc = server.start(command, cwd, env, stdout, stderr, sigint_ignored=sigint_ignored)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -245,12 +391,19 @@ if __name__ == "__main__":
     job = serve(sys.argv[1])
     if job is None:
         sys.exit(0)
-    become(job)
+    become(*job)
+    source = job[0].get("code")
     del job
+    server_module = sys.modules["__main__"]  # keeps this code's globals while the run has `__main__`
+    sys.modules["__main__"] = main = types.ModuleType("__main__")
     import runpy
 
-    # What `python -m` itself calls, in a `__main__` of its own: the module runs as `__main__`, and so the child
-    # ends (exit status, traceback, interpreter shutdown) as that process would.
-    server_module = sys.modules["__main__"]  # keeps this code's globals while the run has `__main__`
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    runpy._run_module_as_main(sys.argv[0])
+    # What `python -m`, `python <script>` and `python -c` do themselves; the child ends (exit status, traceback,
+    # interpreter shutdown) as that process would.
+    if source is not None:
+        main.__builtins__ = __builtins__
+        exec(compile(source, "<string>", "exec"), main.__dict__)
+    elif sys.argv[0].endswith(".py"):
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    else:
+        runpy._run_module_as_main(sys.argv[0])

@@ -6,23 +6,20 @@ working directory that holds small MNIST, Fashion-MNIST and KMNIST files under d
 `ckpt_path=last` and `CKPT=$(ls -t outputs/20*/*/checkpoints/last.ckpt | head -1)` find the runs of the lines
 above them. The tables
 below are the only departures from the README text, and a test fails when one of their lines leaves the README.
-The shell's `python -m project.<entry>` is forked from the tests' preloaded Python (tests/preloaded_client.py), as
-`run_module` runs them; `torchrun` and the ranks a run launches start interpreters of their own.
+The shell's `python` and `torchrun` are the venv's through tests/preloaded_bin: the runs, their ranks and torchrun's
+workers are forked from the tests' preloaded Python, as `run_module` runs them.
 """
 
 import math
-import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests import preloaded_python
-from tests.helpers import REPO, check_ok
+from tests.helpers import REPO, check_ok, shell_environment
 from tests.idx_files import write_idx_dataset
 
 pytestmark = pytest.mark.slow
@@ -96,35 +93,21 @@ class ReadmeShell:
         return self.results[index]
 
     def run(self, command: str) -> subprocess.CompletedProcess:
-        env = {
-            **os.environ,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # python, torchrun: the venv's
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-            **self.variables,
-        }
-        script = python_function(env) + as_run(command, self.cwd)
+        script = as_run(command, self.cwd)
         assignment = VARIABLE_ASSIGNMENT.match(command)
         if assignment:
             script += f'\nprintf %s "${assignment[1]}"'
         result = subprocess.run(
-            ["bash", "-c", script], cwd=self.cwd, env=env, capture_output=True, text=True, timeout=600
+            ["bash", "-c", script],
+            cwd=self.cwd,
+            env=shell_environment(self.variables),
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         if assignment:
             self.variables[assignment[1]] = result.stdout
         return result
-
-
-def python_function(env: dict[str, str]) -> str:
-    """The shell's `python`: `-m project.<entry>` goes to the preloaded Python, anything else to the venv's."""
-    if not preloaded_python.can_start(env):
-        return ""
-    client = REPO / "tests" / "preloaded_client.py"
-    socket_path = preloaded_python.PreloadedPython.get().socket_path
-    return (
-        'python() { if [ "$1" = -m ] && [[ "$2" == project.* ]]; then shift; '
-        f'command python -S {client} {socket_path} "$@"; else command python "$@"; fi; }}\n'
-    )
 
 
 @pytest.fixture(scope="module")

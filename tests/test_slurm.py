@@ -20,7 +20,17 @@ import pytest
 import torch
 
 from project.parity import max_loss_difference, max_weight_difference, network_weights
-from tests.helpers import REPO, check_ok, free_port, histories, read_json, run_module, simulated_slurm_nodes
+from tests.helpers import (
+    REPO,
+    check_ok,
+    environment,
+    free_port,
+    histories,
+    python,
+    read_json,
+    run_module,
+    simulated_slurm_nodes,
+)
 from tests.tensorboard_events import read_scalars
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -41,7 +51,8 @@ SIX_RANK_SHARE = 59  # 350 images over 6 ranks: DistributedSampler pads to 354
 
 @pytest.fixture(scope="session")
 def slurm_env() -> dict[str, str]:
-    """The environment jobs are submitted with: the cluster's SLURM_CONF, this Python, one thread per process.
+    """The environment jobs are submitted with: the cluster's SLURM_CONF, this Python (its tasks forked from the
+    preloaded Python, in their node's namespaces: tests/preloaded_python.py), one thread per process.
 
     Variables of an enclosing Slurm job or launcher are dropped: sbatch passes the whole environment on to the job.
     """
@@ -55,7 +66,7 @@ def slurm_env() -> dict[str, str]:
         pytest.skip(f"needs 2 nodes, the cluster has {cluster.get('LOCAL_SLURM_NODES')}: run `make slurm-up`")
     launcher_variables = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"}
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_variables}
-    return inherited | cluster | {"PROJECT_PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return environment(inherited | cluster | {"PROJECT_PYTHON": python()})
 
 
 @pytest.fixture
@@ -221,7 +232,7 @@ def test_submitit_sweep_runs_each_point_as_a_slurm_job_and_summarises_them(
     tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str]
 ):
     sweep_dir = tmp_path / "sweep"
-    command = [sys.executable, "-m", "project.train", "-m", "hydra/launcher=slurm", "model.optimizer.lr=0.1,0.5"]
+    command = [python(), "-m", "project.train", "-m", "hydra/launcher=slurm", "model.optimizer.lr=0.1,0.5"]
     # One process per job (hydra.launcher: 1 node, 1 task).
     overrides = small_mnist(mnist_root, "data.batch_size=25", "trainer.max_epochs=2", "logger=none", experiment="mnist")
     try:

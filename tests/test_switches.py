@@ -20,7 +20,18 @@ from project.runs import run_dir
 from project.runs.checkpoints import resume_path
 from project.strategies.same_config import check_same_config_on_every_rank, differing_keys
 from project.train import build
-from tests.helpers import CONF_DIR, REPO, check_ok, free_port, histories, mnist_overrides, read_json, run_module
+from tests.helpers import (
+    CONF_DIR,
+    REPO,
+    check_ok,
+    environment,
+    free_port,
+    histories,
+    mnist_overrides,
+    python,
+    read_json,
+    run_module,
+)
 
 
 def compose_train(*overrides: str):
@@ -174,7 +185,7 @@ def test_ddp_started_as_a_script_trains_two_ranks(tmp_path: Path):
     """`python project/train.py trainer=ddp`: the children are started as the script, not as a module."""
     result = subprocess.run(
         [
-            sys.executable,
+            python(),
             str(REPO / "project" / "train.py"),
             "trainer=ddp",
             "logger=none",
@@ -184,7 +195,7 @@ def test_ddp_started_as_a_script_trains_two_ranks(tmp_path: Path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=environment(),
     )
     check_ok(result)
     assert [h["world_size"] for h in histories(tmp_path / "run")] == [2, 2]
@@ -278,10 +289,10 @@ def test_a_sweep_job_after_a_ddp_job_keeps_every_thread(tmp_path: Path):
     )
     (tmp_path / "thread_probe.py").write_text(script)
     env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env_without_omp = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    env_without_omp = {key: value for key, value in environment().items() if key != "OMP_NUM_THREADS"}
     result = subprocess.run(
         [
-            sys.executable,
+            python(),
             "-m",
             "project.train",
             "-m",

@@ -5,7 +5,6 @@ on every machine; "two machines" are two agents on this one (`tests.helpers.torc
 two real hosts (network namespaces of the local cluster) is in tests/test_slurm.py.
 """
 
-import os
 import subprocess
 import sys
 import time
@@ -15,7 +14,17 @@ import pytest
 import torch
 
 from project.parity import max_loss_difference, max_weight_difference, network_weights
-from tests.helpers import REPO, check_ok, free_port, histories, read_json, run_module, torchrun_nodes
+from tests.helpers import (
+    REPO,
+    check_ok,
+    environment,
+    free_port,
+    histories,
+    python,
+    read_json,
+    run_module,
+    torchrun_nodes,
+)
 
 pytestmark = pytest.mark.slow
 # The toy problem on two ranks: one step per rank and epoch, a last.ckpt after every epoch.
@@ -149,7 +158,7 @@ def test_a_multi_node_launch_without_a_rendezvous_id_is_refused_in_one_line(tmp_
     nodes = [
         subprocess.Popen(
             [
-                sys.executable,
+                python(),
                 "-m",
                 "project.torchrun",
                 *static,
@@ -159,7 +168,7 @@ def test_a_multi_node_launch_without_a_rendezvous_id_is_refused_in_one_line(tmp_
                 *overrides,
             ],
             cwd=tmp_path,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            env=environment(),
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
