@@ -29,6 +29,7 @@ signal that killed it, as `subprocess` reports it).
 
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import random
@@ -97,6 +98,9 @@ def serve(socket_path: str) -> tuple[dict, list[int], int] | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)
+    # The imported objects live as long as any child: the children's collections need not walk them (each would
+    # copy every page of the server's heap that holds one).
+    gc.freeze()
     print("ready", flush=True)
     running: dict[int, tuple[socket.socket, int]] = {}  # child pid → (connection, pidfd of the client)
     while True:
