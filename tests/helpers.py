@@ -5,11 +5,15 @@ torchrun, a shell) is then skipped at that point, which leaves the suite's in-pr
 """
 
 import json
+import multiprocessing
+import multiprocessing.spawn
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from project.compare import free_port
@@ -45,6 +49,21 @@ def environment(env: dict | None = None) -> dict[str, str]:
     processes, or a run's ranks, share this machine's cores), and what leads `python()` to the preloaded Python."""
     base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return {**base, **preloaded_python.PreloadedPython.get().environment(), **(env or {})}
+
+
+@contextmanager
+def spawning_preloaded() -> Iterator[None]:
+    """multiprocessing's spawn (torch.multiprocessing.spawn, a "spawn" context) starts its processes through
+    `python()` while this lasts: forked from the preloaded Python, with this process's environment."""
+    saved_environment, saved_executable = dict(os.environ), multiprocessing.spawn.get_executable()
+    os.environ.update(environment())
+    multiprocessing.set_executable(python())
+    try:
+        yield
+    finally:
+        multiprocessing.set_executable(saved_executable)
+        os.environ.clear()
+        os.environ.update(saved_environment)
 
 
 def run_module(

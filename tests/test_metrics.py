@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from project.metrics import ClassificationTotals
-from tests.helpers import free_port
+from tests.helpers import free_port, spawning_preloaded
 
 SPAWN_TIMEOUT = 120
 
@@ -91,7 +91,7 @@ def count_on_rank(rank: int, port: int, results: dict) -> None:
 
 
 def test_compute_sums_over_ddp_processes_on_every_rank():
-    with mp.Manager() as manager:
+    with mp.Manager() as manager, spawning_preloaded():
         results = manager.dict()
         processes = mp.spawn(count_on_rank, args=(free_port(), results), nprocs=2, join=False)
         deadline = time.monotonic() + SPAWN_TIMEOUT

@@ -31,6 +31,7 @@ from tests.helpers import (
     python,
     read_json,
     run_module,
+    spawning_preloaded,
 )
 
 
@@ -230,7 +231,8 @@ def test_ranks_that_composed_different_configs_stop_with_one_line_naming_the_key
     torch.set_num_threads(1)
     configs = [{"seed": 1, "data": {"batch_size": 2}}, {"seed": second_seed, "data": {"batch_size": 2}}]
     errors = mp.get_context("spawn").Queue()
-    mp.start_processes(_gather_configs, args=(free_port(), configs, errors), nprocs=2, start_method="spawn")
+    with spawning_preloaded():
+        mp.start_processes(_gather_configs, args=(free_port(), configs, errors), nprocs=2, start_method="spawn")
     reported = dict(errors.get(timeout=60) for _ in range(2))
     if second_seed == 1:
         assert reported == {0: None, 1: None}
