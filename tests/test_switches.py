@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,12 +13,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
+from lightning.fabric.plugins.environments import LightningEnvironment
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.errors import UserError
 from project.job import isolated_job
 from project.runs import run_dir
 from project.runs.checkpoints import resume_path
+from project.strategies.hydra_ddp import HydraJobLauncher
 from project.strategies.same_config import check_same_config_on_every_rank, differing_keys
 from project.train import build
 from tests.helpers import (
@@ -239,6 +242,23 @@ def test_ranks_that_composed_different_configs_stop_with_one_line_naming_the_key
     else:
         expected = "rank 1 composed a different config than rank 0 (at seed): start every rank with the same"
         assert all(message.startswith(expected) for message in reported.values()), reported
+
+
+def test_a_child_that_fails_first_is_noted_not_printed_beside_rank_zeros_own_error(capsys):
+    """A user error every rank finds (a bad resume, a config check) ends rank 1 first when it starts faster: its own
+    line is the one to read, so rank 0's launcher only notes the death, for the job to name if rank 0 has no error of
+    its own (`project.job`), instead of adding a line of its own between the two ranks' identical ones."""
+    launcher = HydraJobLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    launcher.procs.append(subprocess.Popen(["sh", "-c", "exit 2"]))
+    watcher = threading.Thread(target=launcher._watch_children)
+    watcher.start()
+    deadline = time.monotonic() + 30
+    while launcher.failure is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    launcher.finish(failed=True)
+    watcher.join(timeout=30)
+    assert re.fullmatch(r"rank 1 \(pid \d+\) exited with code 2: the run stops", launcher.failure or "")
+    assert capsys.readouterr().err == ""
 
 
 def test_differing_keys_names_nested_and_missing_keys():

@@ -10,8 +10,9 @@ composed the same config (the ranks torchrun or srun starts compose theirs too).
 
 When the job ends (`project.job.isolated_job` calls `finish`) the children are waited for, or killed if the job
 failed. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0 leaves no orphans stuck in a
-collective; a child that dies is named at once on stderr (`failure`), and the run stops (rank 0 fails in its next
-collective, and reports the child's death as its cause).
+collective; a child that dies is noted at once (`failure`), and the run stops: rank 0 fails in its next collective
+and reports the child's death as its cause, or reports the user error it shares with the child (each rank then says
+that one line once, whichever got there first).
 
 The launcher subclasses Lightning's private `_SubprocessScriptLauncher` (hence the `lightning<2.7` pin); it can go
 once Lightning starts Hydra children as single runs of the current job.
@@ -134,14 +135,14 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         threading.Thread(target=self._watch_children, daemon=True, name="child-watcher").start()
 
     def _watch_children(self) -> None:
-        """Beside training: name the first rank that ended badly (gloo's own error names only an address).
+        """Beside training: note the first rank that ended badly (gloo's own error names only an address).
 
-        Rank 0 then fails in its next collective. Should it still run `STOP_GRACE_SECONDS` later, it is blocked
-        where Python cannot interrupt it (waiting for the dead rank to join the process group): the process then
-        ends at once, with the other children and that line last.
+        Rank 0 then fails in its next collective, and its job names that rank (`project.job`). Should it still run
+        `STOP_GRACE_SECONDS` later, it is blocked where Python cannot interrupt it (waiting for the dead rank to join
+        the process group): the process then ends at once, with the other children and that line last.
         """
         while not self._stopping.is_set():
-            if self._report_failed_child():
+            if self._note_failed_child():
                 if not self._stopping.wait(STOP_GRACE_SECONDS):
                     for child in self.procs:
                         child.kill()
@@ -152,15 +153,14 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
                 return
             self._stopping.wait(0.2)
 
-    def _report_failed_child(self) -> bool:
-        """Print one line for the first child that has ended with an error; whether there was one."""
+    def _note_failed_child(self) -> bool:
+        """Note (`failure`) the first child that has ended with an error; whether there was one."""
         first_rank = self.cluster_environment.node_rank() * self.num_processes
         for local_rank, child in enumerate(self.procs, start=1):
             code = child.poll()
             if code and not self._stopping.is_set():
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
                 self.failure = f"rank {first_rank + local_rank} (pid {child.pid}) {how}: the run stops"
-                print(f"error: {self.failure}", file=sys.stderr, flush=True)
                 return True
         return False
 
@@ -173,7 +173,7 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         """
         if failed and self.failure is None and self.procs:
             deadline = time.monotonic() + 1.0  # let a dying child be reaped
-            while not self._report_failed_child() and time.monotonic() < deadline:
+            while not self._note_failed_child() and time.monotonic() < deadline:
                 time.sleep(0.05)
         self._stopping.set()
         for child in self.procs:
