@@ -6,7 +6,7 @@ Entry points wrap their work in `exit_on_user_error`:
   Ctrl-C) likewise, with its own status. Anything else is a bug and keeps its traceback.
 - inside a sweep (`-m`, an Optuna search, the jobs of `hydra/launcher=slurm`) one failing job must not end the
   sweep: the job reports its error the same way (a bug's traceback first), writes the error line to `error.txt`
-  in its directory and returns NaN, which Optuna records as a failed trial; the sweep's summary lists the job as
+  in its directory and returns None, which Optuna records as a failed trial; the sweep's summary lists the job as
   failed, and the sweep exits non-zero (`project.runs.sweep_summary`). Only a stop (`RunStopped`) ends the sweep.
 """
 
@@ -94,7 +94,7 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
             report(line, sys.stderr, logging.ERROR)
             if sweep_job:
                 record_failed_job(line)
-                return float("nan")
+                return None
             sys.exit(getattr(user_error, "exit_status", 2))
 
     return wrapper

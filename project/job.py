@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.errors import RunStopped, UserError, find_user_error
+from project.errors import RunStopped, UserError, find_user_error, in_sweep_job
+from project.runs.sweep_continuation import continue_hint
 from project.strategies.hydra_ddp import HydraDDPStrategy, HydraJobLauncher
 
 # What a launch may change in this process's environment: restored when the job ends.
@@ -35,15 +36,23 @@ JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD
 
 
 def resume_hint(trainer: L.Trainer) -> str:
-    """How to carry on from the run's `last.ckpt` (an epoch's end, or inside one), if it wrote one."""
-    for callback in trainer.checkpoint_callbacks:
-        last = Path(callback.dirpath or "") / "last.ckpt"
-        if last.is_file():
-            step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["global_step"]
-            return (
-                f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={last.resolve()}"
-            )
-    return "it had written no checkpoint yet: run it again"
+    """How to carry on from the run's `last.ckpt` (an epoch's end, or inside one), if it wrote one; for a sweep's
+    job, how to carry the sweep on (`project.runs.sweep_continuation`)."""
+    last = next(
+        (
+            Path(callback.dirpath or "") / "last.ckpt"
+            for callback in trainer.checkpoint_callbacks
+            if (Path(callback.dirpath or "") / "last.ckpt").is_file()
+        ),
+        None,
+    )
+    step = None if last is None else torch.load(last, map_location="cpu", mmap=True, weights_only=True)["global_step"]
+    if in_sweep_job():
+        this_job = "this job runs again" if last is None else f"this job resumes from its last checkpoint (step {step})"
+        return f"{continue_hint()}; {this_job}"
+    if last is None:
+        return "it had written no checkpoint yet: run it again"
+    return f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={last.resolve()}"
 
 
 def lost_another_rank(error: Exception) -> bool:

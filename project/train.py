@@ -2,9 +2,10 @@
 
 Every strategy is a `trainer=` config; nothing here branches on it. Whatever the number of processes, the run
 writes into one Hydra run dir (`run_dir`); rank 0 alone writes results. `main` returns the `optimized_metric`
-so Hydra sweepers can optimise it.
+so Hydra sweepers can optimise it (None where it is not a finite number).
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from project.config_checks import check_config
-from project.errors import UserError, exit_on_user_error, find_user_error
+from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job
 from project.job import isolated_job, stop_if_signalled
 from project.runs.checkpoints import resume_path
 from project.runs.history import TrainingHistory
@@ -29,6 +30,7 @@ from project.runs.mid_epoch_resume import MidEpochResumeCheck
 from project.runs.results import format_results_table, logged_metrics, save_results
 from project.runs.run_config import RunConfigCallback
 from project.runs.run_log import capture_logs, report
+from project.runs.sweep_continuation import finished_results
 
 
 @dataclass
@@ -45,14 +47,16 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     """Check `cfg`, then seed and instantiate everything a run needs, in the order the reference path does.
 
     The benchmarks and tests build through here too, adding their probes as `extra_callbacks`. `cfg.ckpt_path`
-    is resolved here to the file itself (`last` names the newest earlier run's `last.ckpt` of the same model and
-    data under `outputs_dir`), so the stored config says which file a run resumed from and every rank resumes from
-    the same. Every checkpoint stores the whole config (`RunConfigCallback`), whatever the module, and a resume
-    from inside an epoch needs a data module that restores its position there (`MidEpochResumeCheck`).
+    is resolved here to the file itself (`last`: the run dir's own `last.ckpt`, or the newest earlier run's of the
+    same model and data under `outputs_dir`; a sweep's job carries on from its own), so the stored config says which
+    file a run resumed from and every rank resumes from the same. Every checkpoint stores the whole config
+    (`RunConfigCallback`), whatever the module, and a resume from inside an epoch needs a data module that restores
+    its position there (`MidEpochResumeCheck`).
     """
     check_config(cfg)
     run_config = OmegaConf.to_container(cfg, resolve=True)
-    cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, run_config)
+    sweep_dir = Path(HydraConfig.get().sweep.dir) if in_sweep_job() else None
+    cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, run_config, sweep_dir)
     run_config["ckpt_path"] = cfg.ckpt_path
     L.seed_everything(cfg.seed, workers=True)
     datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
@@ -152,13 +156,23 @@ def summarise_history(run_dir: str, world_size: int) -> dict:
 def main(cfg: DictConfig) -> float | None:
     capture_logs()
     check_config(cfg)  # before the config is printed, so a bad value is the last thing on screen
+    finished = finished_results(cfg.run_dir) if in_sweep_job() else None
+    if finished is not None:
+        job = HydraConfig.get().job.num
+        report(f"job {job} finished in an earlier run of this sweep: not run again ({cfg.run_dir})")
+        return sweep_value(finished.get(cfg.optimized_metric))
     if rank_zero_only.rank == 0:
         report(f"Config\n{OmegaConf.to_yaml(cfg, resolve=True)}")
     results = train(cfg)
     if rank_zero_only.rank == 0:
         save_results(results, cfg.run_dir)
         report(format_results_table(results))
-    return results.get(cfg.optimized_metric)
+    return sweep_value(results.get(cfg.optimized_metric))
+
+
+def sweep_value(value: float | None) -> float | None:
+    """What a sweeper is given: the metric, or None where there is no finite one (Optuna records a failed trial)."""
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 if __name__ == "__main__":

@@ -22,7 +22,16 @@ import pytest
 import torch
 
 from tests.fault_cases import BAD_INPUTS, BadInput
-from tests.helpers import REPO, check_ok, free_port, mnist_overrides, read_json, run_module, start_module
+from tests.helpers import (
+    REPO,
+    check_ok,
+    free_port,
+    histories,
+    mnist_overrides,
+    read_json,
+    run_module,
+    start_module,
+)
 from tests.test_strategies import alive, descendants
 
 pytestmark = pytest.mark.slow  # every case starts the entry point (seconds each), most train
@@ -404,19 +413,120 @@ def test_sweep_runs_every_job_when_one_fails_and_exits_1(tmp_path: Path, overrid
     assert_no_process_left(tmp_path)
 
 
-def test_sigterm_ends_a_sweep_without_starting_its_next_job(tmp_path: Path):
-    """A stop is the user's (or the scheduler's) decision about the whole sweep, unlike a failing job."""
-    sweep_dir = tmp_path / "sweep"
-    with background_run(["-m", "seed=1,2", *LONG_TOY_RUN, f"hydra.sweep.dir={sweep_dir}"], tmp_path) as proc:
+def test_sigterm_ends_a_sweep_without_starting_its_next_job_and_its_hint_carries_the_sweep_on(tmp_path: Path):
+    """A stop is the user's (or the scheduler's) decision about the whole sweep, unlike a failing job; its line says
+    how to carry on that sweep (not a ckpt_path, which every job would then resume from), and doing so resumes the
+    stopped job from its own checkpoint and runs the one it had not reached."""
+    sweep = ["-m", "seed=1,2", "logger=none", "trainer.max_epochs=60"]
+    with background_run(sweep, tmp_path) as proc:
+        (sweep_dir,) = wait_for_glob(tmp_path, "outputs/multirun/*/*", proc)
         wait_for_file(sweep_dir / "0" / "checkpoints" / "last.ckpt", proc, tmp_path)
         os.kill(proc.pid, signal.SIGTERM)
         status = end_of(proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
     line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM, only_line=False)
-    assert line.startswith("error: stopped by SIGTERM in epoch "), line
-    assert resume_from(line) == sweep_dir.resolve() / "0" / "checkpoints" / "last.ckpt"
+    hint = re.match(
+        r"error: stopped by SIGTERM in epoch \d+: carry the sweep on with the same command plus hydra.sweep.dir=(\S+) "
+        r"\(its finished jobs are not run again\); this job resumes from its last checkpoint \(step (\d+)\)$",
+        line,
+    )
+    assert hint and Path(hint.group(1)) == sweep_dir.resolve(), line
     assert not (sweep_dir / "1").exists()
     assert_nothing_half_written(tmp_path)
+    assert_no_process_left(tmp_path)
+
+    check_ok(run_module("project.train", *sweep, f"hydra.sweep.dir={hint.group(1)}", cwd=tmp_path, env=ENV))
+    stopped, fresh = (read_json(sweep_dir / job / "history.rank0.json") for job in ("0", "1"))
+    assert stopped["first_step"] == int(hint.group(2)) > 0, "the stopped job resumed from its own last step"
+    assert fresh["first_step"] == 0 and read_json(sweep_dir / "1" / "results.json")["epochs"] == 60
+    assert read_json(sweep_dir / "0" / "results.json")["epochs"] == 60
+
+
+# Runs and sweeps: nothing written over, no job trained from a sibling's weights.
+
+
+def wait_for_glob(directory: Path, pattern: str, proc, timeout: float = 120) -> list[Path]:
+    """The paths matching `pattern` below `directory`, once there are any, while `proc` goes on."""
+    deadline = time.monotonic() + timeout
+    while not (found := sorted(directory.glob(pattern))):
+        assert proc.poll() is None and time.monotonic() < deadline, f"nothing matched {pattern}"
+        time.sleep(0.2)
+    return found
+
+
+def test_a_run_dir_given_again_is_refused_unless_the_run_carries_its_run_on(tmp_path: Path):
+    """`hydra.run.dir=...` typed twice must not write over the first run's checkpoints and results; with
+    `ckpt_path=last` the second run carries the first on, in its directory."""
+    run_dir = tmp_path / "run"
+    first = ["logger=none", "seed=1", "trainer.max_epochs=3", f"hydra.run.dir={run_dir}"]
+    check_ok(run_module("project.train", *first, cwd=tmp_path, env=ENV))
+    written = {path: path.read_bytes() for path in (run_dir / "results.json", run_dir / "checkpoints" / "last.ckpt")}
+
+    second = ["logger=none", "seed=2", "trainer.max_epochs=2", f"hydra.run.dir={run_dir}"]
+    result = run_module("project.train", *second, cwd=tmp_path, env=ENV)
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, f"={run_dir} ")
+    assert "already holds another run (results.json, checkpoints/)" in line and "ckpt_path=last" in line, line
+    assert {path: path.read_bytes() for path in written} == written, "nothing of the first run written over"
+
+    check_ok(run_module("project.train", *first[:2], "trainer.max_epochs=5", "ckpt_path=last", first[3], cwd=tmp_path))
+    assert read_json(run_dir / "results.json")["epochs"] == 5
+    history = read_json(run_dir / "history.rank0.json")
+    assert (history["first_epoch"], history["first_step"]) == (3, 6), "carried on from its own epoch 3"
+    assert_no_process_left(tmp_path)
+
+
+def test_a_run_dir_whose_run_failed_at_its_start_can_be_used_again(tmp_path: Path):
+    """A typo ends a run before it writes a checkpoint: the corrected command may use the same directory."""
+    run_dir = tmp_path / "run"
+    failed = run_module("project.train", "seed=-1", f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV)
+    assert failed.returncode == USER_ERROR and (run_dir / ".hydra").is_dir()
+    check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV))
+    assert read_json(run_dir / "results.json")["epochs"] == 3
+
+
+def test_ckpt_path_last_under_a_sweep_takes_the_run_from_before_the_sweep_for_every_job(tmp_path: Path):
+    """Job 1 must not resume job 0's fresh last.ckpt (same model, same data, newer) and report its weights."""
+    check_ok(run_module("project.train", "logger=none", "trainer.max_epochs=3", cwd=tmp_path, env=ENV))
+    (earlier,) = (tmp_path / "outputs").glob("*/*/checkpoints/last.ckpt")
+    sweep_dir = tmp_path / "sweep"
+    sweep = ["-m", "logger=none", "model.optimizer.lr=0.1,0.5", "ckpt_path=last", "trainer.max_epochs=6"]
+    check_ok(run_module("project.train", *sweep, f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path, env=ENV))
+    for job in ("0", "1"):
+        checkpoint = torch.load(sweep_dir / job / "checkpoints" / "last.ckpt", weights_only=False)
+        assert checkpoint["config"]["ckpt_path"] == str(earlier), f"job {job} resumed another run"
+        assert checkpoint["global_step"] == 12, "6 steps before the sweep, 6 in it"
+    assert_no_process_left(tmp_path)
+
+
+def test_a_ddp_sweep_stopped_in_its_second_job_is_carried_on_by_the_same_command(tmp_path: Path):
+    """Job 0 finished: not run again. Job 1 stopped: resumes from its own last.ckpt on both ranks. Job 2: fresh.
+    A sweep dir that holds a sweep of other overrides is refused before any job."""
+    sweep_dir = tmp_path / "sweep"
+    sweep = ["-m", "model.optimizer.lr=0.1,0.2,0.3", *DDP, "logger=none", "trainer.max_epochs=40"]
+    sweep.append(f"hydra.sweep.dir={sweep_dir}")
+    with background_run(sweep, tmp_path) as proc:
+        wait_for_file(sweep_dir / "1" / "checkpoints" / "last.ckpt", proc, tmp_path)
+        os.kill(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM, only_line=False)
+    expected = "carry the sweep on with the same command (its finished jobs are not run again); this job resumes"
+    assert expected in line, line
+    stopped_at = int(re.search(r"\(step (\d+)\)$", line).group(1))
+    finished = (sweep_dir / "0" / "results.json").read_bytes()
+
+    other = run_module("project.train", *[o.replace("0.3", "0.4") for o in sweep], cwd=tmp_path, env=ENV)
+    line = assert_ends_in_error_line(other.returncode, other.stdout, other.stderr, USER_ERROR, f"={sweep_dir} ")
+    assert "holds another sweep" in line and not (sweep_dir / "2").exists(), line
+
+    result = check_ok(run_module("project.train", *sweep, cwd=tmp_path, env=ENV))
+    assert "job 0 finished in an earlier run of this sweep: not run again" in result.stderr + result.stdout
+    assert (sweep_dir / "0" / "results.json").read_bytes() == finished
+    resumed = histories(sweep_dir / "1")
+    assert [(h["world_size"], h["first_step"]) for h in resumed] == [(2, stopped_at)] * 2
+    assert [(h["world_size"], h["first_step"]) for h in histories(sweep_dir / "2")] == [(2, 0)] * 2
+    table = sweep_table(result.stdout, "Sweep: 3 job(s)")
+    assert len([row for row in table if row[:1].isdigit()]) == 3
     assert_no_process_left(tmp_path)
 
 

@@ -79,3 +79,34 @@ def test_the_summary_lists_an_interrupted_job_killed_before_its_overrides_were_s
         ("1", "(not saved)", None, True),
     ]
     assert format_sweep_table(rows, "val/acc").splitlines()[5].split()[-2] == "interrupted"
+
+
+@pytest.mark.parametrize("seed", [2, 1234], ids=["some-fail", "all-fail"])
+def test_a_search_whose_trial_fails_records_it_failed_and_runs_the_others(tmp_path: Path, seed: int):
+    """A trial whose job fails (batch 100 on the toy's 5 points) is a failed trial of the study, not the end of the
+    search: the others run, the summary lists it failed, the search exits 1 (also when no trial finished)."""
+    sweep_dir = tmp_path / "search"
+    result = run_module(
+        "project.train",
+        "hparams_search=mnist_optuna",
+        "trainer=cpu",
+        "hydra.sweeper.n_trials=4",
+        f"hydra.sweeper.sampler.seed={seed}",
+        "model.optimizer.lr=choice(0.1,0.2)",
+        "data.batch_size=choice(2,100)",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    study = optuna.load_study(study_name="mnist_optuna", storage=f"sqlite:///{sweep_dir}/optuna.db")
+    assert len(study.trials) == 4
+    fail, complete = optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE
+    for trial in study.trials:
+        failed = trial.params["data.batch_size"] == 100
+        assert trial.state == (fail if failed else complete), trial
+        assert (sweep_dir / str(trial.number) / ("error.txt" if failed else "results.json")).is_file()
+    failures = sum(trial.state == fail for trial in study.trials)
+    assert (failures == 4) == (seed == 1234) and failures > 0, "the seeds draw batch 100 for some trials, all trials"
+    rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
+    assert sum(row[-2] == "failed" for row in rows) == failures and len(rows) == 4
+    assert result.stderr.rstrip().splitlines()[-1].startswith(f"error: {failures} of 4 sweep jobs failed")

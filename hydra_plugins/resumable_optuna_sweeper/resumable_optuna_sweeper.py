@@ -12,6 +12,8 @@ its jobs from 0 again, over the first run's job dirs. `ResumableOptunaSweeper` f
 - any other trial still marked running was interrupted (its process was killed): it is marked failed, its job
   dir gets an `interrupted.txt` (the sweep summary shows the job as `interrupted`, which does not fail the
   sweep), and its parameters are tried again first, as a new trial; a trial that finished is never run again.
+A trial whose job failed (the job returns None: `project.errors`) is a failed trial of the study and the search goes
+on; a search in which no trial finished ends with its summary table, not with the plugin's traceback.
 """
 
 import json
@@ -32,7 +34,14 @@ class ResumableOptunaSweeper(OptunaSweeper):
         stored = str(search.storage or "")
         if stored.startswith("sqlite:///") and Path(stored.removeprefix("sqlite:///")).is_file():
             self._carry_on(search)
-        return super().sweep(arguments)
+        try:
+            return super().sweep(arguments)
+        except ValueError:
+            # The plugin ends by asking the study for its best trial, which one without a finished trial has not.
+            study = optuna.load_study(study_name=search.study_name, storage=search.storage)
+            if any(trial.state == optuna.trial.TrialState.COMPLETE for trial in study.trials):
+                raise
+            log.warning(f"no trial of the study {search.study_name} finished: it has no best parameters")
 
     @staticmethod
     def _carry_on(search) -> None:

@@ -81,31 +81,40 @@ def stored_config(path: Path) -> dict | None:
         return None
 
 
-def resume_path(ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_config: dict) -> str | None:
+def resume_path(
+    ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_config: dict, sweep_dir: Path | None = None
+) -> str | None:
     """The checkpoint `trainer.fit` resumes from.
 
-    `ckpt_path`: a file, "last" (the newest earlier run's last.ckpt of the same model and data), or null. A file
-    that trained another model than `run_config` (this run's config) builds is refused: its weights would not load.
+    `ckpt_path`: a file, "last", or null. "last" is the run dir's own last.ckpt where it has one (a run carried on in
+    its `hydra.run.dir`), else the newest earlier run's last.ckpt of the same model and data under `outputs_dir`,
+    outside `sweep_dir` when a sweep's job asks (so that every job takes the same run from before the sweep, not a
+    sibling's). A file that trained another model than `run_config` (this run's config) builds is refused: its
+    weights would not load.
 
-    With null, a run that its launcher started again resumes from its own run dir's `checkpoints/last.ckpt`, since
-    it finds that dir again: a requeued Slurm job (SLURM_RESTART_COUNT > 0; the dir is named after the job), and
-    torchrun's workers after an elastic restart (`--max-restarts`; the dir is the agent's) or a multi-node launch
-    run again with the same `--rdzv-id` (the dir is named after it). torchrun's restart count is no guide there: a
-    node whose own workers did not fail restarts them with the count unchanged; under torchrun that checkpoint also
-    wins over `ckpt_path`, which a restart would otherwise train from again. Lightning resumes by itself from its
-    `hpc_ckpt_*.ckpt` (written when Slurm signals the job) when given no path, so that one is left to it only when
-    it is newer than last.ckpt.
+    A run that its launcher started again, or a sweep carried on, resumes from its own run dir's
+    `checkpoints/last.ckpt`, since it finds that dir again: a sweep's job (`sweep_dir` given; the same command with
+    that `hydra.sweep.dir` carries the sweep on), torchrun's workers after an elastic restart (`--max-restarts`; the
+    dir is the agent's) or a multi-node launch run again with the same `--rdzv-id` (the dir is named after it), and,
+    with a null `ckpt_path`, a requeued Slurm job (SLURM_RESTART_COUNT > 0; the dir is named after the job). For the
+    first two that checkpoint wins over `ckpt_path`, which would otherwise train the same steps again; torchrun's
+    restart count is no guide there (a node whose own workers did not fail restarts them with the count unchanged).
+    Lightning resumes by itself from its `hpc_ckpt_*.ckpt` (written when Slurm signals the job) when given no path,
+    so that one is left to it only when it is newer than last.ckpt.
     """
     own_last = run_dir / "checkpoints" / "last.ckpt"
-    if "TORCHELASTIC_RUN_ID" in os.environ and own_last.is_file():
+    carried_on = sweep_dir is not None or "TORCHELASTIC_RUN_ID" in os.environ
+    if carried_on and own_last.is_file():
         path = own_last  # carries on from its own progress, whatever ckpt_path the launch started from
     elif ckpt_path is None:
         if not (own_last.is_file() and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0):
             return None
         hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
         return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
+    elif ckpt_path == "last" and own_last.is_file():
+        path = own_last
     elif ckpt_path == "last":  # chosen among the runs of this model and data: nothing left to check
-        return str(newest_last_checkpoint(outputs_dir, exclude=run_dir, run_config=run_config))
+        return str(newest_last_checkpoint(outputs_dir, exclude=sweep_dir or run_dir, run_config=run_config))
     else:
         path = Path(ckpt_path)
     trained, building = what_it_trains(load_project_checkpoint(path)["config"]), what_it_trains(run_config)

@@ -13,6 +13,11 @@ instead of the moment:
 Each launch but a Slurm task then claims its directory (`claim`): a launch that finds it claimed by another takes
 the same name with `-1`, `-2`, ... appended. Lightning's DDP children are given their parent's directory.
 
+A directory given on the command line is taken as it is, so it is checked as the run starts (`RunDirCheck`): a run
+directory that holds another run's results or checkpoints is refused, unless the run carries that run on
+(`ckpt_path=last` then means that directory's own last.ckpt); a sweep directory that holds a sweep of other
+overrides is refused, and one of the same overrides is carried on (`project.runs.sweep_continuation`).
+
 Every process of a launch writes into that one directory, so only rank 0 saves Hydra's `.hydra/` config
 (`${on_rank_zero:...}`) and the others log to `<job>.rank<N>.log` (`${rank_log_suffix:}`).
 """
@@ -28,9 +33,13 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from project.runs.sweep_continuation import check_same_sweep
+
 TIME_FORMAT = "%Y-%m-%d/%H-%M-%S"
 # The file in a run dir that says which launch it belongs to.
 CLAIM_FILE = ".launch_id"
+# The directories this process claimed as it named them (`launch_dir`).
+CLAIMED_HERE: set[Path] = set()
 
 
 def _process_start_time(pid: int) -> float:
@@ -90,21 +99,27 @@ def claim(directory: Path, launch_id: str) -> bool:
     return claim_file.read_text() == launch_id
 
 
+def launch_id() -> str:
+    """What names this process's launch in its run dir's claim: the same in every process of a Slurm job step or a
+    torchrun launch (and in their restarts, which so find their directory theirs again); new for any other."""
+    if is_slurm_task():
+        return f"slurm {os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
+    if multi_node_torchrun():
+        return f"torchrun {torchrun_run_name()}"
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        agent = os.getppid()
+        return f"torchrun {agent} {_process_start_time(agent)}"
+    return f"process {os.getpid()} {time.time_ns()}"
+
+
 def launch_dir(parent: str = "outputs") -> str:
     """This process's run (or sweep) directory below `parent`, claimed for its launch."""
     if is_slurm_task():
         return f"{parent}/slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
     if multi_node_torchrun():
-        run_name = torchrun_run_name()
-        return claimed(f"{parent}/torchrun-{run_name}", f"torchrun {run_name}")
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        agent = os.getppid()
-        started = _process_start_time(agent)
-        launch_id = f"torchrun {agent} {started}"
-    else:
-        started = time.time()
-        launch_id = f"process {os.getpid()} {time.time_ns()}"
-    return claimed(f"{parent}/{time.strftime(TIME_FORMAT, time.localtime(started))}", launch_id)
+        return claimed(f"{parent}/torchrun-{torchrun_run_name()}", launch_id())
+    started = _process_start_time(os.getppid()) if "TORCHELASTIC_RUN_ID" in os.environ else time.time()
+    return claimed(f"{parent}/{time.strftime(TIME_FORMAT, time.localtime(started))}", launch_id())
 
 
 def claimed(name: str, launch_id: str) -> str:
@@ -113,7 +128,49 @@ def claimed(name: str, launch_id: str) -> str:
     while not claim(Path(candidate), launch_id):
         suffix += 1
         candidate = f"{name}-{suffix}"
+    CLAIMED_HERE.add(Path(candidate).resolve())
     return candidate
+
+
+def holds_a_run(directory: Path) -> list[str]:
+    """What of a finished or stopped run `directory` holds: its results and checkpoints (none: nothing to lose)."""
+    checkpoints = directory / "checkpoints"
+    found = ["results.json"] if (directory / "results.json").is_file() else []
+    if checkpoints.is_dir() and any(path.is_file() for path in checkpoints.iterdir()):
+        found.append("checkpoints/")
+    return found
+
+
+def carries_on(directory: Path, ckpt_path: str | None) -> bool:
+    """Whether a run in `directory` resumes the run already there: `ckpt_path=last` (its own last.ckpt, see
+    `project.runs.checkpoints.resume_path`), or a checkpoint inside it."""
+    if ckpt_path == "last":
+        return (directory / "checkpoints" / "last.ckpt").is_file()
+    return ckpt_path is not None and directory.resolve() in Path(ckpt_path).resolve().parents
+
+
+def check_run_dir_is_this_runs(directory: Path, ckpt_path: str | None) -> None:
+    """End, in one line, a run told to write into a directory that holds another run's checkpoints or results
+    (`hydra.run.dir=...` given twice), unless it carries that run on; then claim the directory for this launch.
+
+    A directory this launch claimed as it named it is its own; so is one its own earlier attempt claimed (a requeued
+    Slurm job, a torchrun restart: the same `launch_id`). Rank 0 alone decides: the other processes of a launch
+    write where it does.
+    """
+    claim_file = directory / CLAIM_FILE
+    this_launch = launch_id()
+    if directory.resolve() in CLAIMED_HERE or (claim_file.is_file() and claim_file.read_text() == this_launch):
+        return
+    found = holds_a_run(directory)
+    if found and not carries_on(directory, ckpt_path):
+        print(
+            f"error: hydra.run.dir={directory} already holds another run ({', '.join(found)}), which this run would "
+            "write over: give a new directory, or carry that run on with ckpt_path=last",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(2)
+    claim_file.write_text(this_launch)
 
 
 def process_rank() -> int:
@@ -144,13 +201,18 @@ def register_resolvers() -> None:
 
 
 class RunDirCheck(Callback):
-    """Before a run starts, make its directory, or end with one line naming it (Hydra would show a traceback)."""
+    """Before a run starts, make its directory, or end with one line naming it (Hydra would show a traceback); a
+    directory that holds another run is refused (`check_run_dir_is_this_runs`), and so is a sweep directory that
+    holds another sweep (`check_same_sweep`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._make(config.hydra.run.dir, "hydra.run.dir")
+        if process_rank() == 0:
+            check_run_dir_is_this_runs(Path(config.hydra.run.dir), config.get("ckpt_path"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._make(config.hydra.sweep.dir, "hydra.sweep.dir")
+        check_same_sweep(config)
 
     @staticmethod
     def _make(directory: str, key: str) -> None:
