@@ -95,8 +95,11 @@ def run_side(side: str, command: list[str], cwd: str, log_path: Path) -> None:
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         status = subprocess.run(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if status != 0:
-        last_line = (log_path.read_text().strip().splitlines() or [""])[-1]
-        raise UserError(f"the {side} run failed (exit {status}): {last_line!r}; its whole output is in {log_path}")
+        lines = log_path.read_text().strip().splitlines() or [""]
+        # The run's own `error:` line, which may follow a progress bar's on the same line of the shared log.
+        errors = [line.rsplit("error: ", 1)[1] for line in lines if "error: " in line]
+        reason = errors[-1] if errors else repr(lines[-1])
+        raise UserError(f"the {side} run failed (exit {status}): {reason}; its whole output is in {log_path}")
 
 
 def require_history_and_checkpoint(cfg: DictConfig) -> None:

@@ -5,6 +5,7 @@ its run dir holds (results.json, rank 0's history, the final network weights), s
 """
 
 import json
+import math
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,21 +27,31 @@ def network_weights(lightning_state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def max_weight_difference(lightning: dict[str, Tensor], reference: dict[str, Tensor]) -> float:
-    """The largest absolute difference over all tensors; networks with different tensors are not comparable."""
+    """The largest absolute difference over all tensors (a NaN anywhere counts as an infinite one); networks with
+    different tensors are not comparable."""
     if lightning.keys() != reference.keys():
         only_lightning, only_reference = lightning.keys() - reference.keys(), reference.keys() - lightning.keys()
         raise ValueError(
             f"the networks hold different tensors: only lightning has {sorted(only_lightning)}, "
             f"only reference has {sorted(only_reference)}"
         )
-    return max(((lightning[k].double() - reference[k].double()).abs().max().item() for k in lightning), default=0.0)
+    differences = ((lightning[k].double() - reference[k].double()).abs() for k in lightning)
+    return max((torch.nan_to_num(d, nan=math.inf).max().item() for d in differences if d.numel()), default=0.0)
 
 
 def max_loss_difference(lightning: Sequence[float], reference: Sequence[float]) -> float:
-    """The largest absolute per-step loss difference; runs of different lengths are not comparable."""
+    """The largest absolute per-step loss difference (a NaN on either side counts as an infinite one, so that two
+    diverged runs never agree); runs of different lengths are not comparable."""
     if len(lightning) != len(reference):
         raise ValueError(f"lightning took {len(lightning)} steps, the reference {len(reference)}")
-    return max((abs(a - b) for a, b in zip(lightning, reference, strict=True)), default=0.0)
+    return max((step_difference(a, b) for a, b in zip(lightning, reference, strict=True)), default=0.0)
+
+
+def step_difference(first: float, second: float) -> float:
+    if first == second:  # also two equal infinities
+        return 0.0
+    difference = abs(first - second)
+    return math.inf if math.isnan(difference) else difference
 
 
 def load_checkpoint(path: Path) -> dict:

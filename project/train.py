@@ -25,6 +25,7 @@ from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job
 from project.job import isolated_job, stop_if_signalled
 from project.runs.checkpoints import resume_path
+from project.runs.divergence import DivergenceGuard
 from project.runs.history import TrainingHistory
 from project.runs.mid_epoch_resume import MidEpochResumeCheck
 from project.runs.results import format_results_table, logged_metrics, save_results
@@ -63,6 +64,8 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
     callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *extra_callbacks]
+    if cfg.get("stop_when_diverged", True):
+        callbacks.insert(0, DivergenceGuard())  # first: it checks before any checkpoint callback writes
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
     # Checkpoints come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add its own.
     checkpointing = any(isinstance(callback, ModelCheckpoint) for callback in callbacks)

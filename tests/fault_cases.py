@@ -99,6 +99,20 @@ BAD_INPUTS = [
     BadInput("data-root-missing", ("data.root={dir}/nowhere",), ("{dir}/nowhere",), mnist=True),
     BadInput("data-root-is-a-file", ("data.root={dir}/a-file",), ("{dir}/a-file",), mnist=True, prepare=a_file),
     BadInput("run-dir-below-a-file", ("hydra.run.dir={dir}/a-file/run",), ("{dir}/a-file",), prepare=a_file),
+    # Training that diverges: the toy's steps 1 and 2 at lr 1e6 stay finite, step 3's gradients do not.
+    BadInput("diverging", ("model.optimizer.lr=1e6",), ("training diverged at step 3", "learning rate (now 1e+06)")),
+    BadInput(
+        "diverging-reference",
+        ("model.optimizer.lr=1e6",),
+        ("training diverged at step 3", "learning rate (now 1e+06)"),
+        module="project.reference.single",
+    ),
+    BadInput(
+        "diverging-compare",
+        ("model.optimizer.lr=1e6",),
+        ("the lightning run failed (exit 2): training diverged at step 3",),
+        module="project.compare",
+    ),
 ]
 
 

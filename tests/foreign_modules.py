@@ -25,15 +25,19 @@ def line_points(count: int, generator: torch.Generator) -> TensorDataset:
 
 
 class RegressionData(L.LightningDataModule):
-    def __init__(self, batch_size: int = 8, seed: int = 0) -> None:
+    """`nan_at`: the index of a training point whose input is NaN (data gone bad), if any."""
+
+    def __init__(self, batch_size: int = 8, seed: int = 0, nan_at: int | None = None) -> None:
         super().__init__()
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.nan_at = batch_size, seed, nan_at
 
     def setup(self, stage: str) -> None:
         generator = torch.Generator().manual_seed(self.seed)
         self.splits = {
             split: line_points(count, generator) for split, count in (("train", 48), ("val", 16), ("test", 16))
         }
+        if self.nan_at is not None:
+            self.splits["train"].tensors[0][self.nan_at] = float("nan")
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.splits["train"], batch_size=self.batch_size, shuffle=True)

@@ -1,5 +1,6 @@
 """`python -m project.compare`: the Lightning and reference paths on one config give the same numbers."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,17 @@ def test_loss_difference_is_the_largest_step_gap_and_refuses_different_lengths()
     assert max_loss_difference([0.5, 0.25, 0.125], [0.5, 0.75, 0.125]) == 0.5
     with pytest.raises(ValueError, match="lightning took 2 steps, the reference 3"):
         max_loss_difference([0.5, 0.25], [0.5, 0.25, 0.125])
+
+
+def test_a_nan_loss_or_weight_is_an_infinite_difference_not_an_agreement():
+    """Two diverged runs (NaN on both sides) must never pass as equal: Python's max() would skip the NaN."""
+    nan = float("nan")
+    assert max_loss_difference([0.5, nan, 0.1], [0.5, nan, 0.1]) == math.inf
+    assert max_loss_difference([nan, 0.5], [0.25, 0.5]) == math.inf
+    assert max_loss_difference([math.inf], [math.inf]) == 0.0
+    weights = {"w": torch.tensor([1.0, nan])}
+    assert max_weight_difference(weights, {"w": torch.tensor([1.0, nan])}) == math.inf
+    assert max_weight_difference(weights, {"w": torch.tensor([1.0, 2.0])}) == math.inf
 
 
 @pytest.mark.parametrize(

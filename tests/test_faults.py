@@ -8,6 +8,7 @@ tests/fault_cases.py.
 """
 
 import errno
+import math
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 from tests.fault_cases import BAD_INPUTS, BadInput
+from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
     REPO,
     check_ok,
@@ -527,6 +529,56 @@ def test_a_ddp_sweep_stopped_in_its_second_job_is_carried_on_by_the_same_command
     assert [(h["world_size"], h["first_step"]) for h in histories(sweep_dir / "2")] == [(2, 0)] * 2
     table = sweep_table(result.stdout, "Sweep: 3 job(s)")
     assert len([row for row in table if row[:1].isdigit()]) == 3
+    assert_no_process_left(tmp_path)
+
+
+# Training that diverges: stopped at once on every rank, named, never a success.
+
+
+def test_a_ddp_run_that_diverges_stops_on_both_ranks_at_one_step_and_keeps_its_finite_checkpoint(tmp_path: Path):
+    """Both ranks read the averaged gradients, so both stop at the same step with the same line; the last.ckpt
+    left is the one written before the step that diverged, with finite weights."""
+    run_dir = tmp_path / "run"
+    args = ["logger=none", *DDP, "model.optimizer.lr=1e4", "trainer.max_epochs=50", f"hydra.run.dir={run_dir}"]
+    result = run_module("project.train", *args, cwd=tmp_path, timeout=START_TIMEOUT, env=ENV)
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, only_line=False)
+    diverged = re.match(
+        r"error: training diverged at step (\d+) \(loss \S+\): lower the learning rate \(now 10000\)", line
+    )
+    assert diverged, line
+    assert [text for text in result.stderr.splitlines() if text.startswith("error:")] == [line, line], "each rank once"
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] < int(diverged.group(1))
+    assert all(torch.isfinite(tensor).all() for tensor in checkpoint["state_dict"].values())
+    assert not (run_dir / "results.json").exists()
+    assert_no_process_left(tmp_path)
+
+
+def test_data_that_turns_nan_is_named_as_the_cause_and_a_sweep_counts_the_job_failed(tmp_path: Path):
+    """A data module of the user's own whose point 5 is NaN: the line says to check the data, not the learning rate;
+    in a sweep that job fails (the other trains), and with stop_when_diverged=false the run trains on."""
+    regression = [
+        f"hydra.searchpath=[file://{FOREIGN_CONF}]",
+        "model=regression",
+        "data=regression",
+        "optimized_metric=val/mse",
+        "optimized_mode=min",
+        "logger=none",
+    ]
+    env = {**ENV, "PYTHONPATH": str(REPO)}
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *regression, "+data.nan_at=null,5", f"hydra.sweep.dir={sweep_dir}"]
+    result = run_module("project.train", *args, cwd=tmp_path, env=env)
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, SWEEP_FAILED, only_line=False)
+    assert line.startswith("error: 1 of 2 sweep jobs failed (job 1)"), line
+    job_error = (sweep_dir / "1" / "error.txt").read_text()
+    assert "training diverged at step" in job_error and "its batch held NaN or infinite inputs" in job_error
+    assert (sweep_dir / "0" / "results.json").is_file()
+
+    run_dir = tmp_path / "regardless"
+    args = [*regression, "+data.nan_at=5", "stop_when_diverged=false", f"hydra.run.dir={run_dir}"]
+    check_ok(run_module("project.train", *args, cwd=tmp_path, env=env))
+    assert math.isnan(read_json(run_dir / "results.json")["val/mse"])
     assert_no_process_left(tmp_path)
 
 

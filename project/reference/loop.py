@@ -4,7 +4,8 @@ It mirrors Lightning's defaults step by step (seed, then data, then network; for
 schedule step; validation after every epoch) so that the two paths give the same numbers. Like the Lightning path it
 writes `checkpoints/last.pt` at every epoch's end, every `mid_epoch_checkpoint.every_n_steps` steps and/or
 `every_n_minutes`, and when SIGTERM stops it; `ckpt_path=<that file>` resumes exactly where it stood, because the
-training order's position is saved with the weights (`_save_checkpoint`).
+training order's position is saved with the weights (`_save_checkpoint`). A NaN or infinite loss or gradient stops it
+as it stops the Lightning path (`project.runs.divergence`).
 """
 
 import inspect
@@ -30,6 +31,7 @@ from project.data.training_order import TrainingPosition
 from project.errors import RunStopped, UserError
 from project.metrics import ClassificationTotals
 from project.module import ClassifierModule
+from project.runs.divergence import DivergenceWatch, first_learning_rate
 from project.runs.history import TrainingHistory
 from project.runs.results import format_results_table, save_results
 
@@ -174,12 +176,17 @@ class Trainer:
         self.epoch, self.batches_done, self.global_step = 0, 0, 0
         self.sigterm = False  # set by the SIGTERM handler; the loop stops after the step it is in
         self._last_write = time.monotonic()
+        # A NaN or infinite loss or gradient stops the run, read every `check_every` steps (stop_when_diverged).
+        self.divergence: DivergenceWatch | None = None
+        self.check_every = 1
 
     def _run_batch(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         logits = self.model(inputs)
         loss = nn.functional.cross_entropy(logits, labels)
         self.optimizer.zero_grad()
         loss.backward()
+        if self.divergence is not None:  # after DDP has averaged the gradients: every rank decides alike
+            self.divergence.observe_gradients(self.global_step + 1, self.model.parameters())
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()  # after every optimizer step, as Lightning steps a schedule with interval "step"
@@ -195,8 +202,13 @@ class Trainer:
             self.train_totals.update(logits, labels, loss)
             self.batches_done += 1
             self.global_step += 1
+            if self.divergence is not None:
+                self.divergence.observe_step(self.global_step, loss, (inputs, labels))
+                if self.global_step % self.check_every == 0:
+                    self._check_divergence()
             if self.checkpointing is not None and self.batches_done < len(loader):  # the epoch's end writes anyway
                 self._checkpoint_if_due()
+        self._check_divergence()
         self.history.end_epoch(losses, samples=int(self.train_totals.count))  # this process's samples
         metrics = {f"train/{name}": value.item() for name, value in self.train_totals.compute().items()}
         self.train_totals.reset()
@@ -229,6 +241,10 @@ class Trainer:
                 signal.signal(signal.SIGTERM, previous)
         self.history.fit_seconds = time.perf_counter() - start
 
+    def _check_divergence(self) -> None:
+        if self.divergence is not None:
+            self.divergence.check(first_learning_rate([self.optimizer]))
+
     def _note_sigterm(self, signum: int, frame: object) -> None:
         self.sigterm = True  # only noted here: the loop checkpoints and stops between steps
 
@@ -259,6 +275,7 @@ class Trainer:
         previous one.
         """
         self._last_write = time.monotonic()
+        self._check_divergence()  # no checkpoint of diverged weights
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             return
         position = self.checkpointing.datamodule.position(self.epoch, self.batches_done, world_size())
@@ -323,6 +340,8 @@ def fit_and_report(
     every = cfg.mid_epoch_checkpoint
     checkpoint = Path(cfg.run_dir) / "checkpoints" / "last.pt"
     trainer.checkpointing = Checkpointing(checkpoint, datamodule, every.every_n_steps, every.every_n_minutes)
+    if cfg.get("stop_when_diverged", True):
+        trainer.divergence, trainer.check_every = DivergenceWatch(), cfg.trainer.get("log_every_n_steps", 50)
     if cfg.ckpt_path is not None:
         trainer.load_checkpoint(cfg.ckpt_path)
     trainer.fit(train_loader, datamodule.val_dataloader() if is_main else None, cfg.trainer.max_epochs)
