@@ -10,6 +10,7 @@ Entry points wrap their work in `exit_on_user_error`:
   failed, and the sweep exits non-zero (`project.runs.sweep_summary`). Only a stop (`RunStopped`) ends the sweep.
 """
 
+import errno
 import functools
 import logging
 import sys
@@ -23,7 +24,7 @@ from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from project.runs.run_dir import process_rank
-from project.runs.run_log import report, to_log_file
+from project.runs.run_log import DISK_ERRORS, report, to_log_file
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -45,12 +46,26 @@ class RunStopped(UserError):
 
 
 def find_user_error(error: BaseException | None) -> BaseException | None:
-    """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains."""
+    """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains; a disk that
+    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too."""
     while error is not None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
+        if isinstance(error, OSError) and error.errno in DISK_ERRORS:
+            return disk_error(error)
         error = error.__cause__ or error.__context__
     return None
+
+
+def disk_error(error: OSError) -> UserError:
+    """The one line for a disk that cannot take the run's files: the user's to free or change, not a bug."""
+    where = error.filename or (HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "the run dir")
+    problem = {
+        errno.ENOSPC: f"no space left on the disk of {where}: make room there, or",
+        errno.EDQUOT: f"the disk quota of {where} is used up: make room there, or",
+        errno.EROFS: f"{where} is on a read-only disk:",
+    }[error.errno]
+    return UserError(f"{problem} write the run elsewhere (hydra.run.dir); the checkpoints written before are kept")
 
 
 def in_sweep_job() -> bool:

@@ -667,6 +667,21 @@ def test_disk_full_mid_run_exits_2_and_keeps_the_last_checkpoint(tmp_path: Path,
     assert_no_process_left(tmp_path)
 
 
+def test_disk_full_under_tensorboard_and_the_log_file_is_one_line(tmp_path: Path, small_disk: Path):
+    """TensorBoard's writer thread, the log file and the run all meet the full disk: one line names it, no logging
+    traceback on the console."""
+    run_dir = small_disk / "run"
+    with background_run(["trainer.max_epochs=100000", "callbacks=none", f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(run_dir / "tensorboard", proc, tmp_path)
+        fill(small_disk)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, USER_ERROR, "no space left on the disk of", str(run_dir))
+    assert "--- Logging error ---" not in stderr and "Exception in thread" not in stderr, stderr[-3000:]
+    assert "hydra.run.dir" in line
+    assert_no_process_left(tmp_path)
+
+
 # Launches at the same moment.
 
 

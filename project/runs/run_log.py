@@ -7,21 +7,45 @@ warnings and `print` never did. `capture_logs` reconnects Lightning and the warn
 run leaves in its directory what its user saw.
 """
 
+import errno
 import logging
 import sys
+import threading
+from collections.abc import Callable
 from typing import TextIO
 
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+# What a full or read-only disk raises (project.errors reports it in one line).
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def capture_logs() -> None:
-    """Send Lightning's messages and Python's warnings through Hydra's console and file handlers."""
+    """Send Lightning's messages and Python's warnings through Hydra's console and file handlers.
+
+    A log file that can no longer be written (a full or read-only disk) is left silent: Python's logging would print
+    a traceback on the console for every line, where the run's one error line says what happened. So is a writer
+    thread's failure on such a disk (TensorBoard's): the run meets the same error in its own thread and reports it.
+    """
     logging.captureWarnings(True)
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
             logger.removeHandler(handler)
         logger.propagate = True
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = lambda record: None
+    threading.excepthook = quiet_about_disks(threading.excepthook)
+
+
+def quiet_about_disks(hook: Callable) -> Callable:
+    """`hook`, silent for a thread that failed on a full or read-only disk."""
+
+    def excepthook(arguments: threading.ExceptHookArgs) -> None:
+        if not (isinstance(arguments.exc_value, OSError) and arguments.exc_value.errno in DISK_ERRORS):
+            hook(arguments)
+
+    return excepthook
 
 
 def to_log_file(text: str, level: int = logging.INFO) -> None:
