@@ -13,6 +13,7 @@ Entry points wrap their work in `exit_on_user_error`:
 import errno
 import functools
 import logging
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -53,8 +54,42 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
             return error
         if isinstance(error, OSError) and error.errno in DISK_ERRORS:
             return disk_error(error)
+        if is_out_of_memory(error):
+            return out_of_memory(error)
         error = error.__cause__ or error.__context__
     return None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's allocators (the CPU's, CUDA's) and Python's own, out of memory."""
+    message = str(error)
+    return isinstance(error, MemoryError) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message)
+    )
+
+
+# Where in a run memory ran out, by the function that was running (Lightning's Trainer, Hydra's instantiate).
+STAGES = {
+    "_call_target": "while building the run",
+    "_fit_impl": "while training",
+    "_validate_impl": "while validating",
+    "_test_impl": "while testing",
+    "_predict_impl": "while predicting",
+}
+
+
+def out_of_memory(error: BaseException) -> UserError:
+    """The one line for memory running out: where, how much was asked for, and what to make smaller."""
+    functions = {frame.name for frame in traceback.extract_tb(error.__traceback__)}
+    stage = next((stage for function, stage in STAGES.items() if function in functions), "")
+    asked = re.search(r"[Tt]ried to allocate ([\d.]+(?: bytes| ?[KMGT]i?B)?)", str(error))
+    amount = asked.group(1).removesuffix(" bytes") if asked else ""
+    size = f"{int(amount) / 2**30:.3g} GiB" if amount.isdigit() else amount
+    return UserError(
+        " ".join(part for part in ("out of memory", stage) if part)
+        + (f" ({size} asked for)" if size else "")
+        + ": lower the batch size or the model's size, or run where there is more memory"
+    )
 
 
 def disk_error(error: OSError) -> UserError:

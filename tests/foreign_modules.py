@@ -53,9 +53,11 @@ class RegressionData(L.LightningDataModule):
 
 
 class RegressionModule(L.LightningModule):
-    def __init__(self, hidden: int = 8, lr: float = 0.05) -> None:
+    """`scratch_elements`: floats each training step allocates beside its activations (a model too big for memory)."""
+
+    def __init__(self, hidden: int = 8, lr: float = 0.05, scratch_elements: int = 0) -> None:
         super().__init__()
-        self.lr = lr
+        self.lr, self.scratch_elements = lr, scratch_elements
         self.layers = nn.Sequential(nn.Linear(1, hidden), nn.Tanh(), nn.Linear(hidden, 1))
 
     def _mse(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
@@ -65,6 +67,8 @@ class RegressionModule(L.LightningModule):
         return loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if self.scratch_elements:
+            torch.empty(self.scratch_elements)
         return self._mse(batch, "train")
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -582,6 +582,38 @@ def test_data_that_turns_nan_is_named_as_the_cause_and_a_sweep_counts_the_job_fa
     assert_no_process_left(tmp_path)
 
 
+# Memory: one line naming where it ran out.
+
+FOREIGN_REGRESSION = [f"hydra.searchpath=[file://{FOREIGN_CONF}]", "model=regression", "data=regression"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "where"),
+    [
+        (["experiment=mnist", "model.network.num_hidden_features=1000000000000"], "while building the run"),
+        (
+            [*FOREIGN_REGRESSION, "+model.scratch_elements=1000000000000000", "optimized_metric=val/mse"],
+            "while training",
+        ),
+        (
+            [*FOREIGN_REGRESSION, "+model.scratch_elements=1000000000000000", "optimized_metric=val/mse", *DDP],
+            "while training",
+        ),
+    ],
+    ids=["network-too-big", "training", "training-ddp"],
+)
+def test_running_out_of_memory_is_one_line_naming_where(tmp_path: Path, mnist_root: Path, overrides, where: str):
+    """The allocator's own error (torch's, as a GPU's or a small machine's would be), not its traceback."""
+    args = [*overrides, f"data.root={mnist_root}" if "experiment=mnist" in overrides else "logger=none"]
+    env = {**ENV, "PYTHONPATH": str(REPO)}
+    result = run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, only_line=False)
+    assert line.startswith(f"error: out of memory {where} ("), line
+    assert "GiB asked for): lower the batch size or the model's size" in line, line
+    assert len({text for text in result.stderr.splitlines() if text.startswith("error:")}) == 1, "one line (per rank)"
+    assert_no_process_left(tmp_path)
+
+
 # Disks: a directory that cannot be written, a disk that fills up.
 
 
