@@ -673,15 +673,22 @@ def test_run_dir_in_a_read_only_dir_exits_2_naming_it(tmp_path: Path, read_only_
     assert_no_process_left(tmp_path)
 
 
-def fill(directory: Path) -> None:
-    """Write into `directory` until its disk has no space left."""
-    with (directory / "filler").open("wb") as filler:
-        try:
-            while True:
-                filler.write(b"\0" * 65536)
-                filler.flush()
-        except OSError as error:
-            assert error.errno == errno.ENOSPC, error
+def status_on_a_full_disk(directory: Path, proc: subprocess.Popen, cwd: Path, timeout: float = 60) -> int:
+    """Keep `directory`'s disk full until the `background_run` in `cwd` ends, and return its exit status.
+
+    Filled once, the disk could keep a run going: a checkpoint written over the previous one frees that one's
+    space, so one being written while the disk filled leaves room for the next. A disk others fill stays full.
+    """
+    deadline = time.monotonic() + timeout
+    with (directory / "filler").open("ab", buffering=0) as filler:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
+            time.sleep(0.05)
+    return end_of(proc, cwd, timeout=max(deadline - time.monotonic(), 1))
 
 
 def test_disk_full_mid_run_exits_2_and_keeps_the_last_checkpoint(tmp_path: Path, small_disk: Path):
@@ -689,8 +696,7 @@ def test_disk_full_mid_run_exits_2_and_keeps_the_last_checkpoint(tmp_path: Path,
     run_dir = small_disk / "run"
     with background_run([*LONG_TOY_RUN, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
         wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
-        fill(small_disk)
-        status = end_of(proc, tmp_path)
+        status = status_on_a_full_disk(small_disk, proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
     line = assert_ends_in_error_line(status, stdout, stderr, USER_ERROR, str(run_dir))
     assert "no space left" in line.lower(), line
@@ -705,8 +711,7 @@ def test_disk_full_under_tensorboard_and_the_log_file_is_one_line(tmp_path: Path
     run_dir = small_disk / "run"
     with background_run(["trainer.max_epochs=100000", "callbacks=none", f"hydra.run.dir={run_dir}"], tmp_path) as proc:
         wait_for_file(run_dir / "tensorboard", proc, tmp_path)
-        fill(small_disk)
-        status = end_of(proc, tmp_path)
+        status = status_on_a_full_disk(small_disk, proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
     line = assert_ends_in_error_line(status, stdout, stderr, USER_ERROR, "no space left on the disk of", str(run_dir))
     assert "--- Logging error ---" not in stderr and "Exception in thread" not in stderr, stderr[-3000:]
