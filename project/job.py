@@ -14,6 +14,7 @@ A job that ends early is reported by what happened first, in one line (`project.
   is the line reported, unless rank 0 has a user error of its own to report (the same one the child died of).
 - another rank lost mid-run where a launcher started the ranks (torchrun, srun): the broken collective is one line
   here, exit 1; the launcher, which saw the rank end, names it (project.torchrun does).
+- a DataLoader worker process that died (killed, or out of memory): torch's line, with how to resume, exit 1.
 """
 
 import os
@@ -65,6 +66,11 @@ def lost_another_rank(error: Exception) -> bool:
     )
 
 
+def lost_a_loader_worker(error: Exception) -> bool:
+    """Whether `error` is torch's report of a DataLoader worker process that died (killed, or out of memory)."""
+    return isinstance(error, RuntimeError) and str(error).lstrip().startswith("DataLoader worker (pid")
+
+
 def stop_if_signalled(trainer: L.Trainer) -> None:
     """End the run as SIGTERM does if it reached any rank and no loop has stopped for it yet.
 
@@ -104,6 +110,9 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
         if lost_another_rank(error):
             first_line = str(error).strip().splitlines()[0]
             raise RunStopped(f"another rank of the run is gone ({first_line}); {resume_hint(trainer)}", 1) from error
+        if lost_a_loader_worker(error):
+            what = str(error).strip().splitlines()[0].rstrip(".")
+            raise RunStopped(f"{what} (out of memory, or killed from outside): {resume_hint(trainer)}", 1) from error
         raise
     finally:
         if isinstance(launcher, HydraJobLauncher):
