@@ -4,8 +4,10 @@ The README's "Add your own" steps, for data that is not images and for a network
 """
 
 import csv
+import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import matplotlib.image
@@ -19,7 +21,16 @@ from project.data.example_image_folder import main as write_example
 from project.data.image_folder import EpochTaggedShuffleSampler, ImageFolderDataModule
 from project.errors import UserError
 from tests.helpers import REPO, check_ok, follow_readme_steps, histories, read_json, readme_section_blocks, run_module
+from tests.test_faults import (
+    assert_ends_in_error_line,
+    assert_no_process_left,
+    background_run,
+    end_of,
+    output_of,
+    wait_for_file,
+)
 from tests.test_mid_epoch_resume import STOPPED_BY_SIGTERM, assert_resumed_exactly, signal_at
+from tests.test_strategies import descendants
 
 TOLERANCE = 1e-6
 PER_CLASS = 48  # the example's 4 shapes: 192 training images, 12 per class for validation and for test
@@ -195,6 +206,20 @@ def test_a_network_scoring_another_number_of_classes_is_refused_in_one_line(tmp_
 def test_mean_and_std_need_one_value_per_channel(example_images: Path):
     with pytest.raises(UserError, match="one value per channel"):
         ImageFolderDataModule(str(example_images), 32, seed=0, image_size=28, mean=[0.5], std=[0.5], channels=3)
+
+
+def test_a_killed_loader_worker_ends_the_run_in_one_line_with_how_to_resume(tmp_path: Path, example_images: Path):
+    """A worker the kernel's OOM killer (or anyone) ends takes the run with it: torch's line and the resume hint."""
+    run_dir = tmp_path / "run"
+    args = image_folder(example_images, "trainer.max_epochs=1000", f"hydra.run.dir={run_dir}")
+    with background_run(args, tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        os.kill(descendants(proc.pid)[0], signal.SIGKILL)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, 1, "DataLoader worker", "killed from outside")
+    assert f"ckpt_path={(run_dir / 'checkpoints' / 'last.ckpt').resolve()}" in line
+    assert_no_process_left(tmp_path)
 
 
 def test_the_loader_keeps_its_workers_between_epochs(example_images: Path):
