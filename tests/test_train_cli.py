@@ -3,11 +3,12 @@
 The default run and a config error go through an interpreter of their own (`fresh`), start-up included; the rest
 are forked from the tests' preloaded Python (tests/preloaded_python.py)."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import check_ok, read_json, run_module
+from tests.helpers import check_ok, read_json, run_module, shell_environment
 from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -67,3 +68,27 @@ def test_bad_input_ends_with_one_clear_line(tmp_path: Path, override: str, expec
     assert "Traceback" not in result.stderr
     assert expected in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(("trainer", "both"), [("trainer=cpu", ""), ("trainer=ddp", "2>&1")])
+def test_a_console_its_reader_closed_leaves_the_run_going_to_its_log_file(tmp_path: Path, trainer: str, both: str):
+    """`python -m project.train | head -3` (or `2>&1 | head -3`): the user saw what they wanted; the run (every rank)
+    trains to its end, its output in its log file."""
+    run_dir = tmp_path / "run"
+    command = f"python -m project.train {trainer} logger=none hydra.run.dir={run_dir} {both} | head -3"
+    result = subprocess.run(
+        ["bash", "-c", f"{command}; exit ${{PIPESTATUS[0]}}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=shell_environment(),
+    )
+    check_ok(result)
+    assert len(result.stdout.splitlines()) == 3 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    note = f"was closed by its reader: the run goes on; its output is in {run_dir}"
+    log = (run_dir / "train.log").read_text()
+    assert note in log and "Results" in log
+    if not both:
+        assert f"stdout {note}" in result.stderr
+    assert read_json(run_dir / "results.json")["test/acc"] == 1.0

@@ -4,11 +4,13 @@ Hydra sets up logging (console and that file) when the job starts. Lightning, im
 console handler of its own and cut it off from the root logger, so none of its messages reached the file; Python's
 warnings and `print` never did. `capture_logs` reconnects Lightning and the warnings to Hydra's handlers, and
 `report` prints a text (the config, the results table, an error line) and writes it to the file too, so a failed
-run leaves in its directory what its user saw.
+run leaves in its directory what its user saw. A console that goes away mid-run (`python -m project.train | head`)
+does not end the run: its output goes on to the file only (`ClosableConsole`).
 """
 
 import errno
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -25,7 +27,10 @@ def capture_logs() -> None:
     A log file that can no longer be written (a full or read-only disk) is left silent: Python's logging would print
     a traceback on the console for every line, where the run's one error line says what happened. So is a writer
     thread's failure on such a disk (TensorBoard's): the run meets the same error in its own thread and reports it.
+    Standard output and error become `ClosableConsole`s, for every writer (print, logging, the progress bar).
     """
+    if not isinstance(sys.stdout, ClosableConsole):
+        sys.stdout, sys.stderr = ClosableConsole(sys.stdout), ClosableConsole(sys.stderr)
     logging.captureWarnings(True)
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
@@ -35,6 +40,8 @@ def capture_logs() -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handleError = lambda record: None
+        elif isinstance(handler, logging.StreamHandler):
+            handler.setStream(next((s for s in (sys.stdout, sys.stderr) if s.stream is handler.stream), handler.stream))
     threading.excepthook = quiet_about_disks(threading.excepthook)
 
 
@@ -46,6 +53,47 @@ def quiet_about_disks(hook: Callable) -> Callable:
             hook(arguments)
 
     return excepthook
+
+
+class ClosableConsole:
+    """A console stream that outlives its reader: the first write a closed pipe refuses (`| head` has read its lines)
+    points the descriptor at /dev/null, says so (on stderr, where that is still open, and in the log file), and the
+    run goes on, its log file keeping everything.
+
+    Python ignores SIGPIPE, so without this the next `print` or progress bar update raised BrokenPipeError and
+    ended a run its user only wanted the first lines of.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.closed_by_reader()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.closed_by_reader()
+
+    def closed_by_reader(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+        files = [
+            handler.baseFilename for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)
+        ]
+        note = f"the run goes on; its output is in {', '.join(files)}" if files else "the run goes on without it"
+        line = f"{'stdout' if self is sys.stdout else 'stderr'} was closed by its reader: {note}"
+        print(line, file=sys.stderr, flush=True)
+        to_log_file(line, logging.WARNING)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 def to_log_file(text: str, level: int = logging.INFO) -> None:
