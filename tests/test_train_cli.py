@@ -3,6 +3,7 @@
 The default run and a config error go through an interpreter of their own (`fresh`), start-up included; the rest
 are forked from the tests' preloaded Python (tests/preloaded_python.py)."""
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,8 @@ def test_default_run_learns_the_toy_problem_and_writes_everything_in_its_run_dir
     assert len(run_dirs) == 1, run_dirs
     run_dir = run_dirs[0]
     assert "Results" in result.stdout and str(run_dir) in result.stdout
+    noise = re.findall(r".*(?:\.py:\d+: |warn|💡).*", result.stdout + result.stderr, flags=re.IGNORECASE)
+    assert noise == [], "a first run prints only what its user can act on (project/upstream_noise.py)"
 
     results = read_json(run_dir / "results.json")
     assert results["train/acc"] == 1.0 and results["test/acc"] == 1.0
