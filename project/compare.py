@@ -66,13 +66,19 @@ REFERENCE_FOR_TRAINER: dict[str, tuple[str, Callable[[DictConfig], list[str]]]] 
 }
 
 
+def figure(value: float) -> str:
+    """Six decimals for the losses and accuracies, one for a count in the thousands (samples/s): columns stay apart."""
+    return f"{value:.6f}" if abs(value) < 1000 else f"{value:.1f}"
+
+
 def format_comparison(title: str, comparison: dict) -> str:
-    lines = [f"{'':<22}{'lightning':>12}{'reference':>12}{'|diff|':>12}"]
+    lines = [f"{'':<22}{'lightning':>14}{'reference':>14}{'|diff|':>12}"]
     for name, lightning in comparison["lightning"].items():
         reference = comparison["reference"][name]
-        lines.append(f"{name:<22}{lightning:>12.6f}{reference:>12.6f}{abs(lightning - reference):>12.2e}")
-    lines.append(f"{'max |step loss diff|':<22}{comparison['max_step_loss_diff']:>12.2e}  (rank 0, every step)")
-    lines.append(f"{'max |weight diff|':<22}{comparison['max_weight_diff']:>12.2e}  (final network, every tensor)")
+        difference = abs(lightning - reference)
+        lines.append(f"{name:<22}{figure(lightning):>14}{figure(reference):>14}{difference:>12.2e}")
+    lines.append(f"{'max |step loss diff|':<22}{comparison['max_step_loss_diff']:>14.2e}  (rank 0, every step)")
+    lines.append(f"{'max |weight diff|':<22}{comparison['max_weight_diff']:>14.2e}  (final network, every tensor)")
     rule = "-" * max(len(line) for line in [title, *lines])
     return "\n".join([rule, title, rule, *lines, rule])
 
@@ -109,6 +115,20 @@ def require_history_and_checkpoint(cfg: DictConfig) -> None:
         raise UserError("compare reads the history and last.ckpt that callbacks=default writes: drop callbacks=")
 
 
+def composed_alike(hydra_cfg: DictConfig) -> list[str]:
+    """The arguments that make both sides compose the config compare did: its --config-dir and --config-name, and
+    every override but the run and sweep dirs, which are compare's to choose (`hydra.searchpath` among them)."""
+    arguments = []
+    for source in hydra_cfg.runtime.config_sources:
+        if source.provider == "command-line":
+            arguments += ["--config-dir", source.path]
+    if hydra_cfg.job.config_name != "train":
+        arguments += ["--config-name", hydra_cfg.job.config_name]
+    chosen_here = ("hydra.run.", "hydra.sweep.")
+    overrides = [*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task]
+    return arguments + [o for o in overrides if not o.lstrip("+~").startswith(chosen_here)]
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
@@ -122,15 +142,14 @@ def main(cfg: DictConfig) -> None:
     require_the_classifier(cfg)
     require_what_the_reference_mirrors(cfg)
     require_history_and_checkpoint(cfg)
-    # Both sides get the user's overrides; their run dirs are compare's to choose.
-    overrides = [o for o in hydra_cfg.overrides.task if not o.lstrip("+~").startswith("hydra.")]
+    arguments = composed_alike(hydra_cfg)
     run_dir = Path(cfg.run_dir)
     commands = {
         "lightning": [sys.executable, "-m", "project.train"],
         "reference": reference_command,
     }
     for side, command in commands.items():
-        side_command = [*command, *overrides, f"hydra.run.dir={run_dir / side}"]
+        side_command = [*command, *arguments, f"hydra.run.dir={run_dir / side}"]
         run_side(side, side_command, hydra_cfg.runtime.cwd, run_dir / f"{side}.log")
 
     lightning = RunOutputs.read_lightning(run_dir / "lightning")

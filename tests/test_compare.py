@@ -7,9 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
+from project.compare import format_comparison
 from project.parity import max_loss_difference, max_weight_difference, network_weights
 from project.runs.history import TrainingHistory
-from tests.helpers import check_ok, read_json, run_module
+from tests.helpers import REPO, check_ok, read_json, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +103,31 @@ def test_a_failing_side_is_named_with_its_log(tmp_path: Path):
     assert "the lightning run failed" in result.stderr
     assert str(tmp_path / "compare" / "lightning.log") in result.stderr
     assert not (tmp_path / "compare" / "reference").exists()
+
+
+@pytest.mark.parametrize("how", ["searchpath", "config-dir"])
+def test_compare_composes_a_config_dir_of_your_own_as_train_does(tmp_path: Path, how: str):
+    """Both sides get compare's --config-dir or hydra.searchpath, so a data YAML only that dir holds is found."""
+    (tmp_path / "my_conf" / "data").mkdir(parents=True)
+    (tmp_path / "my_conf" / "data" / "my_points.yaml").write_text((REPO / "conf" / "data" / "toy.yaml").read_text())
+    where = ["hydra.searchpath=[file://my_conf]"] if how == "searchpath" else ["--config-dir", "my_conf"]
+    stdout, comparison, run_dir = run_compare(tmp_path, *where, "data=my_points")
+    assert comparison["max_step_loss_diff"] <= TOLERANCE and comparison["max_weight_diff"] <= TOLERANCE
+    for side in ("lightning", "reference"):
+        assert read_json(run_dir / side / "results.json")["test/acc"] == 1.0
+        assert "- data=my_points" in (run_dir / side / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_the_comparison_table_keeps_its_columns_apart():
+    """Thousands of samples/s next to each other stay two numbers."""
+    comparison = {
+        "lightning": {"samples/s": 15704.00265136, "test/acc": 0.9279},
+        "reference": {"samples/s": 241.294566, "test/acc": 0.9279},
+        "max_step_loss_diff": 0.0,
+        "max_weight_diff": 0.0,
+    }
+    row = next(line for line in format_comparison("title", comparison).splitlines() if line.startswith("samples/s"))
+    assert row.split() == ["samples/s", "15704.0", "241.294566", "1.55e+04"]
 
 
 def test_slurm_is_refused_until_compare_can_simulate_its_nodes(tmp_path: Path):
