@@ -14,10 +14,11 @@ from torch import Tensor, nn
 
 from project.errors import UserError
 from project.metrics import ClassificationTotals
+from project.schedules import build_schedule, check_resumable
 
 STAGES = ("train", "val", "test")
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-# Called as `scheduler(optimizer, total_steps=...)`, the signature of `torch.optim.lr_scheduler.OneCycleLR`.
+# A partial of any torch.optim.lr_scheduler class (project.schedules builds it on the optimizer).
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
 
 
@@ -36,8 +37,8 @@ class ClassifierModule(L.LightningModule):
         self.network = network
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
-        # The learning-rate schedule's length stored in the checkpoint being resumed, if any (`on_load_checkpoint`).
-        self.resumed_total_steps: int | None = None
+        # The learning-rate schedule's state stored in the checkpoint being resumed, if any (`on_load_checkpoint`).
+        self.resumed_schedule: dict | None = None
         # One loss-and-accuracy count per stage (submodules, so they follow the network to its device).
         for stage in STAGES:
             setattr(self, f"{stage}_totals", ClassificationTotals())
@@ -138,22 +139,20 @@ class ClassifierModule(L.LightningModule):
         return torch.softmax(self(inputs).float(), dim=1), labels
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Remember the length of the resumed run's schedule, for `configure_optimizers` to check.
+        """Remember the resumed run's schedule, for `configure_optimizers` to check that it fits this run.
 
         Lightning calls this before `configure_optimizers` when resuming (`Trainer._run` restores the module, then
         sets up the strategy, which builds the optimizers; only sharding strategies such as FSDP restore later).
         """
-        schedules = checkpoint.get("lr_schedulers") or [{}]
-        self.resumed_total_steps = schedules[0].get("total_steps")
+        self.resumed_schedule = (checkpoint.get("lr_schedulers") or [None])[0]
 
     def configure_optimizers(self) -> torch.optim.Optimizer | dict:
-        """The optimizer, and the schedule (if any) sized to the run and stepped after every optimizer step.
+        """The optimizer, and the schedule (if any) sized to the run (`project.schedules`).
 
-        `total_steps` is Lightning's count of this process's optimizer steps over the whole fit (batches per epoch
-        after any DistributedSampler, times `trainer.max_epochs`); `project.reference.loop.build` sizes the
-        schedule the same way and its `Trainer` steps it after every optimizer step, so both paths keep giving the
-        same numbers. A resumed run gets the schedule stored in its checkpoint, so it must span as many steps as
-        this one: otherwise a `UserError`.
+        `${run_steps:}` is Lightning's count of this process's optimizer steps over the whole fit (batches per epoch
+        after any DistributedSampler, times `trainer.max_epochs`); `project.reference.loop.build` sizes and steps
+        the schedule the same way, so both paths keep giving the same numbers. A resumed run gets the schedule
+        stored in its checkpoint, so it must have been sized for this run: otherwise a `UserError`.
         """
         try:
             optimizer = self.optimizer_factory(self.parameters())
@@ -161,15 +160,7 @@ class ClassifierModule(L.LightningModule):
             raise UserError(f"model.optimizer: {error}") from None
         if self.scheduler_factory is None:
             return optimizer
-        total_steps = self.trainer.estimated_stepping_batches
-        if self.resumed_total_steps not in (None, total_steps):
-            # Lightning loads the stored schedule over this one: a shorter one runs out of steps mid-run, a longer
-            # one stops before the end of its cycle.
-            raise UserError(
-                f"ckpt_path: the checkpoint's learning-rate schedule spans {self.resumed_total_steps} steps, this "
-                f"run's would span {total_steps}, and a one-cycle schedule cannot be stretched mid-run; resume with "
-                "the checkpoint's own trainer.max_epochs, data.batch_size and device count, or start a new run "
-                "without ckpt_path"
-            )
-        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        steps, epochs = self.trainer.estimated_stepping_batches, self.trainer.max_epochs
+        schedule = build_schedule(self.scheduler_factory, optimizer, steps, epochs)
+        check_resumable(self.resumed_schedule, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": schedule.lightning_config()}

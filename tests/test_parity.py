@@ -65,10 +65,10 @@ def test_gradient_averaging_over_two_ranks_equals_one_process_with_twice_the_bat
 ):
     cfg = reference_cfg(tmp_path, *mnist_overrides(mnist_root, "trainer.max_epochs=2", f"data.batch_size={2 * BATCH}"))
     device = torch.device("cpu")
-    datamodule, network, optimizer, scheduler = build(cfg, device)
+    datamodule, network, optimizer, schedule = build(cfg, device)
     # One process, the global order DistributedSampler gives two ranks: rank r takes items r, r+2, r+4, ...
     sampler = DistributedSampler(datamodule.train_set, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed)
-    trainer = Trainer(network, optimizer, scheduler, device, TrainingHistory())
+    trainer = Trainer(network, optimizer, schedule, device, TrainingHistory())
     trainer.fit(datamodule.loader(datamodule.train_set, sampler, train=True), None, epochs=2)
 
     ranks = histories(torchrun_reference)
@@ -146,8 +146,8 @@ def test_torchrun_on_two_nodes_equals_torchrun_on_one(
 
 def train_in_process(tmp_path: Path, seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     cfg = reference_cfg(tmp_path, f"seed={seed}")
-    datamodule, network, optimizer, scheduler = build(cfg, torch.device("cpu"))
-    trainer = Trainer(network, optimizer, scheduler, torch.device("cpu"), TrainingHistory())
+    datamodule, network, optimizer, schedule = build(cfg, torch.device("cpu"))
+    trainer = Trainer(network, optimizer, schedule, torch.device("cpu"), TrainingHistory())
     trainer.fit(datamodule.train_dataloader(), datamodule.val_dataloader(), cfg.trainer.max_epochs)
     return trainer.history.step_losses, network.state_dict()
 

@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import CSVLogger
 from project.data import ToyDataModule
 from project.models import NeuralNetwork
 from project.module import ClassifierModule
+from project.schedules import RUN_STEPS
 
 EPOCHS, EVERY = 4, 3
 
@@ -33,7 +34,7 @@ def test_step_loss_and_learning_rate_are_logged_on_the_same_steps_with_that_step
     module = ClassifierModule(
         NeuralNetwork(2, 2),
         functools.partial(torch.optim.SGD, lr=0.5),
-        functools.partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.5),
+        functools.partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.5, total_steps=RUN_STEPS),
     )
     trainer = L.Trainer(
         accelerator="cpu",

@@ -29,11 +29,11 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
     # MASTER_ADDR and MASTER_PORT come from the environment (torchrun, or the Slurm script, sets them).
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
     try:
-        datamodule, network, optimizer, scheduler = build(cfg, device)
+        datamodule, network, optimizer, schedule = build(cfg, device)
         model = DistributedDataParallel(network, device_ids=[local_rank] if device.type == "cuda" else None)
         sampler = datamodule.train_sampler_class(datamodule.train_set, cfg.seed, world_size, rank)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
-        trainer = Trainer(model, optimizer, scheduler, device, TrainingHistory(rank, world_size))
+        trainer = Trainer(model, optimizer, schedule, device, TrainingHistory(rank, world_size))
         fit_and_report(cfg, trainer, datamodule, network, train_loader, is_main=rank == 0)
     finally:
         dist.destroy_process_group()

@@ -29,13 +29,13 @@ def gpu_ids(devices: int | str | list) -> list[int]:
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     device = pick_device()
-    datamodule, network, optimizer, scheduler = build(cfg, device)
+    datamodule, network, optimizer, schedule = build(cfg, device)
     if device.type == "cuda":
         model = nn.DataParallel(network, device_ids=gpu_ids(cfg.trainer.devices))
     else:
         print(f"dp: no GPU here, so DataParallel does not split batches: training on {device}", flush=True)
         model = network
-    trainer = Trainer(model, optimizer, scheduler, device, TrainingHistory())
+    trainer = Trainer(model, optimizer, schedule, device, TrainingHistory())
     fit_and_report(cfg, trainer, datamodule, network, datamodule.train_dataloader())  # saves `network`: no `module.`
 
 

@@ -34,8 +34,7 @@ from project.module import ClassifierModule
 from project.runs.divergence import DivergenceWatch, first_learning_rate
 from project.runs.history import TrainingHistory
 from project.runs.results import format_results_table, save_results
-
-Scheduler = torch.optim.lr_scheduler.LRScheduler
+from project.schedules import Schedule, build_schedule, check_resumable
 
 
 def pick_device(local_rank: int = 0) -> torch.device:
@@ -107,10 +106,10 @@ def require_what_the_reference_mirrors(cfg: DictConfig) -> None:
 
 def build(
     cfg: DictConfig, device: torch.device
-) -> tuple[ClassificationDataModule, nn.Module, torch.optim.Optimizer, Scheduler | None]:
+) -> tuple[ClassificationDataModule, nn.Module, torch.optim.Optimizer, Schedule | None]:
     """Seed, then data, then network, optimizer and schedule: the order (and so the random numbers) of
-    `project.train`. The schedule (None without `model.scheduler`) spans the run's optimizer steps, as Lightning
-    sizes it."""
+    `project.train`. The schedule (None without `model.scheduler`) is sized as Lightning sizes it
+    (`project.schedules`)."""
     require_the_classifier(cfg)
     require_what_the_reference_mirrors(cfg)
     torch.manual_seed(cfg.seed)
@@ -119,11 +118,12 @@ def build(
     datamodule.setup("fit")
     network = instantiate(cfg.model.network).to(device)
     optimizer = instantiate(cfg.model.optimizer)(network.parameters())
-    scheduler = None
+    schedule = None
     if cfg.model.get("scheduler") is not None:
-        total_steps = steps_per_epoch(datamodule) * cfg.trainer.max_epochs
-        scheduler = instantiate(cfg.model.scheduler)(optimizer, total_steps=total_steps)
-    return datamodule, network, optimizer, scheduler
+        epochs = cfg.trainer.max_epochs
+        steps = steps_per_epoch(datamodule) * epochs
+        schedule = build_schedule(instantiate(cfg.model.scheduler), optimizer, steps, epochs)
+    return datamodule, network, optimizer, schedule
 
 
 def world_size() -> int:
@@ -160,13 +160,13 @@ class Trainer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: Scheduler | None,
+        schedule: Schedule | None,
         device: torch.device,
         history: TrainingHistory,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.schedule = schedule
         self.device = device
         self.history = history
         self.train_totals = ClassificationTotals().to(device)
@@ -188,8 +188,8 @@ class Trainer:
         if self.divergence is not None:  # after DDP has averaged the gradients: every rank decides alike
             self.divergence.observe_gradients(self.global_step + 1, self.model.parameters())
         self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()  # after every optimizer step, as Lightning steps a schedule with interval "step"
+        if self.schedule is not None and self.schedule.interval == "step":
+            self.schedule.step({})  # after every optimizer step, as Lightning steps a schedule with interval "step"
         return logits, loss.detach()
 
     def _run_epoch(self, loader: DataLoader) -> dict[str, float]:
@@ -209,6 +209,8 @@ class Trainer:
             if self.checkpointing is not None and self.batches_done < len(loader):  # the epoch's end writes anyway
                 self._checkpoint_if_due()
         self._check_divergence()
+        if self.schedule is not None and self.schedule.interval == "epoch" and self.schedule.monitor is None:
+            self.schedule.step({})  # after the epoch's last step, before validation, as Lightning steps it
         self.history.end_epoch(losses, samples=int(self.train_totals.count))  # this process's samples
         metrics = {f"train/{name}": value.item() for name, value in self.train_totals.compute().items()}
         self.train_totals.reset()
@@ -236,6 +238,8 @@ class Trainer:
                 self.epoch, self.batches_done = epoch + 1, 0
                 if self.checkpointing is not None:
                     self._save_checkpoint()
+                if self.schedule is not None and self.schedule.monitor is not None:
+                    self.schedule.step(metrics)  # on the validation's metric, after the checkpoint, as Lightning does
         finally:
             if self.checkpointing is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -282,7 +286,7 @@ class Trainer:
         state = {
             "network": getattr(self.model, "module", self.model).state_dict(),  # without DDP's `module.`
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scheduler": self.schedule.scheduler.state_dict() if self.schedule is not None else None,
             "global_step": self.global_step,
             "position": asdict(position),
         }
@@ -302,16 +306,12 @@ class Trainer:
                 f"ckpt_path={path} is not a checkpoint of the reference loop (its runs write checkpoints/last.pt)"
             ) from None
         saved.check_resumable_as(self.checkpointing.datamodule.position(saved.epoch, saved.batches_done, world_size()))
-        stored_steps = (state["scheduler"] or {}).get("total_steps")
-        if self.scheduler is not None and stored_steps not in (None, getattr(self.scheduler, "total_steps", None)):
-            raise UserError(  # as the Lightning path refuses it (ClassifierModule.configure_optimizers)
-                f"ckpt_path: the checkpoint's learning-rate schedule spans {stored_steps} steps, this run's would "
-                f"span {self.scheduler.total_steps}; resume with its own trainer.max_epochs, or start afresh"
-            )
+        if self.schedule is not None:
+            check_resumable(state["scheduler"], self.schedule)  # as the Lightning path refuses it
         getattr(self.model, "module", self.model).load_state_dict(state["network"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+        if self.schedule is not None:
+            self.schedule.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.batches_done, self.global_step = saved.epoch, saved.batches_done, state["global_step"]
         self.history.first_epoch, self.history.first_step = saved.epoch, self.global_step
 

@@ -15,8 +15,8 @@ from project.runs.history import TrainingHistory
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     device = pick_device()
-    datamodule, network, optimizer, scheduler = build(cfg, device)
-    trainer = Trainer(network, optimizer, scheduler, device, TrainingHistory())
+    datamodule, network, optimizer, schedule = build(cfg, device)
+    trainer = Trainer(network, optimizer, schedule, device, TrainingHistory())
     fit_and_report(cfg, trainer, datamodule, network, datamodule.train_dataloader())
 
 

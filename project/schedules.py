@@ -1,0 +1,107 @@
+"""Learning-rate schedules from config, built alike on both paths: any `torch.optim.lr_scheduler` class by `_target_`.
+
+`model.scheduler` is a partial (`_partial_: true`) of the schedule, with its own arguments. Its length is often the
+run's, which the data decides only once the optimizer exists: `${run_steps:}` (this process's optimizer steps over
+the whole fit, as Lightning counts them) and `${run_epochs:}` stand for it in the YAML and are filled in here.
+Two keys are not the schedule's but Lightning's, as in its `lr_scheduler` dict: `interval` (`step`, the default,
+or `epoch`: when it is stepped) and `monitor` (the metric a `ReduceLROnPlateau` follows, stepped after validation).
+A schedule of schedules (`ChainedScheduler`, `SequentialLR`) lists its parts as partials too.
+"""
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from omegaconf import OmegaConf
+
+from project.errors import UserError
+
+RUN_STEPS = "<the run's optimizer steps>"
+RUN_EPOCHS = "<the run's epochs>"
+PLACEHOLDERS = {RUN_STEPS: "${run_steps:}", RUN_EPOCHS: "${run_epochs:}"}
+UNITS = {RUN_STEPS: "steps", RUN_EPOCHS: "epochs"}
+NEEDS = {RUN_STEPS: "set trainer.max_epochs or trainer.max_steps", RUN_EPOCHS: "set trainer.max_epochs"}
+INTERVALS = ("step", "epoch")
+
+
+def register_resolvers() -> None:
+    """`${run_steps:}` and `${run_epochs:}` (every entry point composes conf/ after importing `project`)."""
+    OmegaConf.register_new_resolver("run_steps", lambda: RUN_STEPS, replace=True)
+    OmegaConf.register_new_resolver("run_epochs", lambda: RUN_EPOCHS, replace=True)
+
+
+@dataclass
+class Schedule:
+    """A built schedule and how it is stepped (Lightning's `interval` and `monitor`)."""
+
+    scheduler: torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
+    interval: str
+    monitor: str | None
+
+    def lightning_config(self) -> dict:
+        """The `lr_scheduler` dict `configure_optimizers` returns."""
+        config = {"scheduler": self.scheduler, "interval": self.interval}
+        return config | ({"monitor": self.monitor} if self.monitor is not None else {})
+
+    def step(self, metrics: dict[str, float]) -> None:
+        """One step (the reference loop's), on the monitored metric where the schedule follows one."""
+        if self.monitor is None:
+            self.scheduler.step()
+        else:
+            self.scheduler.step(metrics[self.monitor])
+
+
+def build_schedule(factory: functools.partial, optimizer: torch.optim.Optimizer, steps: int, epochs: int) -> Schedule:
+    """`factory` built on `optimizer`, `${run_steps:}` and `${run_epochs:}` in it filled in; refused in one line
+    where it cannot be built or stepped as configured."""
+    if not isinstance(factory, functools.partial):
+        raise UserError(
+            "model.scheduler: give the schedule's class with _partial_: true (it is built on the optimizer)"
+        )
+    keywords = dict(factory.keywords)
+    interval, monitor = keywords.pop("interval", "step"), keywords.pop("monitor", None)
+    if interval not in INTERVALS:
+        raise UserError(f"model.scheduler.interval={interval!r}: step it every {' or '.join(INTERVALS)}")
+    lengths, used = {RUN_STEPS: steps, RUN_EPOCHS: epochs}, {}
+
+    def built(value: object) -> object:
+        if isinstance(value, functools.partial):  # a part of a schedule of schedules
+            return value.func(*value.args, optimizer=optimizer, **{k: built(v) for k, v in value.keywords.items()})
+        if isinstance(value, Sequence) and not isinstance(value, str):  # a list, or Hydra's ListConfig of parts
+            return [built(item) for item in value]
+        if isinstance(value, str) and value in lengths:
+            if not (isinstance(lengths[value], int) and lengths[value] > 0):
+                raise UserError(f"model.scheduler: {PLACEHOLDERS[value]} needs a run of a set length: {NEEDS[value]}")
+            used[value] = lengths[value]
+            return lengths[value]
+        return value
+
+    try:
+        scheduler = factory.func(*factory.args, optimizer=optimizer, **{k: built(v) for k, v in keywords.items()})
+    except (TypeError, ValueError, KeyError) as error:  # torch's schedules check their arguments
+        raise UserError(
+            f"model.scheduler: {factory.func.__name__}: {error} (the run's length is ${{run_steps:}} optimizer "
+            "steps, or ${run_epochs:} epochs)"
+        ) from None
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and (monitor is None or interval != "epoch"):
+        raise UserError(
+            "model.scheduler: ReduceLROnPlateau follows a metric measured by validation: add the metric and the "
+            "interval to model.scheduler, e.g. monitor: val/loss and interval: epoch"
+        )
+    # A schedule's state is its attributes: this one goes into checkpoints with it, for a resumed run to compare.
+    scheduler.sized_for = {UNITS[name]: length for name, length in used.items()}
+    return Schedule(scheduler, interval, monitor)
+
+
+def check_resumable(stored: dict | None, schedule: Schedule) -> None:
+    """Refuse, in one line, to resume a schedule sized for another run: loaded over this run's, it would run out of
+    steps mid-run, or stop before the end of its cycle."""
+    stored_size, size = (stored or {}).get("sized_for"), schedule.scheduler.sized_for
+    if stored_size is not None and stored_size != size:
+        stored_run, this_run = (" and ".join(f"{n} {unit}" for unit, n in run.items()) for run in (stored_size, size))
+        raise UserError(
+            f"ckpt_path: the checkpoint's learning-rate schedule spans {stored_run}, this run's would span {this_run}, "
+            "and a schedule cannot be stretched mid-run; resume with the checkpoint's own trainer.max_epochs, "
+            "data.batch_size and device count, or start a new run without ckpt_path"
+        )

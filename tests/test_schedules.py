@@ -1,0 +1,60 @@
+"""project/schedules.py: any torch schedule from config, its run length filled in, refused in one line where it
+cannot be built or stepped as configured (both paths train with these: tests/test_compare.py)."""
+
+import functools
+
+import pytest
+import torch
+
+from project.errors import UserError
+from project.schedules import RUN_EPOCHS, RUN_STEPS, build_schedule, check_resumable
+
+lr_scheduler = torch.optim.lr_scheduler
+
+
+def optimizer() -> torch.optim.Optimizer:
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+
+def test_the_run_length_is_filled_in_wherever_a_schedule_and_its_parts_ask_for_it():
+    chained = functools.partial(
+        lr_scheduler.SequentialLR,
+        schedulers=[
+            functools.partial(lr_scheduler.LinearLR, total_iters=RUN_EPOCHS),
+            functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_STEPS),
+        ],
+        milestones=[3],
+        interval="epoch",
+    )
+    schedule = build_schedule(chained, optimizer(), steps=40, epochs=4)
+    warmup, cosine = schedule.scheduler._schedulers
+    assert (warmup.total_iters, cosine.T_max) == (4, 40)
+    assert schedule.lightning_config() == {"scheduler": schedule.scheduler, "interval": "epoch"}
+    assert schedule.scheduler.sized_for == {"epochs": 4, "steps": 40}
+    assert schedule.scheduler.state_dict()["sized_for"] == {"epochs": 4, "steps": 40}, "checkpoints carry it"
+
+
+@pytest.mark.parametrize(
+    ("factory", "steps", "epochs", "named"),
+    [
+        (functools.partial(lr_scheduler.StepLR, step_size=1, interval="batch"), 10, 2, "interval='batch'"),
+        (functools.partial(lr_scheduler.ReduceLROnPlateau), 10, 2, "monitor: val/loss"),
+        (functools.partial(lr_scheduler.ReduceLROnPlateau, monitor="val/loss"), 10, 2, "interval: epoch"),
+        (functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_EPOCHS), 10, -1, "set trainer.max_epochs"),
+        (functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_STEPS), float("inf"), -1, "trainer.max_steps"),
+        (functools.partial(lr_scheduler.OneCycleLR, max_lr=0.1), 10, 2, "${run_steps:}"),
+        (lr_scheduler.StepLR, 10, 2, "_partial_: true"),
+    ],
+)
+def test_a_schedule_that_cannot_be_built_or_stepped_as_configured_is_one_line(factory, steps, epochs, named):
+    with pytest.raises(UserError, match="model.scheduler") as raised:
+        build_schedule(factory, optimizer(), steps, epochs)
+    assert named in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_checkpoint_of_a_schedule_sized_for_another_run_is_refused():
+    factory = functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_STEPS)
+    stored = build_schedule(factory, optimizer(), steps=7, epochs=1).scheduler.state_dict()
+    check_resumable(stored, build_schedule(factory, optimizer(), steps=7, epochs=1))
+    with pytest.raises(UserError, match="spans 7 steps, this run's would span 14 steps"):
+        check_resumable(stored, build_schedule(factory, optimizer(), steps=14, epochs=2))
