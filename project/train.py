@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job
 from project.job import isolated_job, stop_if_signalled
-from project.runs.checkpoints import resume_path
+from project.runs.checkpoints import check_checkpoint_dirs, resume_path
 from project.runs.divergence import DivergenceGuard
 from project.runs.history import TrainingHistory
 from project.runs.mid_epoch_resume import MidEpochResumeCheck
@@ -52,7 +52,8 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     same model and data under `outputs_dir`; a sweep's job carries on from its own), so the stored config says which
     file a run resumed from and every rank resumes from the same. Every checkpoint stores the whole config
     (`RunConfigCallback`), whatever the module, and a resume from inside an epoch needs a data module that restores
-    its position there (`MidEpochResumeCheck`).
+    its position there (`MidEpochResumeCheck`). A checkpoint dir that cannot be written is refused here, before the
+    first epoch trains.
     """
     check_config(cfg)
     run_config = OmegaConf.to_container(cfg, resolve=True)
@@ -64,6 +65,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
     callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *extra_callbacks]
+    check_checkpoint_dirs(callbacks)
     if cfg.get("stop_when_diverged", True):
         callbacks.insert(0, DivergenceGuard())  # first: it checks before any checkpoint callback writes
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
