@@ -4,7 +4,7 @@ Each `BadInput` is run by `tests/test_faults.py` as `python -m <module> <args>` 
 and the names its error line must contain may hold `{dir}` (that directory), `{data}` (small MNIST files) and
 `{ckpt}` (the last.ckpt of a finished toy run); `prepare` makes the files a case needs in `{dir}` first.
 
-Damaged MNIST files have 25 cases of their own in tests/test_bad_data_files.py, and `project.evaluate` given a
+Damaged MNIST files have cases of their own in tests/test_bad_data_files.py, and `project.evaluate` given a
 corrupt or foreign checkpoint is in tests/test_workflow.py; they are not repeated here.
 """
 
