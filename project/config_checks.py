@@ -6,7 +6,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
 from lightning.pytorch.strategies import StrategyRegistry
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError
 from project.strategies import DataParallelStrategy
@@ -18,6 +18,7 @@ def _is_int(value: object) -> bool:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise `UserError` naming the key, the bad value and what is allowed."""
+    OmegaConf.to_container(cfg, resolve=True)  # a `${...}` that names nothing fails here, naming its key
     if not (_is_int(cfg.seed) and 0 <= cfg.seed < 2**32):
         raise UserError(f"seed must be an integer from 0 to 2**32 - 1, got {cfg.seed!r}")
     max_epochs = cfg.trainer.get("max_epochs")
@@ -58,13 +59,18 @@ def check_added_keys() -> None:
     if not HydraConfig.initialized():
         return
     groups = set(HydraConfig.get().runtime.choices)
-    for override in HydraConfig.get().overrides.task:
+    for override in command_line_overrides():
         key = override.split("=", 1)[0]
         if key.startswith("+") and not key.startswith("++") and "." not in key and key[1:] not in groups:
             raise UserError(
                 f"{override} adds a top-level key that nothing reads; check its spelling against the config "
                 f"(python -m project.train --cfg job), or write +{override} to add it on purpose"
             )
+
+
+def command_line_overrides() -> list[str]:
+    """The command line's overrides as given: a `${...}` in one is its value's, not to be resolved in Hydra's config."""
+    return OmegaConf.to_container(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def under_srun() -> bool:

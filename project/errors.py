@@ -23,6 +23,7 @@ from typing import ParamSpec, TypeVar
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf.errors import InterpolationResolutionError
 
 from project.runs.run_dir import process_rank
 from project.runs.run_log import DISK_ERRORS, report, to_log_file
@@ -48,10 +49,13 @@ class RunStopped(UserError):
 
 def find_user_error(error: BaseException | None) -> BaseException | None:
     """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains; a disk that
-    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too."""
+    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so is a config
+    value whose `${...}` cannot be resolved."""
     while error is not None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
+        if isinstance(error, InterpolationResolutionError):
+            return unresolved(error)
         if isinstance(error, OSError) and error.errno in DISK_ERRORS:
             return disk_error(error)
         if is_out_of_memory(error):
@@ -101,6 +105,15 @@ def disk_error(error: OSError) -> UserError:
         errno.EROFS: f"{where} is on a read-only disk:",
     }[error.errno]
     return UserError(f"{problem} write the run elsewhere (hydra.run.dir); the checkpoints written before are kept")
+
+
+def unresolved(error: InterpolationResolutionError) -> UserError:
+    """The one line for a `${...}` in the config (the command line's or a YAML file's) that names nothing there."""
+    where, problem = error.full_key or "a ${...} of the config", str(error).splitlines()[0]
+    return UserError(
+        f"{where}: {problem}: point the ${{...}} at a key the config has (--cfg job prints the config unresolved), "
+        "or give the value itself"
+    )
 
 
 def in_sweep_job() -> bool:

@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from project.config_checks import check_config
+from project.config_checks import check_config, command_line_overrides
 from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job
 from project.job import isolated_job, stop_if_signalled
 from project.runs.checkpoints import check_checkpoint_dirs, resume_path
@@ -94,9 +94,7 @@ def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
 
 def overrides_of(group: str) -> str:
     """ " (your overrides: trainer.devices=abc)": the command line's choices for `group`, where the fault must be."""
-    if not HydraConfig.initialized():
-        return ""
-    mine = [o for o in HydraConfig.get().overrides.task if o.lstrip("+~").split("=")[0].split(".")[0] == group]
+    mine = [o for o in command_line_overrides() if o.lstrip("+~").split("=")[0].split(".")[0] == group]
     return f" (your overrides: {' '.join(mine)})" if mine else ""
 
 

@@ -2,7 +2,8 @@
 
 Each `BadInput` is run by `tests/test_faults.py` as `python -m <module> <args>` in a directory of its own. Its args
 and the names its error line must contain may hold `{dir}` (that directory), `{data}` (small MNIST files) and
-`{ckpt}` (the last.ckpt of a finished toy run); `prepare` makes the files a case needs in `{dir}` first.
+`{ckpt}` (the last.ckpt of a finished toy run), a literal brace doubled (`${{key}}`); `prepare` makes the files a
+case needs in `{dir}` first.
 
 Damaged MNIST files have cases of their own in tests/test_bad_data_files.py, and `project.evaluate` given a
 corrupt or foreign checkpoint is in tests/test_workflow.py; they are not repeated here.
@@ -67,6 +68,7 @@ BAD_INPUTS = [
     BadInput("slurm-outside-slurm", ("trainer=slurm",), ("trainer=slurm",)),
     BadInput("two-nodes-without-a-launcher", ("trainer=ddp", "trainer.num_nodes=2"), ("trainer.num_nodes",)),
     BadInput("added-unknown-key", ("+foo=1",), ("foo",)),
+    BadInput("value-refers-to-a-missing-key", ("data.batch_size=${{oops.size}}",), ("data.batch_size", "'oops.size'")),
     BadInput("unknown-precision", ("trainer.precision=banana",), ("trainer.precision",)),
     BadInput("devices-not-a-number", ("trainer.devices=abc",), ("trainer.devices",)),
     BadInput("evaluate-without-a-checkpoint", (), ("ckpt_path",), module="project.evaluate"),

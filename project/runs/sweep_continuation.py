@@ -27,7 +27,7 @@ def check_same_sweep(config: DictConfig) -> None:
     stored = sweep_dir / SWEEP_CONFIG
     if not stored.is_file():
         return
-    theirs, mine = list(OmegaConf.load(stored).hydra.overrides.task), list(config.hydra.overrides.task)
+    theirs, mine = (OmegaConf.to_container(c.hydra.overrides.task) for c in (OmegaConf.load(stored), config))
     if theirs != mine:
         print(
             f"error: hydra.sweep.dir={sweep_dir} holds another sweep ({' '.join(theirs) or 'no overrides'}; this one: "
