@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError, exit_on_user_error, find_user_error
-from project.runs.checkpoints import load_project_checkpoint
+from project.runs.checkpoints import LAST, load_project_checkpoint
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -35,6 +35,12 @@ def rebuild_trained(cfg: DictConfig, program: str, data_overrides: dict | None =
         raise UserError(f"give the checkpoint: python -m {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
     checkpoint = load_project_checkpoint(cfg.ckpt_path)
     trained = OmegaConf.create(checkpoint["config"])
+    lacking = [group for group in ("data", "model") if not isinstance(trained.get(group), DictConfig)]
+    if lacking:
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path}: its stored config has no {lacking[0]} to rebuild: give a checkpoint "
+            f"project.train wrote ({LAST}), which stores the whole config"
+        )
     unknown = sorted(set(data_overrides or {}) - set(trained.data))
     if unknown:
         keys = ", ".join(key for key in trained.data if not key.startswith("_"))

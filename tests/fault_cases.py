@@ -11,12 +11,16 @@ corrupt or foreign checkpoint is in tests/test_workflow.py; they are not repeate
 
 import os
 import random
+import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import torch
+
+from tests.helpers import run_module
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,23 @@ def truncated_last_of_an_earlier_run(case_dir: Path, ckpt: Path) -> None:
     checkpoints.mkdir(parents=True)
     truncated_checkpoint(checkpoints, ckpt)
     (checkpoints / "truncated.ckpt").rename(checkpoints / "last.ckpt")
+
+
+def checkpoint_without_data(case_dir: Path, ckpt: Path) -> None:
+    checkpoint = torch.load(ckpt, weights_only=True)
+    del checkpoint["config"]["data"]
+    torch.save(checkpoint, case_dir / "no-data.ckpt")
+
+
+def a_run_dir(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "earlier" / "checkpoints").mkdir(parents=True)
+    shutil.copy(ckpt, case_dir / "earlier" / "checkpoints" / "last.ckpt")
+
+
+def a_reference_run(case_dir: Path, ckpt: Path) -> None:
+    """The reference path's own checkpoints/last.pt, as `project.reference.single` writes it."""
+    ran = run_module("project.reference.single", "logger=none", f"hydra.run.dir={case_dir / 'reference'}", cwd=case_dir)
+    assert ran.returncode == 0, ran.stderr[-3000:]
 
 
 def a_file(case_dir: Path, ckpt: Path) -> None:
@@ -97,6 +118,35 @@ BAD_INPUTS = [
         prepare=truncated_last_of_an_earlier_run,
     ),
     BadInput("resume-another-network", ("ckpt_path={ckpt}",), ("{ckpt}",), mnist=True),
+    # Checkpoints to evaluate or predict with.
+    BadInput(
+        "evaluate-a-run-dir",
+        ("ckpt_path={dir}/earlier",),
+        ("ckpt_path={dir}/earlier is a directory", "{dir}/earlier/checkpoints/last.ckpt"),
+        module="project.evaluate",
+        prepare=a_run_dir,
+    ),
+    BadInput(
+        "evaluate-a-checkpoint-without-data",
+        ("ckpt_path={dir}/no-data.ckpt",),
+        ("{dir}/no-data.ckpt", "no data"),
+        module="project.evaluate",
+        prepare=checkpoint_without_data,
+    ),
+    BadInput(
+        "predict-with-a-checkpoint-without-data",
+        ("ckpt_path={dir}/no-data.ckpt",),
+        ("{dir}/no-data.ckpt", "no data"),
+        module="project.predict",
+        prepare=checkpoint_without_data,
+    ),
+    BadInput(
+        "evaluate-the-reference-paths-checkpoint",
+        ("ckpt_path={dir}/reference/checkpoints/last.pt",),
+        ("{dir}/reference/checkpoints/last.pt is the reference path's checkpoint", "project.train"),
+        module="project.evaluate",
+        prepare=a_reference_run,
+    ),
     # Data and directories.
     BadInput("data-root-missing", ("data.root={dir}/nowhere",), ("{dir}/nowhere",), mnist=True),
     BadInput("data-root-is-a-file", ("data.root={dir}/a-file",), ("{dir}/a-file",), mnist=True, prepare=a_file),

@@ -21,6 +21,10 @@ def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
     Ours: a Lightning checkpoint whose `config` (stored by `project.runs.run_config`) can rebuild its run.
     """
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+        files = ", ".join(str(file) for file in inside[:3]) or "<run dir>/checkpoints/last.ckpt"
+        raise UserError(f"ckpt_path={path} is a directory: give a checkpoint file ({files})")
     if not path.is_file():
         raise UserError(f"ckpt_path={path}: no such file")
     try:
@@ -30,8 +34,25 @@ def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
             f"ckpt_path={path} is not a checkpoint torch.load can read (damaged, or another kind of file)"
         ) from None
     if not (isinstance(checkpoint, dict) and "state_dict" in checkpoint and "config" in checkpoint):
-        raise UserError(f"ckpt_path={path} is not a checkpoint of this project (no state_dict and config in it)")
+        raise UserError(f"ckpt_path={path} {not_ours(checkpoint)}: give a checkpoint project.train wrote ({LAST})")
     return checkpoint
+
+
+LAST = "<run dir>/checkpoints/last.ckpt"
+# What project.reference.loop writes: checkpoints/last.pt (to resume), and checkpoints/model.pt (the bare network).
+REFERENCE_CHECKPOINT_KEYS = {"network", "optimizer", "position"}
+
+
+def not_ours(content: object) -> str:
+    """What a loaded file that is not a checkpoint of this project is instead, as far as it can be told."""
+    if isinstance(content, dict) and content.keys() >= REFERENCE_CHECKPOINT_KEYS:
+        return (
+            "is the reference path's checkpoint (project.reference.*), with no config to rebuild its run from (that "
+            "run's own script resumes from it, with its overrides plus this ckpt_path)"
+        )
+    if isinstance(content, dict) and content and all(isinstance(value, torch.Tensor) for value in content.values()):
+        return "holds a network's weights only (a state_dict, as the reference path's model.pt), no config"
+    return "is not a checkpoint of this project (no state_dict and config in it)"
 
 
 def what_it_trains(config: dict) -> dict:
