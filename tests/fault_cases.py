@@ -73,6 +73,11 @@ def a_reference_run(case_dir: Path, ckpt: Path) -> None:
     assert ran.returncode == 0, ran.stderr[-3000:]
 
 
+def a_damaged_optuna_db(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "sweep").mkdir()
+    (case_dir / "sweep" / "optuna.db").write_bytes(random.Random(0).randbytes(4096))
+
+
 def a_file(case_dir: Path, ckpt: Path) -> None:
     (case_dir / "a-file").write_text("not a directory\n")
 
@@ -150,6 +155,13 @@ BAD_INPUTS = [
     # Data and directories.
     BadInput("data-root-missing", ("data.root={dir}/nowhere",), ("{dir}/nowhere",), mnist=True),
     BadInput("data-root-is-a-file", ("data.root={dir}/a-file",), ("{dir}/a-file",), mnist=True, prepare=a_file),
+    BadInput(
+        "search-with-a-damaged-optuna-db",
+        ("hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
+        ("{dir}/sweep/optuna.db", "is not a database"),
+        mnist=True,
+        prepare=a_damaged_optuna_db,
+    ),
     BadInput("run-dir-below-a-file", ("hydra.run.dir={dir}/a-file/run",), ("{dir}/a-file",), prepare=a_file),
     # Training that diverges: the toy's steps 1 and 2 at lr 1e6 stay finite, step 3's gradients do not.
     BadInput("diverging", ("model.optimizer.lr=1e6",), ("training diverged at step 3", "learning rate (now 1e+06)")),
