@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from project.config_checks import check_config, command_line_overrides
+from project.config_checks import check_config, command_line_overrides, mistyped_value
 from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job
 from project.job import isolated_job, stop_if_signalled
 from project.runs.checkpoints import check_checkpoint_dirs, resume_path
@@ -88,7 +88,8 @@ def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
     except InstantiationException as error:
         cause = error.__cause__
         if find_user_error(error) is None and isinstance(cause, (TypeError, ValueError)):
-            raise UserError(f"{group}{overrides_of(group)}: {cause}") from None
+            mistyped = mistyped_value(node, group)
+            raise UserError(mistyped or f"{group}{overrides_of(group)}: {cause}") from None
         raise
 
 

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.config_checks import check_added_keys, check_config, command_line_overrides
-from project.errors import error_line
+from project.config_checks import check_added_keys, check_config, command_line_overrides, mistyped_value
+from project.errors import UserError, error_line
 from project.train import build
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
 
@@ -136,3 +136,25 @@ def test_an_override_that_refers_to_another_key_is_taken_as_given(tmp_path: Path
         assert command_line_overrides()[0] == "model.optimizer.lr=${data.batch_size}"
     finally:
         HydraConfig.instance().cfg = None
+
+
+def test_a_value_of_the_wrong_type_for_the_network_names_the_key_and_the_type_it_takes(tmp_path: Path, monkeypatch):
+    """Not the constructor's own "'<' not supported between instances of 'str' and 'int'"."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    cfg = compose_train(tmp_path, "experiment=mnist", "model.network.num_layers=two")
+    with pytest.raises(UserError) as raised:
+        build(cfg, tmp_path / "outputs")
+    assert error_line(raised.value) == (
+        "error: model.network.num_layers=two is a str, but DeepNeuralNetwork's num_layers takes int: give it int"
+    )
+
+
+def test_values_are_judged_by_any_targets_annotations():
+    network = OmegaConf.create({"_target_": "project.models.ConvolutionalNetwork", "in_channels": 1, "num_classes": 10})
+    assert mistyped_value(network, "model.network") is None
+    network.channels = 16.0
+    assert mistyped_value(network, "model.network") == (
+        "model.network.channels=16.0 is a float, but ConvolutionalNetwork's channels takes int: give it int"
+    )
+    unknown = OmegaConf.create({"_target_": "no.such.Class", "size": "big"})
+    assert mistyped_value(unknown, "model") is None
