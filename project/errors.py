@@ -13,6 +13,7 @@ Entry points wrap their work in `exit_on_user_error`:
 import errno
 import functools
 import logging
+import os
 import re
 import sys
 import traceback
@@ -20,10 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from project.runs.run_dir import process_rank
 from project.runs.run_log import DISK_ERRORS, report, to_log_file
@@ -161,3 +164,31 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
             sys.exit(getattr(user_error, "exit_status", 2))
 
     return wrapper
+
+
+def run_hydra_app(main: Callable[[], object]) -> None:
+    """Call an entry point's `@hydra.main` function so that a config file that is not valid YAML (in conf/ or a
+    `hydra.searchpath` dir) ends in one `error:` line naming the file and the place, exit 2, as any user error does.
+
+    Hydra reads the files inside its own error report (`run_and_report`), which shows a parse error as a traceback;
+    with HYDRA_FULL_ERROR=1, a setting it documents, it leaves every error to its caller, here. Its own messages
+    (a key or option it does not know) are then printed as Hydra prints them, exit 1, and a bug keeps its traceback.
+    A user who set HYDRA_FULL_ERROR gets Hydra's full tracebacks, as asked.
+    """
+    asked_for_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+        problem = ": ".join(part for part in (error.context, error.problem) if part)
+        print(f"error: {where} is not valid YAML ({problem}): correct the file", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except CompactHydraException as error:
+        if asked_for_tracebacks:
+            raise
+        print(error, file=sys.stderr)
+        if isinstance(error.__cause__, OmegaConfBaseException):
+            print(error.__cause__, file=sys.stderr)
+        sys.exit(1)

@@ -15,7 +15,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from project.errors import UserError, exit_on_user_error, find_user_error
+from project.errors import UserError, exit_on_user_error, find_user_error, run_hydra_app
 from project.runs.checkpoints import LAST, load_project_checkpoint
 
 
@@ -75,4 +75,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

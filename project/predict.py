@@ -23,7 +23,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from omegaconf import DictConfig, OmegaConf
 
 from project import predicted_outputs
-from project.errors import UserError, exit_on_user_error
+from project.errors import UserError, exit_on_user_error, run_hydra_app
 from project.evaluate import rebuild_trained
 from project.job import isolated_job
 from project.predictions import (
@@ -151,4 +151,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from project.config_checks import check_config, command_line_overrides, mistyped_value
-from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job
+from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job, run_hydra_app
 from project.job import isolated_job, stop_if_signalled
 from project.runs.checkpoints import check_checkpoint_dirs, resume_path
 from project.runs.divergence import DivergenceGuard
@@ -180,4 +180,4 @@ def sweep_value(value: float | None) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

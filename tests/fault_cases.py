@@ -78,6 +78,13 @@ def a_damaged_optuna_db(case_dir: Path, ckpt: Path) -> None:
     (case_dir / "sweep" / "optuna.db").write_bytes(random.Random(0).randbytes(4096))
 
 
+def a_config_dir_with_broken_yaml(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "conf" / "model").mkdir(parents=True)
+    (case_dir / "conf" / "model" / "broken.yaml").write_text(
+        "_target_: project.module.ClassifierModule\nlayers: [1, 2\n"
+    )
+
+
 def a_file(case_dir: Path, ckpt: Path) -> None:
     (case_dir / "a-file").write_text("not a directory\n")
 
@@ -94,6 +101,12 @@ BAD_INPUTS = [
     BadInput("slurm-outside-slurm", ("trainer=slurm",), ("trainer=slurm",)),
     BadInput("two-nodes-without-a-launcher", ("trainer=ddp", "trainer.num_nodes=2"), ("trainer.num_nodes",)),
     BadInput("added-unknown-key", ("+foo=1",), ("foo",)),
+    BadInput(
+        "config-file-not-valid-yaml",
+        ("hydra.searchpath=[file://{dir}/conf]", "model=broken"),
+        ("{dir}/conf/model/broken.yaml, line 3", "is not valid YAML"),
+        prepare=a_config_dir_with_broken_yaml,
+    ),
     BadInput("value-refers-to-a-missing-key", ("data.batch_size=${{oops.size}}",), ("data.batch_size", "'oops.size'")),
     BadInput("unknown-precision", ("trainer.precision=banana",), ("trainer.precision",)),
     BadInput("devices-not-a-number", ("trainer.devices=abc",), ("trainer.devices",)),
