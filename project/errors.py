@@ -8,6 +8,8 @@ Entry points wrap their work in `exit_on_user_error`:
   sweep: the job reports its error the same way (a bug's traceback first), writes the error line to `error.txt`
   in its directory and returns None, which Optuna records as a failed trial; the sweep's summary lists the job as
   failed, and the sweep exits non-zero (`project.runs.sweep_summary`). Only a stop (`RunStopped`) ends the sweep.
+They call their `@hydra.main` function through `run_hydra_app`, so that a config file Hydra cannot even read is one
+such line too.
 """
 
 import errno
