@@ -1,12 +1,15 @@
 """Checks of config values that would otherwise fail deep inside Lightning with an unclear message."""
 
+import inspect
 import os
+import types
+import typing
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_class
+from hydra.utils import get_class, get_object
 from lightning.pytorch.strategies import StrategyRegistry
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError
 from project.strategies import DataParallelStrategy
@@ -18,6 +21,7 @@ def _is_int(value: object) -> bool:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise `UserError` naming the key, the bad value and what is allowed."""
+    OmegaConf.to_container(cfg, resolve=True)  # a `${...}` that names nothing fails here, naming its key
     if not (_is_int(cfg.seed) and 0 <= cfg.seed < 2**32):
         raise UserError(f"seed must be an integer from 0 to 2**32 - 1, got {cfg.seed!r}")
     max_epochs = cfg.trainer.get("max_epochs")
@@ -58,13 +62,18 @@ def check_added_keys() -> None:
     if not HydraConfig.initialized():
         return
     groups = set(HydraConfig.get().runtime.choices)
-    for override in HydraConfig.get().overrides.task:
+    for override in command_line_overrides():
         key = override.split("=", 1)[0]
         if key.startswith("+") and not key.startswith("++") and "." not in key and key[1:] not in groups:
             raise UserError(
                 f"{override} adds a top-level key that nothing reads; check its spelling against the config "
                 f"(python -m project.train --cfg job), or write +{override} to add it on purpose"
             )
+
+
+def command_line_overrides() -> list[str]:
+    """The command line's overrides as given: a `${...}` in one is its value's, not to be resolved in Hydra's config."""
+    return OmegaConf.to_container(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def under_srun() -> bool:
@@ -152,3 +161,47 @@ def check_slurm_allocation(cfg: DictConfig) -> None:
             f"Slurm gave the job {nodes} node(s) (--nodes) but trainer.num_nodes={cfg.trainer.num_nodes}: "
             f"set trainer.num_nodes={nodes} or submit with --nodes={cfg.trainer.num_nodes}"
         )
+
+
+SIMPLE_TYPES = (bool, int, float, str, type(None))
+
+
+def fits(value: object, hint: object) -> bool | None:
+    """Whether a config `value` fits a constructor argument's type `hint`; None where the hint is not made of plain
+    types (bool, int, float, str, None), which are all a command line can give and all this can judge."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if not all(option in SIMPLE_TYPES for option in options):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return type(value) in options
+    return type(value) in options or (isinstance(value, int) and float in options)  # an int is a float too
+
+
+def mistyped_value(node: object, key: str) -> str | None:
+    """The line for the first value of config `node` (at `key`, and the nodes within it) that its `_target_`'s
+    annotations say is of the wrong type (`key=value is a str, but <Target>'s <argument> takes int: ...`), or None.
+
+    Asked once a constructor has failed, to name the value behind a message such as "'<' not supported between
+    instances of 'str' and 'int'", whatever the class (the user's own too).
+    """
+    if not isinstance(node, DictConfig):
+        return None
+    hints = {}
+    if isinstance(node.get("_target_"), str):
+        try:
+            target = get_object(node._target_)
+            hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+        except Exception:  # a name that does not import, or annotations that do not evaluate: nothing to judge by
+            hints = {}
+    for name, value in node.items():
+        if isinstance(value, DictConfig):
+            found = mistyped_value(value, f"{key}.{name}")
+            if found:
+                return found
+        elif name in hints and fits(value, hints[name]) is False:
+            options = typing.get_args(hints[name]) or (hints[name],)
+            wanted = " or ".join("None" if option is type(None) else option.__name__ for option in options)
+            owner = node._target_.rsplit(".", 1)[-1]
+            given = type(value).__name__
+            return f"{key}.{name}={value} is a {given}, but {owner}'s {name} takes {wanted}: give it {wanted}"
+    return None

@@ -8,11 +8,14 @@ Entry points wrap their work in `exit_on_user_error`:
   sweep: the job reports its error the same way (a bug's traceback first), writes the error line to `error.txt`
   in its directory and returns None, which Optuna records as a failed trial; the sweep's summary lists the job as
   failed, and the sweep exits non-zero (`project.runs.sweep_summary`). Only a stop (`RunStopped`) ends the sweep.
+They call their `@hydra.main` function through `run_hydra_app`, so that a config file Hydra cannot even read is one
+such line too.
 """
 
 import errno
 import functools
 import logging
+import os
 import re
 import sys
 import traceback
@@ -20,9 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from project.runs.run_dir import process_rank
 from project.runs.run_log import DISK_ERRORS, report, to_log_file
@@ -48,10 +54,13 @@ class RunStopped(UserError):
 
 def find_user_error(error: BaseException | None) -> BaseException | None:
     """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains; a disk that
-    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too."""
+    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so is a config
+    value whose `${...}` cannot be resolved."""
     while error is not None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
+        if isinstance(error, InterpolationResolutionError):
+            return unresolved(error)
         if isinstance(error, OSError) and error.errno in DISK_ERRORS:
             return disk_error(error)
         if is_out_of_memory(error):
@@ -103,6 +112,15 @@ def disk_error(error: OSError) -> UserError:
     return UserError(f"{problem} write the run elsewhere (hydra.run.dir); the checkpoints written before are kept")
 
 
+def unresolved(error: InterpolationResolutionError) -> UserError:
+    """The one line for a `${...}` in the config (the command line's or a YAML file's) that names nothing there."""
+    where, problem = error.full_key or "a ${...} of the config", str(error).splitlines()[0]
+    return UserError(
+        f"{where}: {problem}: point the ${{...}} at a key the config has (--cfg job prints the config unresolved), "
+        "or give the value itself"
+    )
+
+
 def in_sweep_job() -> bool:
     """Whether this process runs one job of a Hydra sweep (its extra DDP ranks run as single runs)."""
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
@@ -148,3 +166,31 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
             sys.exit(getattr(user_error, "exit_status", 2))
 
     return wrapper
+
+
+def run_hydra_app(main: Callable[[], object]) -> None:
+    """Call an entry point's `@hydra.main` function so that a config file that is not valid YAML (in conf/ or a
+    `hydra.searchpath` dir) ends in one `error:` line naming the file and the place, exit 2, as any user error does.
+
+    Hydra reads the files inside its own error report (`run_and_report`), which shows a parse error as a traceback;
+    with HYDRA_FULL_ERROR=1, a setting it documents, it leaves every error to its caller, here. Its own messages
+    (a key or option it does not know) are then printed as Hydra prints them, exit 1, and a bug keeps its traceback.
+    A user who set HYDRA_FULL_ERROR gets Hydra's full tracebacks, as asked.
+    """
+    asked_for_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+        problem = ": ".join(part for part in (error.context, error.problem) if part)
+        print(f"error: {where} is not valid YAML ({problem}): correct the file", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except CompactHydraException as error:
+        if asked_for_tracebacks:
+            raise
+        print(error, file=sys.stderr)
+        if isinstance(error.__cause__, OmegaConfBaseException):
+            print(error.__cause__, file=sys.stderr)
+        sys.exit(1)

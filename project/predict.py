@@ -23,7 +23,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from omegaconf import DictConfig, OmegaConf
 
 from project import predicted_outputs
-from project.errors import UserError, exit_on_user_error
+from project.errors import UserError, exit_on_user_error, run_hydra_app
 from project.evaluate import rebuild_trained
 from project.job import isolated_job
 from project.predictions import (
@@ -46,8 +46,7 @@ def predict(cfg: DictConfig) -> tuple[predicted_outputs.Outputs | None, L.Lightn
     ranks), by output name (`project.predicted_outputs`), and the data."""
     if cfg.split not in SPLITS:
         raise UserError(f"split must be one of {' | '.join(SPLITS)}, got {cfg.split!r}")
-    given = {key: value for key, value in OmegaConf.to_container(cfg.data).items() if value is not None}
-    datamodule, module = rebuild_trained(cfg, "project.predict", given)
+    datamodule, module = rebuild_trained(cfg, "project.predict")
     datamodule.predict_split = cfg.split  # the project's data modules serve that split; a user's own its own
     # The ranks of a DDP prediction check that they composed the same config (`HydraDDPStrategy`).
     same_config = RunConfigCallback(OmegaConf.to_container(cfg, resolve=True))
@@ -152,4 +151,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

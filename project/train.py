@@ -21,10 +21,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from project.config_checks import check_config
-from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job
+from project.config_checks import check_config, command_line_overrides, mistyped_value
+from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job, run_hydra_app
 from project.job import isolated_job, stop_if_signalled
-from project.runs.checkpoints import resume_path
+from project.runs.checkpoints import check_checkpoint_dirs, resume_path
 from project.runs.divergence import DivergenceGuard
 from project.runs.history import TrainingHistory
 from project.runs.mid_epoch_resume import MidEpochResumeCheck
@@ -52,7 +52,8 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     same model and data under `outputs_dir`; a sweep's job carries on from its own), so the stored config says which
     file a run resumed from and every rank resumes from the same. Every checkpoint stores the whole config
     (`RunConfigCallback`), whatever the module, and a resume from inside an epoch needs a data module that restores
-    its position there (`MidEpochResumeCheck`).
+    its position there (`MidEpochResumeCheck`). A checkpoint dir that cannot be written is refused here, before the
+    first epoch trains.
     """
     check_config(cfg)
     run_config = OmegaConf.to_container(cfg, resolve=True)
@@ -64,6 +65,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
     callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *extra_callbacks]
+    check_checkpoint_dirs(callbacks)
     if cfg.get("stop_when_diverged", True):
         callbacks.insert(0, DivergenceGuard())  # first: it checks before any checkpoint callback writes
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
@@ -86,15 +88,14 @@ def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
     except InstantiationException as error:
         cause = error.__cause__
         if find_user_error(error) is None and isinstance(cause, (TypeError, ValueError)):
-            raise UserError(f"{group}{overrides_of(group)}: {cause}") from None
+            mistyped = mistyped_value(node, group)
+            raise UserError(mistyped or f"{group}{overrides_of(group)}: {cause}") from None
         raise
 
 
 def overrides_of(group: str) -> str:
     """ " (your overrides: trainer.devices=abc)": the command line's choices for `group`, where the fault must be."""
-    if not HydraConfig.initialized():
-        return ""
-    mine = [o for o in HydraConfig.get().overrides.task if o.lstrip("+~").split("=")[0].split(".")[0] == group]
+    mine = [o for o in command_line_overrides() if o.lstrip("+~").split("=")[0].split(".")[0] == group]
     return f" (your overrides: {' '.join(mine)})" if mine else ""
 
 
@@ -179,4 +180,4 @@ def sweep_value(value: float | None) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

@@ -2,20 +2,25 @@
 
 Each `BadInput` is run by `tests/test_faults.py` as `python -m <module> <args>` in a directory of its own. Its args
 and the names its error line must contain may hold `{dir}` (that directory), `{data}` (small MNIST files) and
-`{ckpt}` (the last.ckpt of a finished toy run); `prepare` makes the files a case needs in `{dir}` first.
+`{ckpt}` (the last.ckpt of a finished toy run), a literal brace doubled (`${{key}}`); `prepare` makes the files a
+case needs in `{dir}` first.
 
-Damaged MNIST files have 25 cases of their own in tests/test_bad_data_files.py, and `project.evaluate` given a
+Damaged MNIST files have cases of their own in tests/test_bad_data_files.py, and `project.evaluate` given a
 corrupt or foreign checkpoint is in tests/test_workflow.py; they are not repeated here.
 """
 
 import os
 import random
+import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import torch
+
+from tests.helpers import run_module
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,35 @@ def truncated_last_of_an_earlier_run(case_dir: Path, ckpt: Path) -> None:
     (checkpoints / "truncated.ckpt").rename(checkpoints / "last.ckpt")
 
 
+def checkpoint_without_data(case_dir: Path, ckpt: Path) -> None:
+    checkpoint = torch.load(ckpt, weights_only=True)
+    del checkpoint["config"]["data"]
+    torch.save(checkpoint, case_dir / "no-data.ckpt")
+
+
+def a_run_dir(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "earlier" / "checkpoints").mkdir(parents=True)
+    shutil.copy(ckpt, case_dir / "earlier" / "checkpoints" / "last.ckpt")
+
+
+def a_reference_run(case_dir: Path, ckpt: Path) -> None:
+    """The reference path's own checkpoints/last.pt, as `project.reference.single` writes it."""
+    ran = run_module("project.reference.single", "logger=none", f"hydra.run.dir={case_dir / 'reference'}", cwd=case_dir)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+
+def a_damaged_optuna_db(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "sweep").mkdir()
+    (case_dir / "sweep" / "optuna.db").write_bytes(random.Random(0).randbytes(4096))
+
+
+def a_config_dir_with_broken_yaml(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "conf" / "model").mkdir(parents=True)
+    (case_dir / "conf" / "model" / "broken.yaml").write_text(
+        "_target_: project.module.ClassifierModule\nlayers: [1, 2\n"
+    )
+
+
 def a_file(case_dir: Path, ckpt: Path) -> None:
     (case_dir / "a-file").write_text("not a directory\n")
 
@@ -67,6 +101,13 @@ BAD_INPUTS = [
     BadInput("slurm-outside-slurm", ("trainer=slurm",), ("trainer=slurm",)),
     BadInput("two-nodes-without-a-launcher", ("trainer=ddp", "trainer.num_nodes=2"), ("trainer.num_nodes",)),
     BadInput("added-unknown-key", ("+foo=1",), ("foo",)),
+    BadInput(
+        "config-file-not-valid-yaml",
+        ("hydra.searchpath=[file://{dir}/conf]", "model=broken"),
+        ("{dir}/conf/model/broken.yaml, line 3", "is not valid YAML"),
+        prepare=a_config_dir_with_broken_yaml,
+    ),
+    BadInput("value-refers-to-a-missing-key", ("data.batch_size=${{oops.size}}",), ("data.batch_size", "'oops.size'")),
     BadInput("unknown-precision", ("trainer.precision=banana",), ("trainer.precision",)),
     BadInput("devices-not-a-number", ("trainer.devices=abc",), ("trainer.devices",)),
     BadInput("evaluate-without-a-checkpoint", (), ("ckpt_path",), module="project.evaluate"),
@@ -95,9 +136,45 @@ BAD_INPUTS = [
         prepare=truncated_last_of_an_earlier_run,
     ),
     BadInput("resume-another-network", ("ckpt_path={ckpt}",), ("{ckpt}",), mnist=True),
+    # Checkpoints to evaluate or predict with.
+    BadInput(
+        "evaluate-a-run-dir",
+        ("ckpt_path={dir}/earlier",),
+        ("ckpt_path={dir}/earlier is a directory", "{dir}/earlier/checkpoints/last.ckpt"),
+        module="project.evaluate",
+        prepare=a_run_dir,
+    ),
+    BadInput(
+        "evaluate-a-checkpoint-without-data",
+        ("ckpt_path={dir}/no-data.ckpt",),
+        ("{dir}/no-data.ckpt", "no data"),
+        module="project.evaluate",
+        prepare=checkpoint_without_data,
+    ),
+    BadInput(
+        "predict-with-a-checkpoint-without-data",
+        ("ckpt_path={dir}/no-data.ckpt",),
+        ("{dir}/no-data.ckpt", "no data"),
+        module="project.predict",
+        prepare=checkpoint_without_data,
+    ),
+    BadInput(
+        "evaluate-the-reference-paths-checkpoint",
+        ("ckpt_path={dir}/reference/checkpoints/last.pt",),
+        ("{dir}/reference/checkpoints/last.pt is the reference path's checkpoint", "project.train"),
+        module="project.evaluate",
+        prepare=a_reference_run,
+    ),
     # Data and directories.
     BadInput("data-root-missing", ("data.root={dir}/nowhere",), ("{dir}/nowhere",), mnist=True),
     BadInput("data-root-is-a-file", ("data.root={dir}/a-file",), ("{dir}/a-file",), mnist=True, prepare=a_file),
+    BadInput(
+        "search-with-a-damaged-optuna-db",
+        ("hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
+        ("{dir}/sweep/optuna.db", "is not a database"),
+        mnist=True,
+        prepare=a_damaged_optuna_db,
+    ),
     BadInput("run-dir-below-a-file", ("hydra.run.dir={dir}/a-file/run",), ("{dir}/a-file",), prepare=a_file),
     # Training that diverges: the toy's steps 1 and 2 at lr 1e6 stay finite, step 3's gradients do not.
     BadInput("diverging", ("model.optimizer.lr=1e6",), ("training diverged at step 3", "learning rate (now 1e+06)")),

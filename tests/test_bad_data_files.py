@@ -30,6 +30,10 @@ def set_magic(magic: int) -> Callable[[bytes], bytes]:
     return lambda data: struct.pack(">I", magic) + data[4:]
 
 
+def set_byte(data: bytes, offset: int, value: int) -> bytes:
+    return data[:offset] + bytes([value]) + data[offset + 1 :]
+
+
 # id → (where the damage is, the file, how its bytes change, what the error says). Where: "gz" changes the .gz file's
 # own bytes, "gz data" the IDX data packed in it, "unpacked" the IDX file left in place of its .gz.
 CASES = {
@@ -95,6 +99,18 @@ CASES = {
         TEST_IMAGES,
         lambda data: data[:8] + struct.pack(">II", 14, 56) + data[16:],
         "holds 14×56 images, not 28×28",
+    ),
+    "label-outside-the-classes-gz": (
+        "gz data",
+        TRAIN_LABELS,
+        lambda data: set_byte(data, 8 + 42, 12),
+        "holds the label 12 at index 42, but the labels are 0 to 9",
+    ),
+    "label-outside-the-classes": (
+        "unpacked",
+        TEST_LABELS,
+        lambda data: set_byte(data, 8 + 99, 255),
+        "holds the label 255 at index 99, but the labels are 0 to 9",
     ),
     "counts-differ": (
         "unpacked",
@@ -232,7 +248,9 @@ def test_gz_files_are_unpacked_beside_themselves_and_nothing_else_is_left(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(CASE_ARGS, cases("truncated-gz", "short-body", "counts-differ"))
+@pytest.mark.parametrize(
+    CASE_ARGS, cases("truncated-gz", "short-body", "counts-differ", "label-outside-the-classes-gz")
+)
 def test_training_on_a_damaged_file_exits_2_with_one_error_line_and_no_checkpoint(tmp_path, where, name, change, says):
     raw_dir = write_idx_dataset(tmp_path / "data")
     damaged_name = damage(raw_dir, where, name, change)

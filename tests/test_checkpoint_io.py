@@ -11,6 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from project.errors import UserError
 from project.runs.checkpoints import AtomicCheckpointIO
 
 
@@ -67,3 +68,34 @@ def test_write_stopped_while_the_file_crosses_filesystems_keeps_the_previous_fil
         checkpoint_io.save_checkpoint({"epoch": 2}, path)
     monkeypatch.undo()
     assert torch.load(path, weights_only=True) in ({"epoch": 1}, {"epoch": 2})  # one whole checkpoint or the other
+
+
+def test_a_write_on_a_full_disk_names_the_checkpoints_really_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The new best checkpoint does not fit: the line names the files that are there (the old best, last.ckpt), not
+    the one that was never written, and its temporary file is gone."""
+    checkpoint_io = AtomicCheckpointIO()
+    for name in ("best-epoch000.ckpt", "last.ckpt"):
+        checkpoint_io.save_checkpoint({"epoch": 0}, tmp_path / name)
+
+    def fills_the_disk(obj, file):
+        Path(file).write_bytes(b"part of a checkpoi")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", fills_the_disk)
+    with pytest.raises(UserError) as raised:
+        checkpoint_io.save_checkpoint({"epoch": 1}, tmp_path / "best-epoch001.ckpt")
+    line = str(raised.value)
+    assert line.startswith(f"could not write the checkpoint {tmp_path / 'best-epoch001.ckpt'} (no space left: "), line
+    assert line.endswith(
+        "make room there or write the run elsewhere (hydra.run.dir); kept: best-epoch000.ckpt, last.ckpt"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best-epoch000.ckpt", "last.ckpt"]
+
+
+def test_the_first_checkpoint_that_cannot_be_written_says_none_is_kept(tmp_path: Path, monkeypatch):
+    def fails(obj, file):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", fails)
+    with pytest.raises(UserError, match=r"; no checkpoint was written there before it$"):
+        AtomicCheckpointIO().save_checkpoint({"epoch": 0}, tmp_path / "checkpoints" / "last.ckpt")

@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
+from project.config_checks import check_added_keys, check_config, command_line_overrides, mistyped_value
+from project.errors import UserError, error_line
 from project.train import build
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
 
@@ -108,3 +113,48 @@ def test_a_users_own_option_in_conf_composes_without_editing_train_yaml(tmp_path
     with initialize_config_dir(str(user_conf), version_base="1.3"):
         cfg = compose("train", overrides=["data=mine", f"run_dir={tmp_path}"])
     assert cfg.data.batch_size == 1 and cfg.data._target_ == compose_train(tmp_path).data._target_
+
+
+def test_a_value_that_refers_to_a_key_the_config_lacks_is_one_line_naming_both(tmp_path: Path):
+    cfg = compose_train(tmp_path, "data.batch_size=${oops.size}")
+    with pytest.raises(InterpolationKeyError) as raised:
+        check_config(cfg)
+    assert error_line(raised.value) == (
+        "error: data.batch_size: Interpolation key 'oops.size' not found: point the ${...} at a key the config has "
+        "(--cfg job prints the config unresolved), or give the value itself"
+    )
+
+
+def test_an_override_that_refers_to_another_key_is_taken_as_given(tmp_path: Path):
+    """The command line's `${...}` belongs to the value it sets: the check for misspelt keys must not resolve it."""
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        overrides = ["model.optimizer.lr=${data.batch_size}", f"run_dir={tmp_path}"]
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))  # as a run holds it: without the job's keys
+    try:
+        check_added_keys()
+        assert command_line_overrides()[0] == "model.optimizer.lr=${data.batch_size}"
+    finally:
+        HydraConfig.instance().cfg = None
+
+
+def test_a_value_of_the_wrong_type_for_the_network_names_the_key_and_the_type_it_takes(tmp_path: Path, monkeypatch):
+    """Not the constructor's own "'<' not supported between instances of 'str' and 'int'"."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    cfg = compose_train(tmp_path, "experiment=mnist", "model.network.num_layers=two")
+    with pytest.raises(UserError) as raised:
+        build(cfg, tmp_path / "outputs")
+    assert error_line(raised.value) == (
+        "error: model.network.num_layers=two is a str, but DeepNeuralNetwork's num_layers takes int: give it int"
+    )
+
+
+def test_values_are_judged_by_any_targets_annotations():
+    network = OmegaConf.create({"_target_": "project.models.ConvolutionalNetwork", "in_channels": 1, "num_classes": 10})
+    assert mistyped_value(network, "model.network") is None
+    network.channels = 16.0
+    assert mistyped_value(network, "model.network") == (
+        "model.network.channels=16.0 is a float, but ConvolutionalNetwork's channels takes int: give it int"
+    )
+    unknown = OmegaConf.create({"_target_": "no.such.Class", "size": "big"})
+    assert mistyped_value(unknown, "model") is None

@@ -621,11 +621,10 @@ def mount(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["mount", *args], capture_output=True, text=True)
 
 
-@pytest.fixture
-def read_only_dir(tmp_path: Path) -> Iterator[Path]:
-    """A directory no one can write in: mode 555, or for root (whom modes do not stop) a read-only bind mount."""
-    directory = tmp_path / "read-only"
-    directory.mkdir()
+@contextmanager
+def made_read_only(directory: Path) -> Iterator[Path]:
+    """`directory` no one can write in while this lasts: mode 555, or for root (whom modes do not stop) a read-only
+    bind mount over it (its files stay as they are)."""
     if os.geteuid() != 0:
         directory.chmod(0o555)
         try:
@@ -636,12 +635,25 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     if mount("--bind", str(directory), str(directory)).returncode != 0:
         pytest.skip("as root only a read-only mount stops writes, and mount --bind is not permitted here")
     try:
-        remounted = mount("-o", "remount,ro,bind", str(directory))
+        deadline = time.monotonic() + 30  # a file open for writing there (a checkpoint being written) holds it off
+        while (remounted := mount("-o", "remount,ro,bind", str(directory))).returncode != 0:
+            if "busy" not in remounted.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         if remounted.returncode != 0:
             pytest.skip(f"could not make the bind mount read-only: {remounted.stderr.strip()}")
         yield directory
     finally:
         subprocess.run(["umount", str(directory)], check=True)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """An empty directory no one can write in (`made_read_only`)."""
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    with made_read_only(directory):
+        yield directory
 
 
 @pytest.fixture
@@ -670,6 +682,32 @@ def test_run_dir_in_a_read_only_dir_exits_2_naming_it(tmp_path: Path, read_only_
     )
     assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, str(read_only_dir))
     assert list(read_only_dir.iterdir()) == []
+    assert_no_process_left(tmp_path)
+
+
+def test_checkpoints_dir_made_read_only_mid_run_exits_2_and_a_new_run_there_is_refused_before_training(
+    tmp_path: Path,
+):
+    """A checkpoint that cannot be written ends the run in one line naming what is kept (the previous last.ckpt,
+    whole); carried on into the same read-only dir, the run is refused before its first epoch trains."""
+    run_dir = tmp_path / "run"
+    checkpoints = run_dir / "checkpoints"
+    with background_run([*LONG_TOY_RUN, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(checkpoints / "last.ckpt", proc, tmp_path)
+        with made_read_only(checkpoints):
+            status = end_of(proc, tmp_path)
+            stdout, stderr = output_of(tmp_path)
+            line = assert_ends_in_error_line(status, stdout, stderr, USER_ERROR, f"{checkpoints} cannot be written")
+            assert re.search(r"kept: (best-epoch\d{3}\.ckpt, )?last\.ckpt$", line), line
+            assert torch.load(checkpoints / "last.ckpt", weights_only=False)["epoch"] >= 0
+
+            again = run_module(
+                "project.train", *LONG_TOY_RUN, "ckpt_path=last", f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV
+            )
+            line = assert_ends_in_error_line(again.returncode, again.stdout, again.stderr, USER_ERROR, str(checkpoints))
+            assert "cannot be written: make it writable or write the run elsewhere (hydra.run.dir)" in line, line
+            assert not re.search(r"Epoch \d+:", again.stderr), "refused before it trained"
+    assert_nothing_half_written(tmp_path)
     assert_no_process_left(tmp_path)
 
 

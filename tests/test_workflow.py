@@ -1,6 +1,7 @@
 """The experiment loop: TensorBoard you can open, exact resume, evaluation, searches, debug presets."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -100,19 +101,23 @@ def test_run_killed_after_epoch_one_resumes_to_the_same_weights(tmp_path: Path, 
 
 
 def test_evaluate_reproduces_training_metrics_and_refuses_a_config_it_cannot_build(tmp_path: Path, mnist_root: Path):
+    """Evaluated where the data have moved since training (`+data.root`, as on another machine): the same numbers."""
+    shutil.copytree(mnist_root, tmp_path / "data")
     check_ok(
         run_module(
             "project.train",
-            *mnist_overrides(mnist_root, "trainer.max_epochs=2"),
+            *mnist_overrides(tmp_path / "data", "trainer.max_epochs=2"),
             f"hydra.run.dir={tmp_path / 'run'}",
             cwd=tmp_path,
         )
     )
     trained = read_json(tmp_path / "run" / "results.json")
+    (tmp_path / "data").rename(tmp_path / "moved")
     result = check_ok(
         run_module(
             "project.evaluate",
             f"ckpt_path={tmp_path / 'run/checkpoints/last.ckpt'}",
+            f"+data.root={tmp_path / 'moved'}",
             f"hydra.run.dir={tmp_path / 'eval'}",
             cwd=tmp_path,
         )

@@ -6,8 +6,9 @@ dataset's own mean and standard deviation as it is fetched (`Normalise`).
 
 The files are checked here first because torchvision's parser does not say which file is wrong: a damaged download
 or copy would end in a bare assert or reshape traceback. Each `.gz` is checked as it is unpacked and each IDX file's
-header (magic number, 28×28, item count against the file's size) before it is parsed; damage raises a `UserError`
-naming the file and the fix. The checks read headers and sizes only, never the data a second time.
+header (magic number, 28×28, item count against the file's size) before it is parsed, and each label against the
+dataset's classes (a label no class has would fail only when its batch is trained); damage raises a `UserError`
+naming the file and the fix. The checks read headers, sizes and the labels, never the images a second time.
 """
 
 import contextlib
@@ -54,8 +55,9 @@ def damaged(path: Path, problem: str) -> UserError:
     )
 
 
-def check_idx_file(path: Path, kind: str, shown: Path | None = None) -> int:
-    """The number of items in the IDX file `path`, after checking its header against its size.
+def check_idx_file(path: Path, kind: str, classes: int, shown: Path | None = None) -> int:
+    """The number of items in the IDX file `path`, after checking its header against its size and, for labels, each
+    label against the number of `classes`.
 
     Damage raises a `UserError` naming `shown` (default `path`): the `.gz` a file was just unpacked from, since that is
     the file the user must replace.
@@ -78,10 +80,17 @@ def check_idx_file(path: Path, kind: str, shown: Path | None = None) -> int:
     if size != expected:
         damage = "it is cut short" if size < expected else "it has extra bytes at its end"
         raise damaged(shown, f"holds {size} bytes but its header promises {count} {kind} ({expected} bytes): {damage}")
+    if kind == "labels":
+        labels = path.read_bytes()[header_size:]
+        if labels and max(labels) >= classes:
+            index = next(index for index, label in enumerate(labels) if label >= classes)
+            raise damaged(
+                shown, f"holds the label {labels[index]} at index {index}, but the labels are 0 to {classes - 1}"
+            )
     return count
 
 
-def unpack_idx(packed: Path, target: Path, kind: str) -> None:
+def unpack_idx(packed: Path, target: Path, kind: str, classes: int) -> None:
     """Unpack `packed` into `target` through a file of this process's own, checked before it is renamed into place.
 
     Ranks that start together so never read a half-written file, a damaged `.gz` never leaves a damaged IDX file
@@ -91,7 +100,7 @@ def unpack_idx(packed: Path, target: Path, kind: str) -> None:
     try:
         with gzip.open(packed, "rb") as source, open(partial, "wb") as sink:
             shutil.copyfileobj(source, sink)
-        check_idx_file(partial, kind, shown=packed)
+        check_idx_file(partial, kind, classes, shown=packed)
         os.replace(partial, target)
     except EOFError:
         raise damaged(packed, "is cut short: its gzip stream ends early") from None
@@ -149,7 +158,7 @@ class MNISTDataModule(InMemoryDataModule):
             for name, kind in IDX_FILES.items():
                 packed = self.raw_dir / f"{name}.gz"
                 if not (self.raw_dir / name).is_file() and packed.is_file():
-                    unpack_idx(packed, self.raw_dir / name, kind)
+                    unpack_idx(packed, self.raw_dir / name, kind, len(self.class_names))
         if self._missing_files() and self.download:
             try:
                 self.dataset_class(str(self.root), train=True, download=True)
@@ -179,7 +188,7 @@ class MNISTDataModule(InMemoryDataModule):
     def _load_split(self, train: bool, scratch_dirs: contextlib.ExitStack) -> InMemoryDataset:
         names = split_files(train)
         files = {kind: self._idx_file(name, kind, scratch_dirs) for kind, name in names.items()}
-        counts = {kind: check_idx_file(path, kind) for kind, path in files.items()}
+        counts = {kind: check_idx_file(path, kind, len(self.class_names)) for kind, path in files.items()}
         if counts["images"] != counts["labels"]:
             raise UserError(
                 f"{self.raw_dir}: {names['images']} holds {counts['images']} images but {names['labels']} holds "
@@ -195,7 +204,7 @@ class MNISTDataModule(InMemoryDataModule):
         if path.is_file():
             return path
         scratch = Path(scratch_dirs.enter_context(tempfile.TemporaryDirectory(prefix=f"{self.name}-")))
-        unpack_idx(self.raw_dir / f"{name}.gz", scratch / name, kind)
+        unpack_idx(self.raw_dir / f"{name}.gz", scratch / name, kind, len(self.class_names))
         return scratch / name
 
     def _missing_files(self) -> list[str]:

@@ -3,11 +3,14 @@
 import errno
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from project.errors import UserError
 
@@ -18,6 +21,10 @@ def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
     Ours: a Lightning checkpoint whose `config` (stored by `project.runs.run_config`) can rebuild its run.
     """
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+        files = ", ".join(str(file) for file in inside[:3]) or "<run dir>/checkpoints/last.ckpt"
+        raise UserError(f"ckpt_path={path} is a directory: give a checkpoint file ({files})")
     if not path.is_file():
         raise UserError(f"ckpt_path={path}: no such file")
     try:
@@ -27,8 +34,25 @@ def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
             f"ckpt_path={path} is not a checkpoint torch.load can read (damaged, or another kind of file)"
         ) from None
     if not (isinstance(checkpoint, dict) and "state_dict" in checkpoint and "config" in checkpoint):
-        raise UserError(f"ckpt_path={path} is not a checkpoint of this project (no state_dict and config in it)")
+        raise UserError(f"ckpt_path={path} {not_ours(checkpoint)}: give a checkpoint project.train wrote ({LAST})")
     return checkpoint
+
+
+LAST = "<run dir>/checkpoints/last.ckpt"
+# What project.reference.loop writes: checkpoints/last.pt (to resume), and checkpoints/model.pt (the bare network).
+REFERENCE_CHECKPOINT_KEYS = {"network", "optimizer", "position"}
+
+
+def not_ours(content: object) -> str:
+    """What a loaded file that is not a checkpoint of this project is instead, as far as it can be told."""
+    if isinstance(content, dict) and content.keys() >= REFERENCE_CHECKPOINT_KEYS:
+        return (
+            "is the reference path's checkpoint (project.reference.*), with no config to rebuild its run from (that "
+            "run's own script resumes from it, with its overrides plus this ckpt_path)"
+        )
+    if isinstance(content, dict) and content and all(isinstance(value, torch.Tensor) for value in content.values()):
+        return "holds a network's weights only (a state_dict, as the reference path's model.pt), no config"
+    return "is not a checkpoint of this project (no state_dict and config in it)"
 
 
 def what_it_trains(config: dict) -> dict:
@@ -145,19 +169,54 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(checkpoint, partial)
             os.replace(partial, path)
         except BaseException as error:  # Ctrl-C and SIGTERM too: no half-written file is left behind
-            partial.unlink(missing_ok=True)
+            if partial.exists():  # (on a read-only disk none was made, and even unlinking nothing fails there)
+                partial.unlink()
             if not isinstance(error, (OSError, RuntimeError)):  # torch.save reports a full disk as RuntimeError
                 raise
-            free = shutil.disk_usage(path.parent).free
-            full = free < (1 << 20) or getattr(error, "errno", None) == errno.ENOSPC
-            reason = f"no space left: {free} bytes free" if full else " ".join(str(error).split())
+            raise write_failure(path, error) from error
+
+
+def write_failure(path: Path, error: OSError | RuntimeError) -> UserError:
+    """The line for a checkpoint that could not be written: why, what to do, and which checkpoints beside it are kept
+    (the one being replaced among them, where there was one: the write never touches it).
+
+    torch.save words its own failures (a full or read-only disk) as a RuntimeError without an errno, so the disk
+    itself is asked.
+    """
+    directory = nearest_existing(path)
+    free = shutil.disk_usage(directory).free
+    if free < (1 << 20) or getattr(error, "errno", None) == errno.ENOSPC:
+        reason, fix = f"no space left: {free} bytes free", "make room there or write the run elsewhere"
+    elif not os.access(directory, os.W_OK):
+        reason, fix = f"{directory} cannot be written", "make it writable or write the run elsewhere"
+    else:
+        reason, fix = " ".join(str(error).split()), "write the run elsewhere"
+    written = sorted(file.name for file in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
+    kept = f"kept: {', '.join(written)}" if written else "no checkpoint was written there before it"
+    return UserError(f"could not write the checkpoint {path} ({reason}): {fix} (hydra.run.dir); {kept}")
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`'s nearest folder that exists: the one a write there needs to be allowed in."""
+    return next(folder for folder in path.parents if folder.exists())
+
+
+def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
+    """Refuse, before anything trains, a checkpoint callback's dir that cannot be written (a read-only disk or mount,
+    a dir without write permission): the run would otherwise fail at its first checkpoint, an epoch later."""
+    for callback in callbacks:
+        if not (isinstance(callback, ModelCheckpoint) and callback.dirpath):
+            continue  # no dir of its own yet: Lightning puts it under the Trainer's default_root_dir
+        directory = nearest_existing(Path(callback.dirpath, "checkpoint"))
+        if not os.access(directory, os.W_OK):
+            below = "" if directory == Path(callback.dirpath) else f" (it would be made in {directory})"
             raise UserError(
-                f"could not write the checkpoint {path} ({reason}): make room there or write the run elsewhere "
-                f"(hydra.run.dir); the previous {path.name}, if any, is kept"
-            ) from error
+                f"the checkpoint dir {callback.dirpath}{below} cannot be written: make it writable or write the run "
+                "elsewhere (hydra.run.dir)"
+            )

@@ -8,7 +8,9 @@ overrides is refused before any job runs (`check_same_sweep`). An Optuna search 
 (hydra_plugins/resumable_optuna_sweeper), so its finished jobs are never met again.
 """
 
+import contextlib
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -22,22 +24,45 @@ SWEEP_CONFIG = "multirun.yaml"
 
 
 def check_same_sweep(config: DictConfig) -> None:
-    """Before the first job: a sweep dir that holds an earlier sweep holds this one, or the sweep ends in one line."""
+    """Before the first job: a sweep dir that holds an earlier sweep holds this one, and the sweeper's database there
+    (an Optuna search's `storage: sqlite:///...`) is one; otherwise the sweep ends in one line."""
     sweep_dir = Path(config.hydra.sweep.dir)
+    check_sweeper_database(config.hydra.sweeper.get("storage"))
     stored = sweep_dir / SWEEP_CONFIG
     if not stored.is_file():
         return
-    theirs, mine = list(OmegaConf.load(stored).hydra.overrides.task), list(config.hydra.overrides.task)
+    theirs, mine = (OmegaConf.to_container(c.hydra.overrides.task) for c in (OmegaConf.load(stored), config))
     if theirs != mine:
-        print(
-            f"error: hydra.sweep.dir={sweep_dir} holds another sweep ({' '.join(theirs) or 'no overrides'}; this one: "
+        refuse(
+            f"hydra.sweep.dir={sweep_dir} holds another sweep ({' '.join(theirs) or 'no overrides'}; this one: "
             f"{' '.join(mine) or 'no overrides'}), whose jobs this one would mix with its own: give a new "
-            "hydra.sweep.dir, or carry that sweep on with its own command",
-            file=sys.stderr,
-            flush=True,
+            "hydra.sweep.dir, or carry that sweep on with its own command"
         )
-        sys.exit(2)
     report(f"carrying on the sweep in {sweep_dir}: its finished jobs are not run again, a stopped one resumes")
+
+
+def check_sweeper_database(storage: object) -> None:
+    """An SQLite file the sweeper would carry its study on in, which is no database (damaged, or another file), ends
+    the sweep before its first job, not in the database driver's traceback as the sweeper opens it."""
+    if not (isinstance(storage, str) and storage.startswith("sqlite:///")):
+        return
+    database = Path(storage.removeprefix("sqlite:///"))
+    if not database.is_file():
+        return  # the sweeper makes it
+    try:
+        with contextlib.closing(sqlite3.connect(database)) as connection:
+            connection.execute("PRAGMA schema_version")
+    except sqlite3.DatabaseError as error:
+        refuse(
+            f"{database} (hydra.sweeper.storage) is not a database the sweeper can carry its study on ({error}): "
+            "move it away to start the search afresh, or give another hydra.sweep.dir"
+        )
+
+
+def refuse(line: str) -> None:
+    """End the sweep in one line before any job (in a Hydra callback, where an exception would be Hydra's traceback)."""
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def finished_results(run_dir: str | Path) -> dict | None:
