@@ -18,10 +18,10 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from matplotlib.figure import Figure
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from project.config_checks import check_config
-from project.errors import UserError, exit_on_user_error
+from project.config_checks import check_config, command_line_overrides
+from project.errors import UserError, exit_on_user_error, run_hydra_app
 from project.parity import RunOutputs, comparison_rows, max_loss_difference, max_weight_difference
 from project.reference.loop import require_the_classifier, require_what_the_reference_mirrors
 
@@ -125,7 +125,7 @@ def composed_alike(hydra_cfg: DictConfig) -> list[str]:
     if hydra_cfg.job.config_name != "train":
         arguments += ["--config-name", hydra_cfg.job.config_name]
     chosen_here = ("hydra.run.", "hydra.sweep.")
-    overrides = [*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task]
+    overrides = [*OmegaConf.to_container(hydra_cfg.overrides.hydra), *command_line_overrides()]  # ${...} as given
     return arguments + [o for o in overrides if not o.lstrip("+~").startswith(chosen_here)]
 
 
@@ -174,4 +174,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

@@ -1,7 +1,7 @@
-"""Test a trained checkpoint: `python -m project.evaluate ckpt_path=<file> [+data.root=<dir>]`.
+"""Test a trained checkpoint: `python -m project.evaluate ckpt_path=<file> [data.root=<dir>]`.
 
 The checkpoint carries its run's whole config, so the network and the data are rebuilt exactly as they were
-trained, except for the `data` keys given (`+data.root=<dir>` where the files are on this machine, as
+trained, except for the `data` keys given (`data.root=<dir>` where the files are on this machine, as
 `project.predict` takes `data.root`); the printed test metrics equal those of the training run's results table for
 the same weights (`last.ckpt` holds the final ones). Loading uses `weights_only=True`; a file that is not a checkpoint
 of this project is refused with one line.

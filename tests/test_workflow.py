@@ -101,7 +101,7 @@ def test_run_killed_after_epoch_one_resumes_to_the_same_weights(tmp_path: Path, 
 
 
 def test_evaluate_reproduces_training_metrics_and_refuses_a_config_it_cannot_build(tmp_path: Path, mnist_root: Path):
-    """Evaluated where the data have moved since training (`+data.root`, as on another machine): the same numbers."""
+    """Evaluated where the data have moved since training (`data.root`, as on another machine): the same numbers."""
     shutil.copytree(mnist_root, tmp_path / "data")
     check_ok(
         run_module(
@@ -117,7 +117,7 @@ def test_evaluate_reproduces_training_metrics_and_refuses_a_config_it_cannot_bui
         run_module(
             "project.evaluate",
             f"ckpt_path={tmp_path / 'run/checkpoints/last.ckpt'}",
-            f"+data.root={tmp_path / 'moved'}",
+            f"data.root={tmp_path / 'moved'}",
             f"hydra.run.dir={tmp_path / 'eval'}",
             cwd=tmp_path,
         )

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
-from project.errors import exit_on_user_error
+from project.errors import exit_on_user_error, run_hydra_app
 from project.reference.environment import require_environment
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
 from project.runs.history import TrainingHistory
@@ -51,4 +51,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

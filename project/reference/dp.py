@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from project.errors import exit_on_user_error
+from project.errors import exit_on_user_error, run_hydra_app
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
 from project.runs.history import TrainingHistory
 
@@ -40,4 +40,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

@@ -6,7 +6,7 @@ Everything else in `project/reference/` is this file plus what its strategy need
 import hydra
 from omegaconf import DictConfig
 
-from project.errors import exit_on_user_error
+from project.errors import exit_on_user_error, run_hydra_app
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
 from project.runs.history import TrainingHistory
 
@@ -21,4 +21,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)

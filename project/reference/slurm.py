@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
-from project.errors import UserError, exit_on_user_error
+from project.errors import UserError, exit_on_user_error, run_hydra_app
 from project.reference.ddp import train_process
 from project.reference.environment import require_environment
 
@@ -56,4 +56,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main)
