@@ -218,10 +218,13 @@ class RunDirCheck(Callback):
     def _make(directory: str, key: str) -> None:
         try:
             Path(directory).mkdir(parents=True, exist_ok=True)
+            problem = None if os.access(directory, os.W_OK) else "it exists but cannot be written"
         except OSError as error:
+            problem = error.strerror
+        if problem is not None:  # an existing one Hydra's log file would fail in, with logging's traceback
             print(
-                f"error: cannot make the run's directory {directory} ({error.strerror}): give {key} a directory "
-                "you can write, or run from one",
+                f"error: the run's directory {directory} cannot be made or written in ({problem}): give {key} a "
+                "directory you can write, or run from one",
                 file=sys.stderr,
                 flush=True,
             )
