@@ -63,7 +63,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     L.seed_everything(cfg.seed, workers=True)
     datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
     module: L.LightningModule = instantiate_group("model", cfg.model)
-    callbacks = [instantiate_group("callbacks", callback) for callback in cfg.callbacks.values()]
+    callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
     callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *extra_callbacks]
     check_checkpoint_dirs(callbacks)
     if cfg.get("stop_when_diverged", True):
@@ -91,6 +91,19 @@ def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
             mistyped = mistyped_value(node, group)
             raise UserError(mistyped or f"{group}{overrides_of(group)}: {cause}") from None
         raise
+
+
+def switched_on(callbacks: DictConfig) -> list[DictConfig]:
+    """The configs of `callbacks` to build: those not null and not switched off by an `enabled: false` of theirs, a
+    key any callback may have (conf/callbacks/default.yaml's early stopping is off until callbacks.early_stopping.
+    enabled=true), which is the config's, not the callback's argument."""
+    configs = []
+    for node in callbacks.values():
+        if node is not None and node.get("enabled", True):
+            arguments = OmegaConf.to_container(node, resolve=True)
+            arguments.pop("enabled", None)
+            configs.append(OmegaConf.create(arguments))
+    return configs
 
 
 def overrides_of(group: str) -> str:

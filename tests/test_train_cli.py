@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import check_ok, read_json, run_module, shell_environment
+from tests.helpers import check_ok, histories, read_json, run_module, shell_environment
 from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -95,3 +95,26 @@ def test_a_console_its_reader_closed_leaves_the_run_going_to_its_log_file(tmp_pa
     if not both:
         assert f"stdout {note}" in result.stderr
     assert read_json(run_dir / "results.json")["test/acc"] == 1.0
+
+
+@pytest.mark.parametrize("trainer", ["trainer=cpu", "trainer=ddp"])
+def test_early_stopping_is_one_key_and_stops_every_rank_where_the_metric_stopped_improving(
+    tmp_path: Path, trainer: str
+):
+    """The toy's val/acc soon reaches 1.0: with patience 2 the run ends two epochs later, far before epoch 50,
+    every rank at the same epoch, saying why."""
+    run_dir = tmp_path / "run"
+    args = [trainer, "logger=none", "trainer.max_epochs=50", f"hydra.run.dir={run_dir}"]
+    result = check_ok(
+        run_module(
+            "project.train",
+            *args,
+            "callbacks.early_stopping.enabled=true",
+            "callbacks.early_stopping.patience=2",
+            cwd=tmp_path,
+        )
+    )
+    assert "did not improve in the last 2 records" in result.stdout + result.stderr
+    epochs = read_json(run_dir / "results.json")["epochs"]
+    assert epochs < 10
+    assert [len(history["epoch_losses"]) for history in histories(run_dir)] == [epochs] * (2 if "ddp" in trainer else 1)
