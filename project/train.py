@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from project.config_checks import check_config, command_line_overrides, mistyped_value
 from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job, run_hydra_app
 from project.job import isolated_job, stop_if_signalled
+from project.network_hints import give_network_hints
 from project.runs.checkpoints import check_checkpoint_dirs, resume_path
 from project.runs.divergence import DivergenceGuard
 from project.runs.history import TrainingHistory
@@ -56,6 +57,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     first epoch trains.
     """
     check_config(cfg)
+    give_network_hints(cfg)
     run_config = OmegaConf.to_container(cfg, resolve=True)
     sweep_dir = Path(HydraConfig.get().sweep.dir) if in_sweep_job() else None
     cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, run_config, sweep_dir)
@@ -173,6 +175,7 @@ def summarise_history(run_dir: str, world_size: int) -> dict:
 def main(cfg: DictConfig) -> float | None:
     capture_logs()
     check_config(cfg)  # before the config is printed, so a bad value is the last thing on screen
+    give_network_hints(cfg)  # and the printed network is the one built
     finished = finished_results(cfg.run_dir) if in_sweep_job() else None
     if finished is not None:
         job = HydraConfig.get().job.num

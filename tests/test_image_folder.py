@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import matplotlib.image
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from project.data.example_image_folder import main as write_example
-from project.data.image_folder import EpochTaggedShuffleSampler, ImageFolderDataModule
+from project.data.image_folder import EpochTaggedShuffleSampler, ImageFolderDataModule, converted, fitted
 from project.errors import UserError
 from tests.helpers import REPO, check_ok, follow_readme_steps, histories, read_json, readme_section_blocks, run_module
 from tests.test_faults import (
@@ -170,15 +171,12 @@ def write_bad_image(root: Path, case: str) -> Path:
     if case == "classes differ":
         (root / "test" / "down").rename(root / "test" / "sideways")
         return root / "test"
-    if case == "corrupt image":
-        (down / "00003.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
-        return down / "00003.png"
-    Image.new("L", (30, 30)).save(down / "00003.png")
+    (down / "00003.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     return down / "00003.png"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["split missing", "class empty", "classes differ", "corrupt image", "another size"])
+@pytest.mark.parametrize("case", ["split missing", "class empty", "classes differ", "corrupt image"])
 def test_bad_folders_and_images_end_in_one_line_naming_them(tmp_path: Path, example_images: Path, case: str):
     root = tmp_path / "images"
     shutil.copytree(example_images, root)
@@ -203,9 +201,63 @@ def test_a_network_scoring_another_number_of_classes_is_refused_in_one_line(tmp_
     ]
 
 
-def test_mean_and_std_need_one_value_per_channel(example_images: Path):
-    with pytest.raises(UserError, match="one value per channel"):
-        ImageFolderDataModule(str(example_images), 32, seed=0, image_size=28, mean=[0.5], std=[0.5], channels=3)
+def test_mean_and_std_take_one_value_for_every_channel_or_one_per_channel(example_images: Path):
+    every = ImageFolderDataModule(str(example_images), 32, seed=0, image_size=28, mean=[0.5], std=[0.25], channels=3)
+    assert every.normalise.keywords == {"mean": [0.5] * 3, "std": [0.25] * 3}
+    with pytest.raises(UserError, match="one per channel"):
+        ImageFolderDataModule(str(example_images), 32, seed=0, image_size=28, mean=[0.5, 0.5], std=[0.5], channels=3)
+
+
+def sixteen_bit(value: int) -> Image.Image:
+    return Image.fromarray(np.full((6, 4), value, dtype=np.uint16))
+
+
+def test_images_of_any_mode_are_converted_and_any_size_fitted():
+    """16-bit grey is scaled down (PIL alone would clip it to white); a palette with transparency, RGBA and CMYK
+    become RGB; any size becomes image_size square, its shorter side resized and its centre cropped."""
+    assert converted(sixteen_bit(65535), "L").getpixel((0, 0)) == 255
+    assert converted(sixteen_bit(257 * 100), "L").getpixel((0, 0)) == 100
+    palette = Image.new("P", (5, 5))
+    palette.info["transparency"] = 0
+    for image in (palette, Image.new("RGBA", (5, 5)), Image.new("CMYK", (5, 5)), Image.new("L", (5, 5))):
+        assert converted(image, "RGB").mode == "RGB"
+    wide = torch.arange(3 * 30 * 40, dtype=torch.int32).reshape(3, 30, 40).to(torch.uint8)
+    assert fitted(wide, 28).shape == (3, 28, 28)
+    square = torch.randint(0, 255, (1, 28, 28), dtype=torch.uint8)
+    assert fitted(square, 28) is square
+
+
+def write_mixed_photos(root: Path) -> None:
+    """Two classes of images as a camera, a scanner and the web give them: every size, mode and format differs."""
+    kinds = [
+        ("jpg", lambda: Image.new("RGB", (40, 30), (200, 30, 30))),
+        ("png", lambda: Image.new("L", (20, 50), 90)),
+        ("gif", lambda: Image.new("P", (33, 33), 3)),
+        ("png", lambda: Image.new("RGBA", (64, 48), (10, 200, 10, 128))),
+        ("jpg", lambda: Image.new("CMYK", (31, 29), (0, 100, 200, 0))),
+        ("png", lambda: sixteen_bit(40000).resize((45, 45))),
+        ("webp", lambda: Image.new("RGB", (28, 70), (0, 0, 250))),
+    ]
+    for split in ("train", "val", "test"):
+        for label, shade in (("dark", 0.3), ("light", 1.0)):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for number, (suffix, make) in enumerate(kinds):
+                image = make()
+                image = image.point(lambda value, shade=shade: int(value * shade)) if image.mode != "I;16" else image
+                image.save(folder / f"{number}.{suffix}")
+
+
+@pytest.mark.slow
+def test_a_folder_of_mixed_photos_trains_with_nothing_but_its_root_typed(tmp_path: Path):
+    root = tmp_path / "photos"
+    write_mixed_photos(root)
+    run_dir = tmp_path / "run"
+    overrides = ["experiment=image_folder_cnn", f"data.root={root}", "logger=none", "trainer.max_epochs=1"]
+    check_ok(run_module("project.train", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV))
+    network = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["config"]["model"]["network"]
+    assert (network["num_classes"], network["in_channels"]) == (2, 3), "counted from the folders, RGB by default"
+    assert read_json(run_dir / "results.json")["test/acc"] >= 0
 
 
 def test_a_killed_loader_worker_ends_the_run_in_one_line_with_how_to_resume(tmp_path: Path, example_images: Path):

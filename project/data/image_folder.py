@@ -6,24 +6,30 @@ Use it when the images do not fit in memory, or need decoding and augmentation p
 in memory as tensors (`project.data.mnist`), which is faster for small images that fit. Every split must have the
 same class folders; a class's label is its folder's place in sorted order, as ImageFolder numbers them.
 
-Training images are augmented (`augment`, torchvision transforms.v2, e.g. a random crop and flip), every image is
-then scaled to [0, 1] and normalised with `mean` and `std`. The random numbers of an image's augmentation come from a
-generator seeded by (`seed`, epoch, sample index), not from the worker's RNG: an image gets the same crop and flip
-whichever worker loads it, however many workers and processes there are, on both paths, and after a mid-epoch
-resume. (Lightning's `seed_everything(workers=True)` seeds each worker from the main process's RNG as an epoch's
-iterator starts, and the Lightning path and the reference loop reach that point with their RNGs in other states.)
-The training sampler hands each worker the epoch with the index (`EpochTaggedShuffleSampler`), since persistent
-workers keep their own copy of the dataset.
+Images come as they are: any size, any mode (grey, RGB, palette, RGBA, CMYK, 16-bit), PNG, JPEG, BMP, WebP, TIFF
+or GIF. Each is converted to `channels` (1: grey, 3: RGB) and fitted to `image_size` × `image_size` as torchvision's
+evaluation recipe does (its shorter side resized to `image_size`, then the centre cropped; an image of that size
+already is left as it is). Training images are then augmented (`augment`, torchvision transforms.v2, e.g. a random
+crop and flip), and every image is scaled to [0, 1] and normalised with `mean` and `std`.
+
+The random numbers of an image's augmentation come from a generator seeded by (`seed`, epoch, sample index), not
+from the worker's RNG: an image gets the same crop and flip whichever worker loads it, however many workers and
+processes there are, on both paths, and after a mid-epoch resume. (Lightning's `seed_everything(workers=True)` seeds
+each worker from the main process's RNG as an epoch's iterator starts, and the Lightning path and the reference loop
+reach that point with their RNGs in other states.) The training sampler hands each worker the epoch with the index
+(`EpochTaggedShuffleSampler`), since persistent workers keep their own copy of the dataset.
 
 Bad input ends in one line naming the file or folder: a split or class folder that is missing or empty, splits whose
-classes differ, an image that does not decode, or one of another size than `image_size` (resize them first).
+classes differ, an image that does not decode. `${class_folders:<root>}` counts the classes, for the network.
 """
 
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -33,7 +39,42 @@ from project.data.datamodule import ClassificationDataModule
 from project.data.training_order import EpochShuffleSampler
 from project.errors import UserError
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif")
+# PIL's modes of more than 8 bits per grey pixel, which its own conversion to 8 bits clips instead of scaling.
+WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def register_resolvers() -> None:
+    """`${class_folders:<root>}`: the number of class folders in `<root>/train` (every entry point composes conf/
+    after importing `project`), so an image folder's network gets its number of classes from the folders."""
+    OmegaConf.register_new_resolver("class_folders", count_class_folders, replace=True)
+
+
+def count_class_folders(root: str) -> int:
+    """The class folders of `<root>/train`; 0 where there is no such folder yet (the data module then says so in
+    one line, when it sets up)."""
+    train = Path(root) / "train"
+    return sum(path.is_dir() for path in train.iterdir()) if train.is_dir() else 0
+
+
+def converted(image: Image.Image, mode: str) -> Image.Image:
+    """`image` in `mode` ("L" or "RGB"): a palette with transparency through RGBA (PIL asks so), 16-bit grey scaled
+    down to 8 bits (PIL would clip it, most of it to white), anything else by PIL's own conversion (CMYK, RGBA)."""
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in WIDE_GREY_MODES:
+        pixels = np.asarray(image, dtype=np.float64)
+        peak = 65535.0 if image.mode.startswith("I;16") or pixels.max() > 255 else 255.0
+        image = Image.fromarray(np.round(pixels.clip(0, peak) * (255.0 / peak)).astype(np.uint8), mode="L")
+    return image if image.mode == mode else image.convert(mode)
+
+
+def fitted(image: Tensor, size: int) -> Tensor:
+    """`image` at `size` × `size`: its shorter side resized to `size` (antialiased), then the centre cropped."""
+    if tuple(image.shape[1:]) == (size, size):
+        return image
+    resized = v2.functional.resize(image, size, antialias=True)
+    return v2.functional.center_crop(resized, [size, size])
 
 
 def normalised(image: Tensor, mean: list[float], std: list[float]) -> Tensor:
@@ -124,15 +165,10 @@ class ImageFolderSplit(Dataset):
         path = self.files[index]
         try:
             with Image.open(path) as opened:
-                image = v2.functional.pil_to_tensor(opened.convert(self.mode))
-        except OSError as error:  # PIL's "cannot identify image file" and a truncated file's error are OSErrors
+                image = v2.functional.pil_to_tensor(converted(opened, self.mode))
+        except (OSError, ValueError) as error:  # PIL's "cannot identify image file", a truncated file, a bad mode
             raise UserError(f"{path}: not an image PIL can read ({error}); replace or remove it") from None
-        if tuple(image.shape[1:]) != (self.image_size, self.image_size):
-            raise UserError(
-                f"{path} is {image.shape[2]}×{image.shape[1]} pixels, not data.image_size={self.image_size} "
-                f"square: resize the dataset's images to {self.image_size}×{self.image_size} first"
-            )
-        return image
+        return fitted(image, self.image_size)
 
 
 class ImageFolderDataModule(ClassificationDataModule):
@@ -152,13 +188,22 @@ class ImageFolderDataModule(ClassificationDataModule):
         augment: list[Callable[[Tensor], Tensor]] | None = None,
         num_workers: int = 2,
         drop_last: bool = False,
+        timeout: float = 0,
     ) -> None:
         super().__init__(batch_size, seed, drop_last)
-        if len(mean) != channels or len(std) != channels:
-            raise UserError(f"data.mean and data.std need one value per channel ({channels}), got {mean} and {std}")
+        if channels not in (1, 3):
+            raise UserError(f"data.channels={channels}: images are read as grey (1) or RGB (3)")
+        mean, std = list(mean), list(std)
+        if len(mean) not in (1, channels) or len(std) not in (1, channels):
+            raise UserError(
+                f"data.mean and data.std need one value for every channel, or one per channel ({channels}), got "
+                f"{mean} and {std}"
+            )
+        mean, std = mean * (channels // len(mean)), std * (channels // len(std))
         self.root = Path(root)
         self.image_size, self.channels, self.num_workers = image_size, channels, num_workers
-        self.normalise = partial(normalised, mean=list(mean), std=list(std))
+        self.timeout = timeout
+        self.normalise = partial(normalised, mean=mean, std=std)
         self.augment = v2.Compose(list(augment)) if augment else None
 
     def setup(self, stage: str | None = None) -> None:
@@ -178,7 +223,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         self.class_names = self.train_set.class_names
 
     def loader(self, dataset: Dataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
-        """Workers read and decode the images in parallel; they stay up between epochs (`persistent_workers`)."""
+        """Workers read and decode the images in parallel; they stay up between epochs (`persistent_workers`). One
+        that sends no batch within `timeout` seconds (a hung read) ends the run in one line (`project.job`)."""
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -186,5 +232,6 @@ class ImageFolderDataModule(ClassificationDataModule):
             drop_last=self.drop_last and train,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            timeout=self.timeout if self.num_workers > 0 else 0,  # torch refuses a timeout without workers
             pin_memory=torch.cuda.is_available(),
         )

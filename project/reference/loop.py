@@ -31,6 +31,7 @@ from project.data.training_order import TrainingPosition
 from project.errors import RunStopped, UserError
 from project.metrics import ClassificationTotals
 from project.module import ClassifierModule
+from project.network_hints import give_network_hints
 from project.runs.divergence import DivergenceWatch, first_learning_rate
 from project.runs.history import TrainingHistory
 from project.runs.results import format_results_table, save_results
@@ -112,6 +113,7 @@ def build(
     (`project.schedules`)."""
     require_the_classifier(cfg)
     require_what_the_reference_mirrors(cfg)
+    give_network_hints(cfg)
     torch.manual_seed(cfg.seed)
     datamodule: ClassificationDataModule = instantiate(cfg.data)
     datamodule.prepare_data()

@@ -1,0 +1,40 @@
+"""What a recipe knows of the data that a network may take (`network_hints`), given to the network only where its
+constructor names that argument.
+
+A recipe such as experiment=image_folder_cnn knows the images' channels and size and counts the class folders, but
+`model=` may be any network: the project's CNN takes all three, torchvision's `ResNet` only `num_classes`, a network
+of your own perhaps none. Set as `model.network.<argument>`, each would fail a network without that argument
+("unexpected keyword argument"); listed under `network_hints`, each is given to the network whose constructor names
+it, over the model's YAML, unless the command line sets that argument itself (`model.network.num_classes=7`).
+Both paths build the network from the config this leaves (`project.train.build`, `project.reference.loop.build`),
+and the checkpoint stores it, so evaluation rebuilds the same network.
+"""
+
+import inspect
+
+from hydra.utils import get_object
+from omegaconf import DictConfig, open_dict
+
+from project.config_checks import command_line_overrides
+
+
+def give_network_hints(cfg: DictConfig) -> None:
+    """Set `cfg.model.network.<name>` from `cfg.network_hints` for each name its `_target_`'s signature has."""
+    hints, network = cfg.get("network_hints"), cfg.model.get("network")
+    if not hints or not isinstance(network, DictConfig) or not isinstance(network.get("_target_"), str):
+        return
+    taken = taken_arguments(get_object(network._target_))
+    typed = {override.lstrip("+~").split("=", 1)[0] for override in command_line_overrides()}
+    with open_dict(network):
+        for name, value in hints.items():
+            if name in taken and f"model.network.{name}" not in typed:
+                network[name] = value
+
+
+def taken_arguments(target: object) -> set[str]:
+    """The argument names a class or function declares (not those a `**kwargs` might take: it says nothing)."""
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return set()
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
