@@ -3,10 +3,11 @@
 It is torch's own launcher (`torch.distributed.run`: the same options, the same `PET_*` variables), started the
 same way on every node. What it adds is how a failed launch ends. torchrun ends each of these with a traceback of
 its own code, the first after 10 minutes of silence: a rendezvous that not every node joins (a node not started,
-another `--rdzv-id`), a rendezvous endpoint it cannot reach, a worker that failed after its restarts. Here each is
-one `error:` line naming the fix, with the failed worker's exit status (2 for a user's error, 128 + N for signal N),
-and the rendezvous waits `join_timeout` seconds for the nodes (`--rdzv-conf join_timeout=S`; by default the
-300 s of `trainer.strategy.timeout`). scripts/torchrun/train.sh runs it with a whole multi-node launch's options.
+another `--rdzv-id`), a rendezvous endpoint it cannot reach, a worker that failed after its restarts, a
+`--master-port` that another program holds. Here each is one `error:` line naming the fix, with the failed worker's
+exit status (2 for a user's error, 128 + N for signal N), and the rendezvous waits `join_timeout` seconds for the
+nodes (`--rdzv-conf join_timeout=S`; by default the 300 s of `trainer.strategy.timeout`). scripts/torchrun/train.sh
+runs it with a whole multi-node launch's options.
 
 It also makes elastic restarts work (`--max-restarts`): by default torchrun's rendezvous hands the workers of
 every attempt one store that lives as long as the first node's agent, and the workers' process group keys in it
@@ -20,6 +21,7 @@ import os
 import signal
 import sys
 
+from torch.distributed import DistNetworkError
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import (
@@ -28,6 +30,8 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousTimeoutError,
 )
 from torch.distributed.run import parse_args, run
+
+from project.peers import port_in_use
 
 # Seconds the first node waits for the others: trainer.strategy.timeout's default, not torchrun's 600.
 JOIN_TIMEOUT = 300
@@ -86,6 +90,12 @@ def main(argv: list[str] | None = None) -> None:
         run(args)
     except RendezvousError as error:
         print(f"error: {rendezvous_line(args, error)}", file=sys.stderr, flush=True)
+        sys.exit(LAUNCH_FAILED)
+    except DistNetworkError as error:  # the agent serves its own store (--master-port) on a port it cannot have
+        port = port_in_use(error)
+        if port is None:
+            raise
+        print(f"error: --master-port={port} is in use on this machine: pick another port", file=sys.stderr, flush=True)
         sys.exit(LAUNCH_FAILED)
     except ChildFailedError as error:
         line, status = worker_line(args, error)

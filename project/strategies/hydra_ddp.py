@@ -41,6 +41,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 
 import __main__
 from project.errors import UserError
+from project.peers import port_in_use
 from project.runs.run_config import run_config_of
 from project.strategies.same_config import check_same_config_on_every_rank
 
@@ -197,8 +198,8 @@ class HydraDDPStrategy(DDPStrategy):
     one same step.
 
     Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
-    MASTER_ADDR) end with one line saying so, instead of torch's store error; ranks that met but composed
-    different configs end in one line too.
+    MASTER_ADDR) end with one line saying so, instead of torch's store error, and so does a MASTER_PORT that another
+    program holds; ranks that met but composed different configs end in one line too.
     """
 
     # Set by the SIGTERM handler (`_note_sigterm_without_collectives`); kept through fit and test.
@@ -210,6 +211,12 @@ class HydraDDPStrategy(DDPStrategy):
             super().setup_environment()
         except dist.DistError as error:
             address = f"{self.cluster_environment.main_address}:{self.cluster_environment.main_port}"
+            port = port_in_use(error)
+            if port is not None:  # rank 0 could not serve the run's store there
+                raise UserError(
+                    f"port {port} is in use on {self.cluster_environment.main_address} (another program or run holds "
+                    "it): pick another MASTER_PORT"
+                ) from None
             reason = " ".join(str(error).split()[:40])
             raise UserError(
                 f"the {self.world_size} processes of this run did not all meet at {address} within {self._timeout} "
