@@ -1,11 +1,14 @@
 """Every wait on another process ends within its timeout, in one line naming who did not answer.
 
 Each case runs the entry point as a user would (a process of its own, with the waits set short), makes one peer
-fail to answer (a port held by a socket of the test's own), and checks the end: exit
+fail to answer (a port held by a socket of the test's own, a rank stopped by SIGSTOP), and checks the end: exit
 status, the one `error:` line, and no process of the run left. torchrun's own waits are in tests/test_torchrun.py.
 """
 
+import os
+import signal
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,13 +19,23 @@ from tests.helpers import run_module
 from tests.test_faults import (
     DDP,
     ENV,
+    LONG_TOY_RUN,
     START_TIMEOUT,
     USER_ERROR,
     assert_ends_in_error_line,
     assert_no_process_left,
+    background_run,
+    end_of,
+    output_of,
+    processes_in,
+    wait_for_file,
 )
+from tests.test_strategies import alive, descendants
 
 pytestmark = pytest.mark.slow  # every case starts the entry point
+ANOTHER_RANK_GONE = 1  # a rank of a running job went away: exit 1, as for a rank that died (project.job)
+# The collective timeout of the silent-rank case: short, yet room for the second rank to start and join.
+SHORT_TIMEOUT = 8
 
 
 @contextmanager
@@ -49,4 +62,36 @@ def test_a_master_port_in_use_ends_the_run_in_one_line_naming_it(tmp_path: Path)
     assert line == f"error: port {port} is in use on 127.0.0.1 (another program or run holds it): " + (
         "pick another MASTER_PORT"
     )
+    assert_no_process_left(tmp_path)
+
+
+def test_a_rank_that_goes_silent_ends_the_run_in_one_line_naming_it_within_the_timeout(tmp_path: Path):
+    """Rank 1 stopped (SIGSTOP) mid-training: rank 0's collective waits `trainer.strategy.timeout`, then names it."""
+    run_dir = tmp_path / "run"
+    args = [*LONG_TOY_RUN, *DDP, f"trainer.strategy.timeout.seconds={SHORT_TIMEOUT}", f"hydra.run.dir={run_dir}"]
+    with background_run(args, tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        launched = [proc.pid, *descendants(proc.pid)]
+        assert len(launched) == 2, launched  # rank 0 and the process it started as rank 1
+        # That process stands in for rank 1, forked by the preloaded Python (tests/preloaded_python.py); it passes
+        # signals on, but SIGSTOP cannot be passed on: rank 1 itself is stopped, found by its working directory.
+        (silent,) = set(processes_in(tmp_path)) - set(launched)
+        everyone = [*launched, silent]
+        os.kill(silent, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            status = end_of(proc, tmp_path, timeout=SHORT_TIMEOUT + START_TIMEOUT)
+        finally:
+            if alive(silent):
+                os.kill(silent, signal.SIGCONT)
+        seconds = time.monotonic() - stopped
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, ANOTHER_RANK_GONE)
+    assert line.startswith(
+        f"error: rank 1 of the run did not answer for {SHORT_TIMEOUT} s (stopped, hung, or far slower than the "
+        "others): find out why, or give it more time with trainer.strategy.timeout.seconds; then resume from its "
+        "last checkpoint (step "
+    ), line
+    print(f"\nrank 1 stopped: the run ended {seconds:.1f} s later (trainer.strategy.timeout.seconds={SHORT_TIMEOUT})")
+    assert not any(alive(pid) for pid in everyone)
     assert_no_process_left(tmp_path)

@@ -102,8 +102,9 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stopping = threading.Event()
-        # The line that named the first child to end badly, once one has.
+        # The line that named the first child to end badly, and its rank, once one has.
         self.failure: str | None = None
+        self.failed_rank: int | None = None
 
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
         """Lightning's `launch`, with this launcher's children and watcher.
@@ -161,7 +162,8 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             code = child.poll()
             if code and not self._stopping.is_set():
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-                self.failure = f"rank {first_rank + local_rank} (pid {child.pid}) {how}: the run stops"
+                self.failed_rank = first_rank + local_rank
+                self.failure = f"rank {self.failed_rank} (pid {child.pid}) {how}: the run stops"
                 return True
         return False
 
