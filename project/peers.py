@@ -3,12 +3,15 @@
 torch reports these ends in its own words, and the same words reach several places (Lightning's DDP start-up, the
 end of a job, torchrun's agent), so they are recognised here once:
 - a port that another program (or another run) already holds, met when a process tries to serve the run's store;
+- a store address where another program listens: torch's store client, connected there, waits for an answer
+  without end, past its timeout (`answers_as_store` asks first, and gives up in time);
 - a collective that timed out: a rank went silent (stopped, hung, far slower than the others) for the whole
   `trainer.strategy.timeout`; `silent_ranks` then asks the run's store which ranks are still there to say so.
 """
 
 import os
 import re
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -35,6 +38,31 @@ def port_in_use(error: BaseException) -> int | None:
         return None
     found = re.search(r"port: (\d+)", str(error))
     return int(found.group(1)) if found else None
+
+
+def answers_as_store(host: str, port: int, seconds: float) -> bool | None:
+    """Whether what listens at host:port answers as torch's store (a rendezvous, a process group's) within `seconds`;
+    None when nothing listens there yet (torch's client then waits its timeout for the store to start, and says so).
+
+    It is asked from a thread that is given up on: against another program the client waits without end.
+    """
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+    except OSError:
+        return None
+    asked, answered = threading.Event(), threading.Event()
+
+    def ask() -> None:
+        try:
+            dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=seconds)).check(["project/probe"])
+            answered.set()
+        except RuntimeError:  # it answered, but not as a store does
+            pass
+        finally:
+            asked.set()
+
+    threading.Thread(target=ask, daemon=True, name="store-probe").start()
+    return asked.wait(seconds) and answered.is_set()
 
 
 def collective_timed_out(error: BaseException) -> bool:

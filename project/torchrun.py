@@ -20,12 +20,9 @@ in torch 2.14: the agent creates the shared store once, at its first rendezvous)
 
 import os
 import signal
-import socket
 import sys
-import threading
-from datetime import timedelta
 
-from torch.distributed import DistNetworkError, TCPStore
+from torch.distributed import DistNetworkError
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import (
@@ -36,7 +33,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.run import parse_args, run
 
-from project.peers import port_in_use
+from project.peers import answers_as_store, port_in_use
 
 # The port of a c10d rendezvous endpoint that names none (torch's own default).
 DEFAULT_RENDEZVOUS_PORT = 29400
@@ -64,33 +61,13 @@ class NotARendezvous(RendezvousConnectionError):
 
 
 def check_endpoint_answers(args) -> None:
-    """Raise `NotARendezvous` if the c10d rendezvous endpoint is held by something that does not answer as one.
-
-    torch's store client, connected to another program's port (a web server, a stale process), waits for its
-    answer without end, past `read_timeout`; it is asked here first, from a thread given up on after that long. An
-    endpoint nobody listens on yet is left to torch, which waits `read_timeout` for the first node to serve it.
-    """
+    """Raise `NotARendezvous` if the c10d rendezvous endpoint is held by something that does not answer as one (torch
+    would wait on it past `read_timeout`, for ten minutes and more). An endpoint nobody listens on yet is left to
+    torch, which waits `read_timeout` for the first node to serve it."""
     if args.rdzv_backend != "c10d":
         return
     host, port = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=DEFAULT_RENDEZVOUS_PORT)
-    seconds = float(conf_value(args.rdzv_conf, "read_timeout", "60"))
-    try:
-        socket.create_connection((host, port), timeout=seconds).close()
-    except OSError:
-        return
-    asked, answered = threading.Event(), threading.Event()
-
-    def ask() -> None:
-        try:
-            TCPStore(host, port, is_master=False, timeout=timedelta(seconds=seconds)).check(["rendezvous"])
-            answered.set()
-        except RuntimeError:  # it answered, but not as a store does
-            pass
-        finally:
-            asked.set()
-
-    threading.Thread(target=ask, daemon=True, name="endpoint-check").start()
-    if not (asked.wait(seconds) and answered.is_set()):
+    if answers_as_store(host, port, float(conf_value(args.rdzv_conf, "read_timeout", "60"))) is False:
         raise NotARendezvous(f"{host}:{port} does not answer as a rendezvous store")
 
 

@@ -65,6 +65,41 @@ def test_a_master_port_in_use_ends_the_run_in_one_line_naming_it(tmp_path: Path)
     assert_no_process_left(tmp_path)
 
 
+def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_within_the_timeout(tmp_path: Path):
+    """Rank 1 of a two-node launch (as torchrun starts it) whose MASTER_ADDR:MASTER_PORT is another program's: torch's
+    store client would wait there past trainer.strategy.timeout, without end."""
+    with held_port() as port:
+        rank_one = {
+            "TORCHELASTIC_RUN_ID": "held",
+            "WORLD_SIZE": "2",
+            "RANK": "1",
+            "GROUP_RANK": "1",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        started = time.monotonic()
+        result = run_module(
+            "project.train",
+            *DDP[:1],
+            "trainer.num_nodes=2",
+            "trainer.devices=1",
+            "trainer.strategy.timeout.seconds=3",
+            "logger=none",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            cwd=tmp_path,
+            timeout=START_TIMEOUT,
+            env={**ENV, **rank_one},
+        )
+        seconds = time.monotonic() - started
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
+    assert line.startswith(f"error: nothing at 127.0.0.1:{port} answers as this run's store within 3 s"), line
+    assert "trainer.strategy.timeout.seconds sets the wait" in line, line
+    print(f"\nrank 1 at a port another program holds: ended {seconds:.1f} s after its start (timeout 3 s)")
+    assert_no_process_left(tmp_path)
+
+
 def test_a_rank_that_goes_silent_ends_the_run_in_one_line_naming_it_within_the_timeout(tmp_path: Path):
     """Rank 1 stopped (SIGSTOP) mid-training: rank 0's collective waits `trainer.strategy.timeout`, then names it."""
     run_dir = tmp_path / "run"

@@ -41,7 +41,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 
 import __main__
 from project.errors import UserError
-from project.peers import port_in_use
+from project.peers import TIMEOUT_KEY, answers_as_store, port_in_use
 from project.runs.run_config import run_config_of
 from project.strategies.same_config import check_same_config_on_every_rank
 
@@ -201,7 +201,8 @@ class HydraDDPStrategy(DDPStrategy):
 
     Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
     MASTER_ADDR) end with one line saying so, instead of torch's store error, and so does a MASTER_PORT that another
-    program holds; ranks that met but composed different configs end in one line too.
+    program holds (rank 0 cannot serve there; the other ranks would wait on it without end); ranks that met but
+    composed different configs end in one line too.
     """
 
     # Set by the SIGTERM handler (`_note_sigterm_without_collectives`); kept through fit and test.
@@ -223,9 +224,25 @@ class HydraDDPStrategy(DDPStrategy):
             raise UserError(
                 f"the {self.world_size} processes of this run did not all meet at {address} within {self._timeout} "
                 f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
-                "allow more time with trainer.strategy.timeout.seconds"
+                f"allow more time with {TIMEOUT_KEY}"
             ) from None
         check_same_config_on_every_rank(run_config_of(self.lightning_module.trainer))
+
+    def set_world_ranks(self) -> None:
+        """Lightning's, then, on a rank that is to join the run's store rather than serve it, a check that what
+        listens at MASTER_ADDR:MASTER_PORT is that store: against another program torch would wait past `timeout`."""
+        super().set_world_ranks()
+        serves_the_store = self.global_rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        if serves_the_store:
+            return
+        address, port = self.cluster_environment.main_address, self.cluster_environment.main_port
+        seconds = self._timeout.total_seconds() if self._timeout else 1800.0
+        if answers_as_store(address, port, seconds) is False:
+            raise UserError(
+                f"nothing at {address}:{port} answers as this run's store within {seconds:g} s (another program holds "
+                "that port): MASTER_ADDR and MASTER_PORT must be rank 0's address and a port no other program uses "
+                f"({TIMEOUT_KEY} sets the wait)"
+            )
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
