@@ -17,6 +17,8 @@ A job that ends early is reported by what happened first, in one line (`project.
 - a rank that went silent (stopped, hung) for the whole `trainer.strategy.timeout`: the other ranks' collective
   times out, and each names the silent rank (`project.peers`) and the key that sets the wait, exit 1.
 - a DataLoader worker process that died (killed, or out of memory): torch's line, with how to resume, exit 1.
+- a DataLoader worker that sent no batch within its DataLoader's `timeout` (one the data module set): one line naming
+  the data module and how to resume, exit 1.
 """
 
 import os
@@ -73,6 +75,12 @@ def lost_another_rank(error: Exception) -> bool:
 def lost_a_loader_worker(error: Exception) -> bool:
     """Whether `error` is torch's report of a DataLoader worker process that died (killed, or out of memory)."""
     return isinstance(error, RuntimeError) and str(error).lstrip().startswith("DataLoader worker (pid")
+
+
+def loader_timed_out(error: Exception) -> bool:
+    """Whether `error` is torch's report of a DataLoader worker that sent no batch within the DataLoader's `timeout`
+    (0, torch's default, waits without end: a data module sets it)."""
+    return isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out after")
 
 
 def silence_line(error: Exception, silent: list[int], trainer: L.Trainer) -> str:
@@ -134,6 +142,16 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
         if lost_a_loader_worker(error):
             what = str(error).strip().splitlines()[0].rstrip(".")
             raise RunStopped(f"{what} (out of memory, or killed from outside): {resume_hint(trainer)}", 1) from error
+        if loader_timed_out(error):
+            seconds = str(error).split("after ", 1)[1].split()[0]
+            data = getattr(trainer, "datamodule", None)
+            of = f" of {type(data).__name__}" if data is not None else ""
+            raise RunStopped(
+                f"a DataLoader worker{of} sent no batch within {seconds} s, its DataLoader's timeout (a hung or very "
+                f"slow read): find out what it waits on, or give that DataLoader a longer timeout; then "
+                f"{resume_hint(trainer)}",
+                1,
+            ) from error
         raise
     finally:
         if isinstance(launcher, HydraJobLauncher):

@@ -2,9 +2,12 @@
 
 Each case runs the entry point as a user would (a process of its own, with the waits set short), makes one peer
 fail to answer (a port held by a socket of the test's own, a rank stopped by SIGSTOP), and checks the end: exit
-status, the one `error:` line, and no process of the run left. torchrun's own waits are in tests/test_torchrun.py.
+status, the one `error:` line, and no process of the run left. A DataLoader worker that stalls is the one case run
+in-process: the behaviour is the job's end (`project.job.isolated_job`), whatever data module set the timeout.
+torchrun's own waits are in tests/test_torchrun.py.
 """
 
+import gc
 import os
 import signal
 import socket
@@ -13,8 +16,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import lightning as L
 import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
 
+from project.errors import RunStopped
+from project.job import isolated_job
+from tests.foreign_modules import RegressionModule, line_points
 from tests.helpers import run_module
 from tests.test_faults import (
     DDP,
@@ -130,3 +139,60 @@ def test_a_rank_that_goes_silent_ends_the_run_in_one_line_naming_it_within_the_t
     print(f"\nrank 1 stopped: the run ended {seconds:.1f} s later (trainer.strategy.timeout.seconds={SHORT_TIMEOUT})")
     assert not any(alive(pid) for pid in everyone)
     assert_no_process_left(tmp_path)
+
+
+class StallingPoints(Dataset):
+    """Points whose fifth never comes: its read hangs."""
+
+    def __init__(self) -> None:
+        self.points = line_points(16, torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if index == 4:
+            time.sleep(3600)
+        return self.points[index]
+
+
+class StallingData(L.LightningDataModule):
+    """A user's data module that bounds its loader's wait for a worker (torch's default waits without end)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(StallingPoints(), batch_size=4, num_workers=1, timeout=2)
+
+
+def test_a_stalled_dataloader_worker_ends_the_job_in_one_line_naming_the_data_module(tmp_path: Path):
+    processes_before = set(descendants(os.getpid()))
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    started = time.monotonic()
+    with pytest.raises(RunStopped) as stopped, isolated_job(trainer):
+        trainer.fit(RegressionModule(), datamodule=StallingData())
+    seconds = time.monotonic() - started
+    assert stopped.value.exit_status == ANOTHER_RANK_GONE
+    assert str(stopped.value) == (
+        "a DataLoader worker of StallingData sent no batch within 2 s, its DataLoader's timeout (a hung or very slow "
+        "read): find out what it waits on, or give that DataLoader a longer timeout; then it had written no "
+        "checkpoint yet: run it again"
+    )
+    print(f"\na stalled DataLoader worker: the job ended {seconds:.1f} s after its start (timeout 2 s)")
+    # The loader, held by the error's traceback, ends its worker once dropped (as a run's exit does).
+    del stopped
+    gc.collect()
+
+    def started_here() -> set[int]:
+        return {pid for pid in descendants(os.getpid()) if pid not in processes_before and alive(pid)}
+
+    deadline = time.monotonic() + 30
+    while (left := started_here()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"the stalled worker outlived its loader: {left}"
