@@ -11,6 +11,7 @@ import gc
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,17 +57,22 @@ def held_port() -> Iterator[int]:
         yield holder.getsockname()[1]
 
 
+def run_ending_at_start(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`project.train <args>` in `tmp_path`, with the launch's variables `env`: a run that is to end as it starts."""
+    return run_module(
+        "project.train",
+        *args,
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        timeout=START_TIMEOUT,
+        env={**ENV, **env},
+    )
+
+
 def test_a_master_port_in_use_ends_the_run_in_one_line_naming_it(tmp_path: Path):
     with held_port() as port:
-        result = run_module(
-            "project.train",
-            *DDP,
-            "logger=none",
-            f"hydra.run.dir={tmp_path / 'run'}",
-            cwd=tmp_path,
-            timeout=START_TIMEOUT,
-            env={**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-        )
+        result = run_ending_at_start(tmp_path, *DDP, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
     assert line == f"error: port {port} is in use on 127.0.0.1 (another program or run holds it): " + (
         "pick another MASTER_PORT"
@@ -77,29 +83,16 @@ def test_a_master_port_in_use_ends_the_run_in_one_line_naming_it(tmp_path: Path)
 def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_within_the_timeout(tmp_path: Path):
     """Rank 1 of a two-node launch (as torchrun starts it) whose MASTER_ADDR:MASTER_PORT is another program's: torch's
     store client would wait there past trainer.strategy.timeout, without end."""
+    rank_one = {"TORCHELASTIC_RUN_ID": "held", "WORLD_SIZE": "2", "RANK": "1", "GROUP_RANK": "1", "LOCAL_RANK": "0"}
     with held_port() as port:
-        rank_one = {
-            "TORCHELASTIC_RUN_ID": "held",
-            "WORLD_SIZE": "2",
-            "RANK": "1",
-            "GROUP_RANK": "1",
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
         started = time.monotonic()
-        result = run_module(
-            "project.train",
+        result = run_ending_at_start(
+            tmp_path,
             *DDP[:1],
             "trainer.num_nodes=2",
             "trainer.devices=1",
             "trainer.strategy.timeout.seconds=3",
-            "logger=none",
-            f"hydra.run.dir={tmp_path / 'run'}",
-            cwd=tmp_path,
-            timeout=START_TIMEOUT,
-            env={**ENV, **rank_one},
+            env={**rank_one, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
         )
         seconds = time.monotonic() - started
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
