@@ -14,10 +14,15 @@ A job that ends early is reported by what happened first, in one line (`project.
   is the line reported, unless rank 0 has a user error of its own to report (the same one the child died of).
 - another rank lost mid-run where a launcher started the ranks (torchrun, srun): the broken collective is one line
   here, exit 1; the launcher, which saw the rank end, names it (project.torchrun does).
+- a rank that went silent (stopped, hung) for the whole `trainer.strategy.timeout`: the other ranks' collective
+  times out, and each names the silent rank (`project.peers`) and the key that sets the wait, exit 1.
 - a DataLoader worker process that died (killed, or out of memory): torch's line, with how to resume, exit 1.
+- a DataLoader worker that sent no batch within its DataLoader's `timeout` (one the data module set): one line naming
+  the data module and how to resume, exit 1.
 """
 
 import os
+import re
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +34,7 @@ import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import RunStopped, UserError, find_user_error, in_sweep_job
+from project.peers import TIMEOUT_KEY, collective_timed_out, silent_ranks
 from project.runs.sweep_continuation import continue_hint
 from project.strategies.hydra_ddp import HydraDDPStrategy, HydraJobLauncher
 
@@ -71,6 +77,23 @@ def lost_a_loader_worker(error: Exception) -> bool:
     return isinstance(error, RuntimeError) and str(error).lstrip().startswith("DataLoader worker (pid")
 
 
+def loader_timed_out(error: Exception) -> bool:
+    """Whether `error` is torch's report of a DataLoader worker that sent no batch within the DataLoader's `timeout`
+    (0, torch's default, waits without end: a data module sets it)."""
+    return isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out after")
+
+
+def silence_line(error: Exception, silent: list[int], trainer: L.Trainer) -> str:
+    """The one line for a collective that timed out: who went silent, for how long, and the key that sets the wait."""
+    who = " and ".join(f"rank {rank}" for rank in silent) or "another rank"
+    waited = re.search(r"waiting (\d+)ms", str(error))
+    how_long = f" for {int(waited.group(1)) / 1000:g} s" if waited else ""
+    return (
+        f"{who} of the run did not answer{how_long} (stopped, hung, or far slower than the others): find out why, or "
+        f"give it more time with {TIMEOUT_KEY}; then {resume_hint(trainer)}"
+    )
+
+
 def stop_if_signalled(trainer: L.Trainer) -> None:
     """End the run as SIGTERM does if it reached any rank and no loop has stopped for it yet.
 
@@ -101,18 +124,34 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
             raise
         raise RunStopped(f"interrupted by the user (Ctrl-C): {resume_hint(trainer)}", 128 + signal.SIGINT) from stop
     except Exception as error:
+        # Asked before the launcher ends its children, which may be the other ranks still there to answer.
+        silent = silent_ranks() if collective_timed_out(error) else None
         if isinstance(launcher, HydraJobLauncher):
             launcher.finish(failed=True)
             # Rank 0's own user error is first-hand (every rank checks its config and data alike); any other error
-            # here is a broken collective, the consequence of the child's death, which is then the line.
-            if launcher.failure is not None and find_user_error(error) is None:
+            # here is a broken collective, the consequence of the child's death, which is then the line. A child
+            # that ended after a collective timed out, while another rank stayed silent, is a consequence too.
+            child_first = silent is None or launcher.failed_rank in silent
+            if launcher.failure is not None and find_user_error(error) is None and child_first:
                 raise UserError(launcher.failure) from error
+        if silent is not None:
+            raise RunStopped(silence_line(error, silent, trainer), 1) from error
         if lost_another_rank(error):
             first_line = str(error).strip().splitlines()[0]
             raise RunStopped(f"another rank of the run is gone ({first_line}); {resume_hint(trainer)}", 1) from error
         if lost_a_loader_worker(error):
             what = str(error).strip().splitlines()[0].rstrip(".")
             raise RunStopped(f"{what} (out of memory, or killed from outside): {resume_hint(trainer)}", 1) from error
+        if loader_timed_out(error):
+            seconds = str(error).split("after ", 1)[1].split()[0]
+            data = getattr(trainer, "datamodule", None)
+            of = f" of {type(data).__name__}" if data is not None else ""
+            raise RunStopped(
+                f"a DataLoader worker{of} sent no batch within {seconds} s, its DataLoader's timeout (a hung or very "
+                f"slow read): find out what it waits on, or give that DataLoader a longer timeout; then "
+                f"{resume_hint(trainer)}",
+                1,
+            ) from error
         raise
     finally:
         if isinstance(launcher, HydraJobLauncher):

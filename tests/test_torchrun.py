@@ -25,6 +25,7 @@ from tests.helpers import (
     run_module,
     torchrun_nodes,
 )
+from tests.test_waits import held_port
 
 pytestmark = pytest.mark.slow
 # The toy problem on two ranks: one step per rank and epoch, a last.ckpt after every epoch.
@@ -149,6 +150,35 @@ def test_a_rendezvous_endpoint_nobody_serves_ends_the_launch_in_one_line(tmp_pat
     seconds, result = launch_alone(tmp_path, *rendezvous)
     assert_one_error_line(result, f"cannot reach the rendezvous at {endpoint}", "--rdzv-endpoint must be")
     print(f"\nan endpoint nobody serves: ended {seconds:.1f} s after its start (read_timeout=3)")
+
+
+def test_a_rendezvous_endpoint_another_program_holds_ends_the_launch_in_one_line_within_the_timeout(tmp_path: Path):
+    """scripts/torchrun/train.sh with an ENDPOINT that something else listens on: torch's store client would wait
+    there for ten minutes and more, whatever TIMEOUT says."""
+    with held_port() as port:
+        launch = {"NODES": "1", "PROCS_PER_NODE": "2", "RUN_ID": "held", "TIMEOUT": "3"}
+        launch["ENDPOINT"] = f"127.0.0.1:{port}"
+        started = time.monotonic()
+        result = subprocess.run(
+            ["bash", str(REPO / "scripts" / "torchrun" / "train.sh"), "logger=none"],
+            cwd=tmp_path,
+            env=environment({**launch, "PROJECT_PYTHON": python()}),
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+        )
+        seconds = time.monotonic() - started
+    assert_one_error_line(result, f"nothing at 127.0.0.1:{port} answers as a rendezvous within 3 s", "another program")
+    print(f"\nan endpoint another program holds: ended {seconds:.1f} s after its start (TIMEOUT=3)")
+    assert not (tmp_path / "outputs").exists(), "no run dir was made"
+
+
+def test_a_master_port_in_use_ends_the_launch_in_one_line(tmp_path: Path):
+    with held_port() as port:
+        launcher = (sys.executable, "-m", "project.torchrun", "--nproc-per-node=2", f"--master-port={port}")
+        result = run_module("project.train", "trainer=ddp", cwd=tmp_path, launcher=launcher, timeout=START_TIMEOUT)
+    line = assert_one_error_line(result)
+    assert line == f"error: --master-port={port} is in use on this machine: pick another port"
 
 
 def test_a_multi_node_launch_without_a_rendezvous_id_is_refused_in_one_line(tmp_path: Path):

@@ -41,6 +41,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 
 import __main__
 from project.errors import UserError
+from project.peers import TIMEOUT_KEY, answers_as_store, port_in_use
 from project.runs.run_config import run_config_of
 from project.strategies.same_config import check_same_config_on_every_rank
 
@@ -101,8 +102,9 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stopping = threading.Event()
-        # The line that named the first child to end badly, once one has.
+        # The line that named the first child to end badly, and its rank, once one has.
         self.failure: str | None = None
+        self.failed_rank: int | None = None
 
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
         """Lightning's `launch`, with this launcher's children and watcher.
@@ -160,7 +162,8 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             code = child.poll()
             if code and not self._stopping.is_set():
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-                self.failure = f"rank {first_rank + local_rank} (pid {child.pid}) {how}: the run stops"
+                self.failed_rank = first_rank + local_rank
+                self.failure = f"rank {self.failed_rank} (pid {child.pid}) {how}: the run stops"
                 return True
         return False
 
@@ -197,8 +200,9 @@ class HydraDDPStrategy(DDPStrategy):
     one same step.
 
     Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
-    MASTER_ADDR) end with one line saying so, instead of torch's store error; ranks that met but composed
-    different configs end in one line too.
+    MASTER_ADDR) end with one line saying so, instead of torch's store error, and so does a MASTER_PORT that another
+    program holds (rank 0 cannot serve there; the other ranks would wait on it without end); ranks that met but
+    composed different configs end in one line too.
     """
 
     # Set by the SIGTERM handler (`_note_sigterm_without_collectives`); kept through fit and test.
@@ -210,13 +214,35 @@ class HydraDDPStrategy(DDPStrategy):
             super().setup_environment()
         except dist.DistError as error:
             address = f"{self.cluster_environment.main_address}:{self.cluster_environment.main_port}"
+            port = port_in_use(error)
+            if port is not None:  # rank 0 could not serve the run's store there
+                raise UserError(
+                    f"port {port} is in use on {self.cluster_environment.main_address} (another program or run holds "
+                    "it): pick another MASTER_PORT"
+                ) from None
             reason = " ".join(str(error).split()[:40])
             raise UserError(
                 f"the {self.world_size} processes of this run did not all meet at {address} within {self._timeout} "
                 f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
-                "allow more time with trainer.strategy.timeout.seconds"
+                f"allow more time with {TIMEOUT_KEY}"
             ) from None
         check_same_config_on_every_rank(run_config_of(self.lightning_module.trainer))
+
+    def set_world_ranks(self) -> None:
+        """Lightning's, then, on a rank that is to join the run's store rather than serve it, a check that what
+        listens at MASTER_ADDR:MASTER_PORT is that store: against another program torch would wait past `timeout`."""
+        super().set_world_ranks()
+        serves_the_store = self.global_rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        if serves_the_store:
+            return
+        address, port = self.cluster_environment.main_address, self.cluster_environment.main_port
+        seconds = self._timeout.total_seconds() if self._timeout else 1800.0
+        if answers_as_store(address, port, seconds) is False:
+            raise UserError(
+                f"nothing at {address}:{port} answers as this run's store within {seconds:g} s (another program holds "
+                "that port): MASTER_ADDR and MASTER_PORT must be rank 0's address and a port no other program uses "
+                f"({TIMEOUT_KEY} sets the wait)"
+            )
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()

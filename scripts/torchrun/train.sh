@@ -14,8 +14,8 @@
 #
 # When a process dies, torchrun restarts every machine's processes (up to MAX_RESTARTS times) and the run resumes
 # from its run dir's checkpoints/last.ckpt; running the same line again with the same RUN_ID resumes it likewise.
-# A machine that does not join within TIMEOUT seconds, or an ENDPOINT no machine serves, ends the launch on the
-# others with one `error:` line (project/torchrun.py).
+# A machine that does not join within TIMEOUT seconds, an ENDPOINT no machine serves, or one that another program
+# holds, ends the launch on the others with one `error:` line within TIMEOUT (project/torchrun.py).
 set -euo pipefail
 
 : "${NODES:?set NODES, the number of machines}" "${ENDPOINT:?set ENDPOINT=host:port of one machine}"

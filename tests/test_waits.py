@@ -1,0 +1,191 @@
+"""Every wait on another process ends within its timeout, in one line naming who did not answer.
+
+Each case runs the entry point as a user would (a process of its own, with the waits set short), makes one peer
+fail to answer (a port held by a socket of the test's own, a rank stopped by SIGSTOP), and checks the end: exit
+status, the one `error:` line, and no process of the run left. A DataLoader worker that stalls is the one case run
+in-process: the behaviour is the job's end (`project.job.isolated_job`), whatever data module set the timeout.
+torchrun's own waits are in tests/test_torchrun.py.
+"""
+
+import gc
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from project.errors import RunStopped
+from project.job import isolated_job
+from tests.foreign_modules import RegressionModule, line_points
+from tests.helpers import run_module
+from tests.test_faults import (
+    DDP,
+    ENV,
+    LONG_TOY_RUN,
+    START_TIMEOUT,
+    USER_ERROR,
+    assert_ends_in_error_line,
+    assert_no_process_left,
+    background_run,
+    end_of,
+    output_of,
+    processes_in,
+    wait_for_file,
+)
+from tests.test_strategies import alive, descendants
+
+pytestmark = pytest.mark.slow  # every case starts the entry point
+ANOTHER_RANK_GONE = 1  # a rank of a running job went away: exit 1, as for a rank that died (project.job)
+# The collective timeout of the silent-rank case: short, yet room for the second rank to start and join.
+SHORT_TIMEOUT = 8
+
+
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that a socket of the test listens on, and never answers from, while this lasts."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def run_ending_at_start(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`project.train <args>` in `tmp_path`, with the launch's variables `env`: a run that is to end as it starts."""
+    return run_module(
+        "project.train",
+        *args,
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        timeout=START_TIMEOUT,
+        env={**ENV, **env},
+    )
+
+
+def test_a_master_port_in_use_ends_the_run_in_one_line_naming_it(tmp_path: Path):
+    with held_port() as port:
+        result = run_ending_at_start(tmp_path, *DDP, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
+    assert line == f"error: port {port} is in use on 127.0.0.1 (another program or run holds it): " + (
+        "pick another MASTER_PORT"
+    )
+    assert_no_process_left(tmp_path)
+
+
+def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_within_the_timeout(tmp_path: Path):
+    """Rank 1 of a two-node launch (as torchrun starts it) whose MASTER_ADDR:MASTER_PORT is another program's: torch's
+    store client would wait there past trainer.strategy.timeout, without end."""
+    rank_one = {"TORCHELASTIC_RUN_ID": "held", "WORLD_SIZE": "2", "RANK": "1", "GROUP_RANK": "1", "LOCAL_RANK": "0"}
+    with held_port() as port:
+        started = time.monotonic()
+        result = run_ending_at_start(
+            tmp_path,
+            *DDP[:1],
+            "trainer.num_nodes=2",
+            "trainer.devices=1",
+            "trainer.strategy.timeout.seconds=3",
+            env={**rank_one, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+        )
+        seconds = time.monotonic() - started
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
+    assert line.startswith(f"error: nothing at 127.0.0.1:{port} answers as this run's store within 3 s"), line
+    assert "trainer.strategy.timeout.seconds sets the wait" in line, line
+    print(f"\nrank 1 at a port another program holds: ended {seconds:.1f} s after its start (timeout 3 s)")
+    assert_no_process_left(tmp_path)
+
+
+def test_a_rank_that_goes_silent_ends_the_run_in_one_line_naming_it_within_the_timeout(tmp_path: Path):
+    """Rank 1 stopped (SIGSTOP) mid-training: rank 0's collective waits `trainer.strategy.timeout`, then names it."""
+    run_dir = tmp_path / "run"
+    args = [*LONG_TOY_RUN, *DDP, f"trainer.strategy.timeout.seconds={SHORT_TIMEOUT}", f"hydra.run.dir={run_dir}"]
+    with background_run(args, tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        launched = [proc.pid, *descendants(proc.pid)]
+        assert len(launched) == 2, launched  # rank 0 and the process it started as rank 1
+        # That process stands in for rank 1, forked by the preloaded Python (tests/preloaded_python.py); it passes
+        # signals on, but SIGSTOP cannot be passed on: rank 1 itself is stopped, found by its working directory.
+        (silent,) = set(processes_in(tmp_path)) - set(launched)
+        everyone = [*launched, silent]
+        os.kill(silent, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            status = end_of(proc, tmp_path, timeout=SHORT_TIMEOUT + START_TIMEOUT)
+        finally:
+            if alive(silent):
+                os.kill(silent, signal.SIGCONT)
+        seconds = time.monotonic() - stopped
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, ANOTHER_RANK_GONE)
+    assert line.startswith(
+        f"error: rank 1 of the run did not answer for {SHORT_TIMEOUT} s (stopped, hung, or far slower than the "
+        "others): find out why, or give it more time with trainer.strategy.timeout.seconds; then resume from its "
+        "last checkpoint (step "
+    ), line
+    print(f"\nrank 1 stopped: the run ended {seconds:.1f} s later (trainer.strategy.timeout.seconds={SHORT_TIMEOUT})")
+    assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
+class StallingPoints(Dataset):
+    """Points whose fifth never comes: its read hangs."""
+
+    def __init__(self) -> None:
+        self.points = line_points(16, torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if index == 4:
+            time.sleep(3600)
+        return self.points[index]
+
+
+class StallingData(L.LightningDataModule):
+    """A user's data module that bounds its loader's wait for a worker (torch's default waits without end)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(StallingPoints(), batch_size=4, num_workers=1, timeout=2)
+
+
+def test_a_stalled_dataloader_worker_ends_the_job_in_one_line_naming_the_data_module(tmp_path: Path):
+    processes_before = set(descendants(os.getpid()))
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    started = time.monotonic()
+    with pytest.raises(RunStopped) as stopped, isolated_job(trainer):
+        trainer.fit(RegressionModule(), datamodule=StallingData())
+    seconds = time.monotonic() - started
+    assert stopped.value.exit_status == ANOTHER_RANK_GONE
+    assert str(stopped.value) == (
+        "a DataLoader worker of StallingData sent no batch within 2 s, its DataLoader's timeout (a hung or very slow "
+        "read): find out what it waits on, or give that DataLoader a longer timeout; then it had written no "
+        "checkpoint yet: run it again"
+    )
+    print(f"\na stalled DataLoader worker: the job ended {seconds:.1f} s after its start (timeout 2 s)")
+    # The loader, held by the error's traceback, ends its worker once dropped (as a run's exit does).
+    del stopped
+    gc.collect()
+
+    def started_here() -> set[int]:
+        return {pid for pid in descendants(os.getpid()) if pid not in processes_before and alive(pid)}
+
+    deadline = time.monotonic() + 30
+    while (left := started_here()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"the stalled worker outlived its loader: {left}"
