@@ -20,10 +20,11 @@ from hydra.core.hydra_config import HydraConfig
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
-from project.config_checks import check_config, command_line_overrides
+from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error, run_hydra_app
 from project.parity import RunOutputs, comparison_rows, max_loss_difference, max_weight_difference
 from project.reference.loop import require_the_classifier, require_what_the_reference_mirrors
+from project.runs.run_config import command_line_overrides, config_source_arguments
 
 
 def free_port() -> int:
@@ -116,17 +117,11 @@ def require_history_and_checkpoint(cfg: DictConfig) -> None:
 
 
 def composed_alike(hydra_cfg: DictConfig) -> list[str]:
-    """The arguments that make both sides compose the config compare did: its --config-dir and --config-name, and
+    """The arguments that make both sides compose the config compare did: its --config-name and --config-dir, and
     every override but the run and sweep dirs, which are compare's to choose (`hydra.searchpath` among them)."""
-    arguments = []
-    for source in hydra_cfg.runtime.config_sources:
-        if source.provider == "command-line":
-            arguments += ["--config-dir", source.path]
-    if hydra_cfg.job.config_name != "train":
-        arguments += ["--config-name", hydra_cfg.job.config_name]
     chosen_here = ("hydra.run.", "hydra.sweep.")
     overrides = [*OmegaConf.to_container(hydra_cfg.overrides.hydra), *command_line_overrides()]  # ${...} as given
-    return arguments + [o for o in overrides if not o.lstrip("+~").startswith(chosen_here)]
+    return config_source_arguments() + [o for o in overrides if not o.lstrip("+~").startswith(chosen_here)]
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

@@ -12,6 +12,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError
+from project.runs.run_config import command_line_overrides
 from project.strategies import DataParallelStrategy
 
 
@@ -69,11 +70,6 @@ def check_added_keys() -> None:
                 f"{override} adds a top-level key that nothing reads; check its spelling against the config "
                 f"(python -m project.train --cfg job), or write +{override} to add it on purpose"
             )
-
-
-def command_line_overrides() -> list[str]:
-    """The command line's overrides as given: a `${...}` in one is its value's, not to be resolved in Hydra's config."""
-    return OmegaConf.to_container(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def under_srun() -> bool:

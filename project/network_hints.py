@@ -15,7 +15,7 @@ import inspect
 from hydra.utils import get_object
 from omegaconf import DictConfig, open_dict
 
-from project.config_checks import command_line_overrides
+from project.runs.run_config import command_line_overrides
 
 
 def give_network_hints(cfg: DictConfig) -> None:

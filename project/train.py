@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from project.config_checks import check_config, command_line_overrides, mistyped_value
+from project.config_checks import check_config, mistyped_value
 from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job, run_hydra_app
 from project.job import isolated_job, stop_if_signalled
 from project.network_hints import give_network_hints
@@ -30,7 +30,7 @@ from project.runs.divergence import DivergenceGuard
 from project.runs.history import TrainingHistory
 from project.runs.mid_epoch_resume import MidEpochResumeCheck
 from project.runs.results import format_results_table, logged_metrics, save_results
-from project.runs.run_config import RunConfigCallback
+from project.runs.run_config import RunConfigCallback, command_line_overrides
 from project.runs.run_log import capture_logs, report
 from project.runs.sweep_continuation import finished_results
 

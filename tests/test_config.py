@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.config_checks import check_added_keys, check_config, command_line_overrides, mistyped_value
+from project.config_checks import check_added_keys, check_config, mistyped_value
 from project.errors import UserError, error_line
+from project.runs.run_config import command_line_overrides
 from project.train import build
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
 

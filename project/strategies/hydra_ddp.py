@@ -38,11 +38,12 @@ from hydra.utils import get_original_cwd, to_absolute_path
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from omegaconf import OmegaConf
 
 import __main__
 from project.errors import UserError
 from project.peers import TIMEOUT_KEY, answers_as_store, port_in_use
-from project.runs.run_config import run_config_of
+from project.runs.run_config import command_line_overrides, config_source_arguments, run_config_of
 from project.strategies.same_config import check_same_config_on_every_rank
 
 log = logging.getLogger(__name__)
@@ -73,14 +74,13 @@ def child_command(ckpt_path: str | None = None) -> list[str]:
     hydra = HydraConfig.get()
     script_mode = __main__.__spec__ is None  # `python project/train.py` rather than `python -m project.train`
     program = [to_absolute_path(sys.argv[0])] if script_mode else ["-m", __main__.__spec__.name]
-    config_dirs = [source.path for source in hydra.runtime.config_sources if source.provider == "command-line"]
-    config_source = [f"--config-name={hydra.job.config_name}", *(f"--config-dir={path}" for path in config_dirs)]
+    config_source = config_source_arguments()
     hydra_overrides = [
         override
-        for override in hydra.overrides.hydra
+        for override in OmegaConf.to_container(hydra.overrides.hydra)  # a ${...} in one is its value's, unresolved
         if not override.startswith(tuple(f"{key}=" for key in CHILD_HYDRA_KEYS))
     ]
-    job_overrides = [o for o in hydra.overrides.task if ckpt_path is None or not o.startswith("ckpt_path=")]
+    job_overrides = [o for o in command_line_overrides() if ckpt_path is None or not o.startswith("ckpt_path=")]
     if ckpt_path is not None:
         job_overrides.append(f"ckpt_path={_quoted(ckpt_path)}")
     return [
