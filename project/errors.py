@@ -45,11 +45,16 @@ class UserError(Exception):
 
 
 class RunStopped(UserError):
-    """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume."""
+    """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume.
 
-    def __init__(self, message: str, exit_status: int) -> None:
+    `on_every_rank`: a stop all ranks agreed on (a signal), met by each at the same step; rank 0 alone prints its
+    line, the others write theirs to their log files (each rank's line would be the same, or a single run's hint where
+    rank 0's is the sweep's)."""
+
+    def __init__(self, message: str, exit_status: int, on_every_rank: bool = False) -> None:
         super().__init__(message)
         self.exit_status = exit_status
+        self.on_every_rank = on_every_rank
 
 
 def find_user_error(error: BaseException | None) -> BaseException | None:
@@ -159,7 +164,10 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
                     raise
                 traceback.print_exc()
             line = error_line(error)
-            report(line, sys.stderr, logging.ERROR)
+            if getattr(user_error, "on_every_rank", False) and process_rank() != 0:
+                to_log_file(line, logging.ERROR)
+            else:
+                report(line, sys.stderr, logging.ERROR)
             if sweep_job:
                 record_failed_job(line)
                 return None

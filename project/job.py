@@ -117,12 +117,15 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
         failed = False
     except SIGTERMException:
         raise RunStopped(
-            f"stopped by SIGTERM in epoch {trainer.current_epoch}: {resume_hint(trainer)}", 128 + signal.SIGTERM
+            f"stopped by SIGTERM in epoch {trainer.current_epoch}: {resume_hint(trainer)}",
+            128 + signal.SIGTERM,
+            on_every_rank=True,
         ) from None
     except SystemExit as stop:
         if not trainer.interrupted:
             raise
-        raise RunStopped(f"interrupted by the user (Ctrl-C): {resume_hint(trainer)}", 128 + signal.SIGINT) from stop
+        line = f"interrupted by the user (Ctrl-C): {resume_hint(trainer)}"
+        raise RunStopped(line, 128 + signal.SIGINT, on_every_rank=True) from stop
     except Exception as error:
         # Asked before the launcher ends its children, which may be the other ranks still there to answer.
         silent = silent_ranks() if collective_timed_out(error) else None
