@@ -717,6 +717,16 @@ def test_checkpoints_dir_made_read_only_mid_run_exits_2_and_a_new_run_there_is_r
     assert_no_process_left(tmp_path)
 
 
+def test_a_run_dir_that_exists_read_only_exits_2_naming_it(tmp_path: Path, read_only_dir: Path):
+    """Hydra would open its log file there first, and fail in logging's traceback."""
+    result = run_module(
+        "project.train", "logger=none", f"hydra.run.dir={read_only_dir}", cwd=tmp_path, timeout=START_TIMEOUT, env=ENV
+    )
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, str(read_only_dir))
+    assert "hydra.run.dir" in line
+    assert_no_process_left(tmp_path)
+
+
 def status_on_a_full_disk(directory: Path, proc: subprocess.Popen, cwd: Path, timeout: float = 60) -> int:
     """Keep `directory`'s disk full until the `background_run` in `cwd` ends, and return its exit status.
 
