@@ -246,9 +246,8 @@ def test_sigterm_stops_the_run_with_143_naming_the_checkpoint_to_resume_from(tmp
         os.kill(proc.pid, signal.SIGTERM)
         status = end_of(proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
-    line = assert_ends_in_error_line(
-        status, stdout, stderr, STOPPED_BY_SIGTERM
-    )  # every rank stopped, rank 0 alone says so
+    # Every rank stopped; rank 0 alone says so.
+    line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM)
     stop = re.match(r"error: stopped by SIGTERM in epoch \d+: resume from its last checkpoint \(step (\d+)\) ", line)
     assert stop, line
     last = run_dir.resolve() / "checkpoints" / "last.ckpt"
@@ -428,9 +427,8 @@ def test_sigterm_ends_a_sweep_without_starting_its_next_job_and_its_hint_carries
         os.kill(proc.pid, signal.SIGTERM)
         status = end_of(proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
-    line = assert_ends_in_error_line(
-        status, stdout, stderr, STOPPED_BY_SIGTERM
-    )  # every rank stopped, rank 0 alone says so
+    # Every rank stopped; rank 0 alone says so.
+    line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM)
     hint = re.match(
         r"error: stopped by SIGTERM in epoch \d+: carry the sweep on with the same command plus hydra.sweep.dir=(\S+) "
         r"\(its finished jobs are not run again\); this job resumes from its last checkpoint \(step (\d+)\)$",
@@ -515,9 +513,8 @@ def test_a_ddp_sweep_stopped_in_its_second_job_is_carried_on_by_the_same_command
         os.kill(proc.pid, signal.SIGTERM)
         status = end_of(proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
-    line = assert_ends_in_error_line(
-        status, stdout, stderr, STOPPED_BY_SIGTERM
-    )  # every rank stopped, rank 0 alone says so
+    # Every rank stopped; rank 0 alone says so.
+    line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM)
     expected = "carry the sweep on with the same command (its finished jobs are not run again); this job resumes"
     assert expected in line, line
     stopped_at = int(re.search(r"\(step (\d+)\)$", line).group(1))
