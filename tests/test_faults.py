@@ -301,7 +301,8 @@ def test_ctrl_c_stops_the_run_with_130_naming_the_checkpoint_to_resume_from(tmp_
         os.killpg(proc.pid, signal.SIGINT)
         status = end_of(proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
-    line = assert_ends_in_error_line(status, stdout, stderr, INTERRUPTED)  # every rank stopped, rank 0 alone says so
+    # Every rank stopped; rank 0 alone says so.
+    line = assert_ends_in_error_line(status, stdout, stderr, INTERRUPTED)
     assert line.startswith("error: interrupted by the user (Ctrl-C): resume from its last checkpoint (step "), line
     assert resume_from(line) == run_dir.resolve() / "checkpoints" / "last.ckpt"
     assert_nothing_half_written(tmp_path)
@@ -427,7 +428,6 @@ def test_sigterm_ends_a_sweep_without_starting_its_next_job_and_its_hint_carries
         os.kill(proc.pid, signal.SIGTERM)
         status = end_of(proc, tmp_path)
     stdout, stderr = output_of(tmp_path)
-    # Every rank stopped; rank 0 alone says so.
     line = assert_ends_in_error_line(status, stdout, stderr, STOPPED_BY_SIGTERM)
     hint = re.match(
         r"error: stopped by SIGTERM in epoch \d+: carry the sweep on with the same command plus hydra.sweep.dir=(\S+) "
