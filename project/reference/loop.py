@@ -266,20 +266,21 @@ class Trainer:
     def _run_batch(self, inputs: Tensor, labels: Tensor, batch_index: int, steps: bool) -> tuple[Tensor, Tensor]:
         """Forward and backward of batch `batch_index` of the epoch, then the optimizer step if `steps`; its logits
         and its loss as Lightning's history records it (divided by `accumulate_grad_batches`)."""
-        with self.settings.autocast(self.device):
-            logits = self.model(inputs)
-            loss = nn.functional.cross_entropy(logits, labels)
-        scaled = loss / self.settings.accumulate_grad_batches  # as Lightning's closure divides it, 1 included
-        if batch_index % self.settings.accumulate_grad_batches == 0:
-            self.optimizer.zero_grad()
         with self._gradient_sync(steps):
+            with self.settings.autocast(self.device):
+                logits = self.model(inputs)
+                loss = nn.functional.cross_entropy(logits, labels)
+            scaled = loss / self.settings.accumulate_grad_batches  # as Lightning's closure divides it, 1 included
+            if batch_index % self.settings.accumulate_grad_batches == 0:
+                self.optimizer.zero_grad()
             scaled.backward()
         if steps:
             self._step()
         return logits, loss.detach(), scaled.detach()
 
     def _gradient_sync(self, steps: bool) -> contextlib.AbstractContextManager:
-        """DDP averages the gradients over ranks at the backward of a window's last batch only, as Lightning does."""
+        """DDP averages the gradients over ranks at the backward of a window's last batch only, as Lightning does;
+        `no_sync` must hold the forward pass too, which is where DDP decides whether the backward reduces."""
         if steps or not isinstance(self.model, DistributedDataParallel):
             return contextlib.nullcontext()
         return self.model.no_sync()
