@@ -106,7 +106,10 @@ def comparison_rows(lightning: RunOutputs, reference: RunOutputs) -> dict[str, t
     """The table's rows, name -> (lightning, reference): per-epoch training loss, final metrics, speed."""
     epoch_losses = zip(lightning.history.epoch_losses, reference.history.epoch_losses, strict=True)
     rows = {f"epoch {n} train loss": pair for n, pair in enumerate(epoch_losses, start=1)}
-    rows |= {name: (lightning.results[name], reference.results[name]) for name in RESULT_ROWS}
+    # A metric neither side measured (no validation within trainer.check_val_every_n_epoch) has no row; one that a
+    # single side measured is NaN on the other.
+    measured = [name for name in RESULT_ROWS if name in lightning.results or name in reference.results]
+    rows |= {name: (lightning.results.get(name, math.nan), reference.results.get(name, math.nan)) for name in measured}
     rows["wall time (s)"] = (lightning.results["fit_seconds"], reference.results["fit_seconds"])
     rows["samples/s"] = (lightning.results["samples_per_second"], reference.results["samples_per_second"])
     return rows

@@ -24,7 +24,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -77,7 +77,6 @@ HARMLESS_TRAINER_KEYS = {
     "num_nodes",
     "max_epochs",
     "log_every_n_steps",
-    "check_val_every_n_epoch",
     "default_root_dir",
     "deterministic",
     "plugins",
@@ -95,8 +94,11 @@ MIRRORED_TRAINER_VALUES: dict[str, tuple | None] = {
     "limit_train_batches": None,
     "limit_val_batches": None,
     "limit_test_batches": None,
+    "check_val_every_n_epoch": None,
     "precision": ("32", "32-true", "bf16-mixed"),
 }
+# Settings outside trainer= that change what a Lightning run trains or reports, and the value the loop mirrors.
+MIRRORED_RUN_SETTINGS = {"results_from": "last", "callbacks.early_stopping.enabled": False}
 
 
 def require_what_the_reference_mirrors(cfg: DictConfig) -> None:
@@ -108,6 +110,14 @@ def require_what_the_reference_mirrors(cfg: DictConfig) -> None:
         for name, parameter in inspect.signature(L.Trainer.__init__).parameters.items()
         if parameter.default is not inspect.Parameter.empty
     }
+    for key, mirrored in MIRRORED_RUN_SETTINGS.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value != mirrored:
+            value, mirrored = (str(v).lower() if isinstance(v, bool) else v for v in (value, mirrored))
+            raise UserError(
+                f"{key}={value} changes what the Lightning run trains or reports, and project/reference/ has no "
+                f"counterpart of it: the two sides would differ by design; compare with {key}={mirrored}"
+            )
     for key, value in cfg.trainer.items():
         if key in HARMLESS_TRAINER_KEYS or key not in defaults:
             continue
@@ -119,7 +129,8 @@ def require_what_the_reference_mirrors(cfg: DictConfig) -> None:
             continue
         raise UserError(
             f"trainer.{key}={value} changes what Lightning trains, and project/reference/ has no counterpart of it "
-            "(it mirrors gradient clipping, accumulate_grad_batches, limit_*_batches and bf16-mixed): the two sides "
+            "(it mirrors gradient clipping, accumulate_grad_batches, limit_*_batches, check_val_every_n_epoch and "
+            "bf16-mixed): the two sides "
             f"would differ by design; compare without it (Lightning's default is {key}={default})"
         )
 
@@ -150,12 +161,17 @@ class TrainerSettings:
     limit_train_batches: int | float | None = None
     limit_val_batches: int | float | None = None
     limit_test_batches: int | float | None = None
+    check_val_every_n_epoch: int = 1
     precision: str = "32-true"
 
     @classmethod
     def from_config(cls, trainer: DictConfig) -> "TrainerSettings":
         fields = {name: trainer[name] for name in cls.__dataclass_fields__ if trainer.get(name) is not None}
         return cls(**fields | {"precision": str(fields.get("precision", "32-true"))})
+
+    def validates(self, epoch: int) -> bool:
+        """Whether Lightning validates at the end of epoch `epoch` (from 0)."""
+        return (epoch + 1) % self.check_val_every_n_epoch == 0
 
     def batches(self, stage: str, batches: int) -> int:
         """How many of a loader's `batches` an epoch of `stage` (train, val, test) uses."""
@@ -200,9 +216,26 @@ def build(
     schedule = None
     if cfg.model.get("scheduler") is not None:
         epochs = cfg.trainer.max_epochs
-        steps = steps_per_epoch(datamodule, TrainerSettings.from_config(cfg.trainer)) * epochs
+        settings = TrainerSettings.from_config(cfg.trainer)
+        steps = steps_per_epoch(datamodule, settings) * epochs
         schedule = build_schedule(instantiate(cfg.model.scheduler), optimizer, steps, epochs)
+        if schedule.monitor is not None and settings.check_val_every_n_epoch != 1:
+            raise UserError(
+                f"model.scheduler follows {schedule.monitor}, which trainer.check_val_every_n_epoch="
+                f"{cfg.trainer.check_val_every_n_epoch} leaves unmeasured after some epochs: validate every epoch"
+            )
     return datamodule, network, optimizer, schedule
+
+
+def require_one_device(cfg: DictConfig) -> None:
+    """Refuse `trainer.devices` other than 1 where the reference trains in one process on one device (`single`):
+    Lightning would start a process per device, and the sides would train different runs."""
+    if str(cfg.trainer.devices) != "1":
+        raise UserError(
+            f"trainer.devices={cfg.trainer.devices} makes Lightning train in several processes, and "
+            "project.reference.single trains on one device: set trainer.devices=1, or pick the strategy too "
+            "(trainer=ddp trainer.devices=2)"
+        )
 
 
 def world_size() -> int:
@@ -336,7 +369,7 @@ class Trainer:
                 if self.batches_done:  # resumed inside this epoch: on from the next batch of its order
                     train_loader.sampler.start_part_way(epoch, self.batches_done * train_loader.batch_size)
                 metrics = self._run_epoch(train_loader)
-                if val_loader is not None:
+                if val_loader is not None and self.settings.validates(epoch):
                     metrics |= self.evaluate(val_loader, "val")
                 self.epoch_metrics.append(metrics)
                 self.epoch, self.batches_done = epoch + 1, 0
@@ -476,5 +509,9 @@ def write_outputs(run_dir: str | Path, trainer: Trainer, network: nn.Module, res
 
 
 def collect_results(trainer: Trainer, test_metrics: dict, run_dir: str | Path) -> dict:
-    """The same keys as the Lightning path's results.json."""
-    return trainer.epoch_metrics[-1] | test_metrics | trainer.history.run_summary(run_dir)
+    """The same keys as the Lightning path's results.json: each metric as last measured (the validation's, with
+    `check_val_every_n_epoch`, maybe some epochs back, as Lightning's `callback_metrics` keep it)."""
+    latest = {}
+    for metrics in trainer.epoch_metrics:
+        latest |= metrics
+    return latest | test_metrics | trainer.history.run_summary(run_dir)
