@@ -22,20 +22,22 @@ from tests.test_parity import reference_cfg
 
 pytestmark = pytest.mark.slow
 
-MIRRORED, REFUSED = "mirrored", "refused"
+# MIRRORED: agrees; REFUSED: one line; UNCHANGED: changes nothing either side computes (where it runs, what it
+# prints and writes), so these rows share one compare run with all of them set at once.
+MIRRORED, REFUSED, UNCHANGED = "mirrored", "refused", "unchanged"
 ONE_SAMPLE_BATCHES = ("data.batch_size=1", "schedule=one_cycle")
 # Each key of conf/trainer/default.yaml: a value other than its default (the first override), and what compare does.
 AWAY_FROM_DEFAULT: dict[str, tuple[str, tuple[str, ...]]] = {
-    "accelerator": (MIRRORED, ("trainer.accelerator=cpu",)),
+    "accelerator": (UNCHANGED, ("trainer.accelerator=cpu",)),
     "strategy": (MIRRORED, ("trainer.strategy=ddp",)),  # one process: DDP over a world of one
     "devices": (REFUSED, ("trainer.devices=2",)),  # Lightning would start 2 processes: trainer=ddp compares that
     "num_nodes": (REFUSED, ("trainer.num_nodes=2",)),
     "max_epochs": (MIRRORED, ("trainer.max_epochs=1",)),
-    "log_every_n_steps": (MIRRORED, ("trainer.log_every_n_steps=1",)),
+    "log_every_n_steps": (UNCHANGED, ("trainer.log_every_n_steps=1",)),
     "check_val_every_n_epoch": (MIRRORED, ("trainer.check_val_every_n_epoch=2",)),
-    "default_root_dir": (MIRRORED, ("trainer.default_root_dir=${run_dir}/elsewhere",)),
+    "default_root_dir": (UNCHANGED, ("trainer.default_root_dir=${run_dir}/elsewhere",)),
     "precision": (MIRRORED, ("trainer.precision=bf16-mixed",)),
-    "deterministic": (MIRRORED, ("trainer.deterministic=true",)),
+    "deterministic": (UNCHANGED, ("trainer.deterministic=true",)),
     "gradient_clip_val": (MIRRORED, ("trainer.gradient_clip_val=0.1",)),
     "gradient_clip_algorithm": (MIRRORED, ("trainer.gradient_clip_algorithm=value", "trainer.gradient_clip_val=0.05")),
     # Windows of batches 1-2, 3-4 and the epoch's last, 5.
@@ -45,9 +47,16 @@ AWAY_FROM_DEFAULT: dict[str, tuple[str, tuple[str, ...]]] = {
     "limit_val_batches": (MIRRORED, ("trainer.limit_val_batches=1", "data.batch_size=1")),
     "limit_test_batches": (MIRRORED, ("trainer.limit_test_batches=0.5", "data.batch_size=1")),
     "max_steps": (REFUSED, ("trainer.max_steps=3",)),
-    "plugins": (MIRRORED, ("trainer.plugins=[]",)),
+    "plugins": (UNCHANGED, ("trainer.plugins=[]",)),
 }
 TRAINER_KEYS = [key for key in yaml.safe_load((CONF_DIR / "trainer" / "default.yaml").read_text()) if key != "_target_"]
+
+
+@pytest.fixture(scope="module")
+def all_unchanged_at_once(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One comparison with every UNCHANGED row's overrides set together."""
+    rows = [overrides for outcome, overrides in AWAY_FROM_DEFAULT.values() if outcome == UNCHANGED]
+    return run_compare(tmp_path_factory.mktemp("unchanged"), *[o for overrides in rows for o in overrides])[1]
 
 
 def assert_agree(comparison: dict) -> None:
@@ -67,11 +76,15 @@ def assert_refused_naming(tmp_path: Path, key: str, overrides: tuple[str, ...]) 
 
 
 @pytest.mark.parametrize("key", TRAINER_KEYS)
-def test_every_trainer_setting_agrees_on_both_paths_or_is_refused_in_one_line(tmp_path: Path, key: str):
+def test_every_trainer_setting_agrees_on_both_paths_or_is_refused_in_one_line(
+    tmp_path: Path, key: str, request: pytest.FixtureRequest
+):
     assert key in AWAY_FROM_DEFAULT, f"conf/trainer/default.yaml has a new key: give trainer.{key} a row here"
     outcome, overrides = AWAY_FROM_DEFAULT[key]
     if outcome == REFUSED:
         assert_refused_naming(tmp_path, key, overrides)
+    elif outcome == UNCHANGED:
+        assert_agree(request.getfixturevalue("all_unchanged_at_once"))
     else:
         assert_agree(run_compare(tmp_path, *overrides)[1])
 
