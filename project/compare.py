@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error, run_hydra_app
 from project.parity import RunOutputs, comparison_rows, max_loss_difference, max_weight_difference
-from project.reference.loop import require_the_classifier, require_what_the_reference_mirrors
+from project.reference.loop import require_one_device, require_the_classifier, require_what_the_reference_mirrors
 from project.runs.run_config import command_line_overrides, config_source_arguments
 
 
@@ -35,6 +35,11 @@ def free_port() -> int:
 
 
 def one_process(cfg: DictConfig) -> list[str]:
+    return [sys.executable]
+
+
+def one_device(cfg: DictConfig) -> list[str]:
+    require_one_device(cfg)
     return [sys.executable]
 
 
@@ -57,9 +62,9 @@ def slurm_not_simulated(cfg: DictConfig) -> list[str]:
 
 # The `trainer=` option -> the reference script that does the same by hand, and the command that starts it.
 REFERENCE_FOR_TRAINER: dict[str, tuple[str, Callable[[DictConfig], list[str]]]] = {
-    "default": ("single", one_process),
-    "cpu": ("single", one_process),
-    "gpu": ("single", one_process),
+    "default": ("single", one_device),
+    "cpu": ("single", one_device),
+    "gpu": ("single", one_device),
     "dp": ("dp", one_process),
     "ddp": ("ddp", torchrun),
     "ddp_spawn": ("ddp", torchrun),
@@ -124,6 +129,18 @@ def composed_alike(hydra_cfg: DictConfig) -> list[str]:
     return config_source_arguments() + [o for o in overrides if not o.lstrip("+~").startswith(chosen_here)]
 
 
+def differences(lightning: RunOutputs, reference: RunOutputs) -> dict[str, float]:
+    """The largest per-step loss and final weight differences; two runs that cannot be lined up (other step counts,
+    other tensors) are one line saying so, never a comparison of what does not match."""
+    try:
+        return {
+            "max_step_loss_diff": max_loss_difference(lightning.history.step_losses, reference.history.step_losses),
+            "max_weight_diff": max_weight_difference(lightning.weights, reference.weights),
+        }
+    except ValueError as error:
+        raise UserError(f"the two sides trained different runs, which compare cannot line up: {error}") from None
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
@@ -156,8 +173,7 @@ def main(cfg: DictConfig) -> None:
         "world_size": {"lightning": lightning.results["world_size"], "reference": reference.results["world_size"]},
         "lightning": {name: value for name, (value, _) in rows.items()},
         "reference": {name: value for name, (_, value) in rows.items()},
-        "max_step_loss_diff": max_loss_difference(lightning.history.step_losses, reference.history.step_losses),
-        "max_weight_diff": max_weight_difference(lightning.weights, reference.weights),
+        **differences(lightning, reference),
     }
     (run_dir / "comparison.json").write_text(json.dumps(comparison, indent=1))
     plot_loss_curves(lightning.history.step_losses, reference.history.step_losses, run_dir / "loss_curves.png")

@@ -62,6 +62,15 @@ def load_checkpoint(path: Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def optimizer_steps(history: TrainingHistory, accumulate_grad_batches: int) -> int:
+    """The optimizer steps of a fresh run whose history records every batch: one per `accumulate_grad_batches`
+    batches of each epoch, and one for any left over at its end (every epoch has as many batches)."""
+    epochs, batches = len(history.epoch_losses), len(history.step_losses)
+    if accumulate_grad_batches == 1 or not epochs:
+        return batches
+    return epochs * math.ceil(batches // epochs / accumulate_grad_batches)
+
+
 @dataclass
 class RunOutputs:
     """What compare reads from one side's run dir: results.json, rank 0's history, the final network weights."""
@@ -75,10 +84,12 @@ class RunOutputs:
         """Refuses a last.ckpt older than the run's last step: its weights would not be the final ones."""
         history = TrainingHistory.load(run_dir / "history.rank0.json")
         checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-        if checkpoint["global_step"] != len(history.step_losses):
+        accumulate = checkpoint.get("config", {}).get("trainer", {}).get("accumulate_grad_batches") or 1
+        final_step = optimizer_steps(history, accumulate)
+        if checkpoint["global_step"] != final_step:
             raise UserError(
                 f"{run_dir}/checkpoints/last.ckpt holds step {checkpoint['global_step']}, not the final step "
-                f"{len(history.step_losses)}: Lightning >= 2.6 rewrites last.ckpt only when it also saves a top-k "
+                f"{final_step}: Lightning >= 2.6 rewrites last.ckpt only when it also saves a top-k "
                 "checkpoint; save every epoch's weights with a ModelCheckpoint(monitor=None) in conf/callbacks/"
             )
         results = json.loads((run_dir / "results.json").read_text())
@@ -95,7 +106,10 @@ def comparison_rows(lightning: RunOutputs, reference: RunOutputs) -> dict[str, t
     """The table's rows, name -> (lightning, reference): per-epoch training loss, final metrics, speed."""
     epoch_losses = zip(lightning.history.epoch_losses, reference.history.epoch_losses, strict=True)
     rows = {f"epoch {n} train loss": pair for n, pair in enumerate(epoch_losses, start=1)}
-    rows |= {name: (lightning.results[name], reference.results[name]) for name in RESULT_ROWS}
+    # A metric neither side measured (no validation within trainer.check_val_every_n_epoch) has no row; one that a
+    # single side measured is NaN on the other.
+    measured = [name for name in RESULT_ROWS if name in lightning.results or name in reference.results]
+    rows |= {name: (lightning.results.get(name, math.nan), reference.results.get(name, math.nan)) for name in measured}
     rows["wall time (s)"] = (lightning.results["fit_seconds"], reference.results["fit_seconds"])
     rows["samples/s"] = (lightning.results["samples_per_second"], reference.results["samples_per_second"])
     return rows

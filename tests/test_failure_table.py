@@ -91,7 +91,10 @@ ROWS = [
     (
         "`project.compare` with a Trainer setting",
         "2",
-        ["tests/test_compare.py::test_a_trainer_setting_the_reference_does_not_mirror_is_refused_before_training"],
+        [
+            "tests/test_compare.py::test_a_trainer_setting_the_reference_does_not_mirror_is_refused_before_training",
+            "tests/test_compare_knobs.py::test_every_trainer_setting_agrees_on_both_paths_or_is_refused_in_one_line",
+        ],
     ),
     (
         "`project.compare` or a `project.reference` script on a module",

@@ -1,14 +1,18 @@
 """The training loop the four reference scripts share: build, train, evaluate, write the run's outputs.
 
 It mirrors Lightning's defaults step by step (seed, then data, then network; forward, zero grad, backward, step,
-schedule step; validation after every epoch) so that the two paths give the same numbers. Like the Lightning path it
-writes `checkpoints/last.pt` at every epoch's end, every `mid_epoch_checkpoint.every_n_steps` steps and/or
-`every_n_minutes`, and when SIGTERM stops it; `ckpt_path=<that file>` resumes exactly where it stood, because the
-training order's position is saved with the weights (`_save_checkpoint`). A NaN or infinite loss or gradient stops it
-as it stops the Lightning path (`project.runs.divergence`).
+schedule step; validation after every epoch) so that the two paths give the same numbers, and so do the everyday
+Trainer settings that change them (`TrainerSettings`: clipping, accumulation, batch limits, bf16-mixed; any other is
+refused). Like the Lightning path it writes `checkpoints/last.pt` at every epoch's end, every
+`mid_epoch_checkpoint.every_n_steps` steps and/or `every_n_minutes`, and when SIGTERM stops it (with
+`accumulate_grad_batches`, at the end of the accumulation window it falls in); `ckpt_path=<that file>` resumes exactly
+where it stood, because the training order's position is saved with the weights (`_save_checkpoint`). A NaN or
+infinite loss or gradient stops it as it stops the Lightning path (`project.runs.divergence`).
 """
 
+import contextlib
 import inspect
+import itertools
 import math
 import os
 import signal
@@ -20,8 +24,9 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
@@ -73,7 +78,6 @@ HARMLESS_TRAINER_KEYS = {
     "num_nodes",
     "max_epochs",
     "log_every_n_steps",
-    "check_val_every_n_epoch",
     "default_root_dir",
     "deterministic",
     "plugins",
@@ -83,26 +87,117 @@ HARMLESS_TRAINER_KEYS = {
 }
 
 
+# Trainer keys `TrainerSettings` mirrors, with the values it mirrors (None: every value Lightning takes).
+MIRRORED_TRAINER_VALUES: dict[str, tuple | None] = {
+    "gradient_clip_val": None,
+    "gradient_clip_algorithm": None,
+    "accumulate_grad_batches": None,
+    "limit_train_batches": None,
+    "limit_val_batches": None,
+    "limit_test_batches": None,
+    "check_val_every_n_epoch": None,
+    "precision": ("32", "32-true", "bf16-mixed"),
+}
+# Settings outside trainer= that change what a Lightning run trains or reports, and the value the loop mirrors.
+MIRRORED_RUN_SETTINGS = {"results_from": "last", "callbacks.early_stopping.enabled": False}
+
+
 def require_what_the_reference_mirrors(cfg: DictConfig) -> None:
     """Refuse, before training, a Trainer setting that changes what Lightning computes and this loop has no
-    counterpart of (it trains in float32, steps the optimizer after every batch, whole epochs, unclipped): the
-    reference run would silently ignore it, and `project.compare` would show a difference by design."""
+    counterpart of (it mirrors `TrainerSettings` only): the reference run would silently ignore it, and
+    `project.compare` would show a difference by design."""
     defaults = {
         name: parameter.default
         for name, parameter in inspect.signature(L.Trainer.__init__).parameters.items()
         if parameter.default is not inspect.Parameter.empty
     }
+    for key, mirrored in MIRRORED_RUN_SETTINGS.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value != mirrored:
+            value, mirrored = (str(v).lower() if isinstance(v, bool) else v for v in (value, mirrored))
+            raise UserError(
+                f"{key}={value} changes what the Lightning run trains or reports, and project/reference/ has no "
+                f"counterpart of it: the two sides would differ by design; compare with {key}={mirrored}"
+            )
     for key, value in cfg.trainer.items():
         if key in HARMLESS_TRAINER_KEYS or key not in defaults:
             continue
         default = defaults[key]
-        if value == default or str(value) == str(default) or (key == "precision" and str(value) in ("32", "32-true")):
+        if value == default or str(value) == str(default):
+            continue
+        mirrored = MIRRORED_TRAINER_VALUES.get(key, ())
+        if mirrored is None or str(value) in mirrored:
             continue
         raise UserError(
             f"trainer.{key}={value} changes what Lightning trains, and project/reference/ has no counterpart of it "
-            "(it trains in float32, steps after every batch, whole epochs, unclipped): the two sides would differ "
-            f"by design; compare without it (Lightning's default is {key}={default})"
+            "(it mirrors gradient clipping, accumulate_grad_batches, limit_*_batches, check_val_every_n_epoch and "
+            "bf16-mixed): the two sides "
+            f"would differ by design; compare without it (Lightning's default is {key}={default})"
         )
+
+
+def parse_batch_limit(limit: int | float | None, batches: int, key: str) -> int:
+    """How many of a loader's `batches` Lightning uses under `trainer.<key>` (`_parse_num_batches`): an int is a
+    count, a float a fraction (rounded down), null all of them."""
+    if limit is None:
+        return batches
+    used = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+    if batches and not used:
+        raise UserError(f"trainer.{key}={limit} leaves none of the {batches} batches: give a larger fraction")
+    return used
+
+
+@dataclass
+class TrainerSettings:
+    """The Trainer settings of conf/trainer/ that the loop mirrors, applied where Lightning applies them.
+
+    Lightning (2.6, automatic optimization) divides each batch's loss by `accumulate_grad_batches` before backward,
+    zeroes the gradients at each window's first batch, and clips and steps the optimizer at each window's last batch
+    and at the epoch's last; `bf16-mixed` runs each training, validation and test step under `torch.autocast`.
+    """
+
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str | None = None  # norm (None) | value
+    accumulate_grad_batches: int = 1
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    limit_test_batches: int | float | None = None
+    check_val_every_n_epoch: int = 1
+    precision: str = "32-true"
+
+    @classmethod
+    def from_config(cls, trainer: DictConfig) -> "TrainerSettings":
+        fields = {name: trainer[name] for name in cls.__dataclass_fields__ if trainer.get(name) is not None}
+        return cls(**fields | {"precision": str(fields.get("precision", "32-true"))})
+
+    def validates(self, epoch: int) -> bool:
+        """Whether Lightning validates at the end of epoch `epoch` (from 0)."""
+        return (epoch + 1) % self.check_val_every_n_epoch == 0
+
+    def batches(self, stage: str, batches: int) -> int:
+        """How many of a loader's `batches` an epoch of `stage` (train, val, test) uses."""
+        return parse_batch_limit(getattr(self, f"limit_{stage}_batches"), batches, f"limit_{stage}_batches")
+
+    def steps(self, batch_index: int, batches: int) -> bool:
+        """Whether the optimizer steps after batch `batch_index` (from 0) of an epoch of `batches`."""
+        return (batch_index + 1) % self.accumulate_grad_batches == 0 or batch_index + 1 == batches
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """What Lightning's MixedPrecision plugin wraps every step in (`forward_context`); nothing in float32."""
+        if self.precision != "bf16-mixed":
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+
+    def clip(self, optimizer: torch.optim.Optimizer) -> None:
+        """Clip the gradients of the optimizer's parameters after backward, before the step, as Lightning's
+        precision plugin does (`clip_gradients`: nothing for a value <= 0)."""
+        if self.gradient_clip_val is None or self.gradient_clip_val <= 0:
+            return
+        parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+        if self.gradient_clip_algorithm == "value":
+            nn.utils.clip_grad_value_(parameters, clip_value=self.gradient_clip_val)
+        else:
+            nn.utils.clip_grad_norm_(parameters, self.gradient_clip_val)
 
 
 def build(
@@ -123,9 +218,26 @@ def build(
     schedule = None
     if cfg.model.get("scheduler") is not None:
         epochs = cfg.trainer.max_epochs
-        steps = steps_per_epoch(datamodule) * epochs
+        settings = TrainerSettings.from_config(cfg.trainer)
+        steps = steps_per_epoch(datamodule, settings) * epochs
         schedule = build_schedule(instantiate(cfg.model.scheduler), optimizer, steps, epochs)
+        if schedule.monitor is not None and settings.check_val_every_n_epoch != 1:
+            raise UserError(
+                f"model.scheduler follows {schedule.monitor}, which trainer.check_val_every_n_epoch="
+                f"{cfg.trainer.check_val_every_n_epoch} leaves unmeasured after some epochs: validate every epoch"
+            )
     return datamodule, network, optimizer, schedule
+
+
+def require_one_device(cfg: DictConfig) -> None:
+    """Refuse `trainer.devices` other than 1 where the reference trains in one process on one device (`single`):
+    Lightning would start a process per device, and the sides would train different runs."""
+    if str(cfg.trainer.devices) != "1":
+        raise UserError(
+            f"trainer.devices={cfg.trainer.devices} makes Lightning train in several processes, and "
+            "project.reference.single trains on one device: set trainer.devices=1, or pick the strategy too "
+            "(trainer=ddp trainer.devices=2)"
+        )
 
 
 def world_size() -> int:
@@ -133,11 +245,22 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def steps_per_epoch(datamodule: ClassificationDataModule) -> int:
-    """This process's optimizer steps per epoch, counted as Lightning counts them for `total_steps`: batches of its
-    `DistributedSampler` share of the training set (all of it in one process)."""
+def rank_zeros(metrics: dict[str, float]) -> dict[str, float]:
+    """Rank 0's `metrics` on every rank (itself, in one process)."""
+    if world_size() == 1:
+        return metrics
+    shared = [metrics]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
+def steps_per_epoch(datamodule: ClassificationDataModule, settings: TrainerSettings) -> int:
+    """This process's optimizer steps per epoch, counted as Lightning counts them for `estimated_stepping_batches`:
+    batches of its `DistributedSampler` share of the training set (all of it in one process), as many as
+    `limit_train_batches` keeps, one step per `accumulate_grad_batches` of them (and one for any left over)."""
     samples = math.ceil(len(datamodule.train_set) / world_size())
-    return samples // datamodule.batch_size if datamodule.drop_last else math.ceil(samples / datamodule.batch_size)
+    batches = samples // datamodule.batch_size if datamodule.drop_last else math.ceil(samples / datamodule.batch_size)
+    return math.ceil(settings.batches("train", batches) / settings.accumulate_grad_batches)
 
 
 @dataclass
@@ -155,7 +278,8 @@ class Trainer:
 
     The epoch's loss and accuracy are counted with the Lightning path's metric (`ClassificationTotals`); under
     DDP its `compute()` sums them over all processes, so they cover all of the data on every rank. With
-    `checkpointing` set, it writes checkpoints as the module docstring says.
+    `checkpointing` set, it writes checkpoints as the module docstring says; with `settings`, it clips, accumulates,
+    limits and autocasts as Lightning does.
     """
 
     def __init__(
@@ -174,6 +298,7 @@ class Trainer:
         self.train_totals = ClassificationTotals().to(device)
         self.epoch_metrics: list[dict[str, float]] = []
         self.checkpointing: Checkpointing | None = None
+        self.settings = TrainerSettings()  # Lightning's defaults; `fit_and_report` sets the run's
         # Where training stands: batches of `epoch` done, optimizer steps in all.
         self.epoch, self.batches_done, self.global_step = 0, 0, 0
         self.sigterm = False  # set by the SIGTERM handler; the loop stops after the step it is in
@@ -182,33 +307,54 @@ class Trainer:
         self.divergence: DivergenceWatch | None = None
         self.check_every = 1
 
-    def _run_batch(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        logits = self.model(inputs)
-        loss = nn.functional.cross_entropy(logits, labels)
-        self.optimizer.zero_grad()
-        loss.backward()
+    def _run_batch(self, inputs: Tensor, labels: Tensor, batch_index: int, steps: bool) -> tuple[Tensor, Tensor]:
+        """Forward and backward of batch `batch_index` of the epoch, then the optimizer step if `steps`; its logits
+        and its loss as Lightning's history records it (divided by `accumulate_grad_batches`)."""
+        with self._gradient_sync(steps):
+            with self.settings.autocast(self.device):
+                logits = self.model(inputs)
+                loss = nn.functional.cross_entropy(logits, labels)
+            scaled = loss / self.settings.accumulate_grad_batches  # as Lightning's closure divides it, 1 included
+            if batch_index % self.settings.accumulate_grad_batches == 0:
+                self.optimizer.zero_grad()
+            scaled.backward()
+        if steps:
+            self._step()
+        return logits, loss.detach(), scaled.detach()
+
+    def _gradient_sync(self, steps: bool) -> contextlib.AbstractContextManager:
+        """DDP averages the gradients over ranks at the backward of a window's last batch only, as Lightning does;
+        `no_sync` must hold the forward pass too, which is where DDP decides whether the backward reduces."""
+        if steps or not isinstance(self.model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def _step(self) -> None:
         if self.divergence is not None:  # after DDP has averaged the gradients: every rank decides alike
             self.divergence.observe_gradients(self.global_step + 1, self.model.parameters())
+        self.settings.clip(self.optimizer)
         self.optimizer.step()
+        self.global_step += 1
         if self.schedule is not None and self.schedule.interval == "step":
             self.schedule.step({})  # after every optimizer step, as Lightning steps a schedule with interval "step"
-        return logits, loss.detach()
 
     def _run_epoch(self, loader: DataLoader) -> dict[str, float]:
         self.model.train()
         losses = []
-        for inputs, labels in loader:
+        batches = self.settings.batches("train", len(loader))
+        for inputs, labels in itertools.islice(loader, batches - self.batches_done):
             inputs, labels = inputs.to(self.device), labels.to(self.device)
-            logits, loss = self._run_batch(inputs, labels)
-            losses.append(loss)
+            steps = self.settings.steps(self.batches_done, batches)
+            logits, loss, recorded = self._run_batch(inputs, labels, self.batches_done, steps)
+            losses.append(recorded)
             self.train_totals.update(logits, labels, loss)
             self.batches_done += 1
-            self.global_step += 1
             if self.divergence is not None:
-                self.divergence.observe_step(self.global_step, loss, (inputs, labels))
+                self.divergence.observe_step(self.global_step, recorded, (inputs, labels))
                 if self.global_step % self.check_every == 0:
                     self._check_divergence()
-            if self.checkpointing is not None and self.batches_done < len(loader):  # the epoch's end writes anyway
+            # At a window's end only, so a resumed run starts a window afresh; the epoch's end writes anyway.
+            if self.checkpointing is not None and steps and self.batches_done < batches:
                 self._checkpoint_if_due()
         self._check_divergence()
         if self.schedule is not None and self.schedule.interval == "epoch" and self.schedule.monitor is None:
@@ -234,14 +380,16 @@ class Trainer:
                 if self.batches_done:  # resumed inside this epoch: on from the next batch of its order
                     train_loader.sampler.start_part_way(epoch, self.batches_done * train_loader.batch_size)
                 metrics = self._run_epoch(train_loader)
-                if val_loader is not None:
+                if val_loader is not None and self.settings.validates(epoch):
                     metrics |= self.evaluate(val_loader, "val")
                 self.epoch_metrics.append(metrics)
                 self.epoch, self.batches_done = epoch + 1, 0
                 if self.checkpointing is not None:
                     self._save_checkpoint()
                 if self.schedule is not None and self.schedule.monitor is not None:
-                    self.schedule.step(metrics)  # on the validation's metric, after the checkpoint, as Lightning does
+                    # On the validation's metric, after the checkpoint, as Lightning does; under DDP rank 0 alone
+                    # validates, and hands its metrics to the other ranks.
+                    self.schedule.step(rank_zeros(metrics))
         finally:
             if self.checkpointing is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -322,10 +470,12 @@ class Trainer:
         """Mean loss and accuracy of the current weights on `loader`, keyed `<stage>/loss`, `<stage>/acc`."""
         self.model.eval()
         totals = ClassificationTotals(sync_on_compute=False).to(self.device)  # one process sees the whole set
-        for inputs, labels in loader:
+        for inputs, labels in itertools.islice(loader, self.settings.batches(stage, len(loader))):
             inputs, labels = inputs.to(self.device), labels.to(self.device)
-            logits = self.model(inputs)
-            totals.update(logits, labels, nn.functional.cross_entropy(logits, labels))
+            with self.settings.autocast(self.device):
+                logits = self.model(inputs)
+                loss = nn.functional.cross_entropy(logits, labels)
+            totals.update(logits, labels, loss)
         return {f"{stage}/{name}": value.item() for name, value in totals.compute().items()}
 
 
@@ -342,6 +492,7 @@ def fit_and_report(
     every = cfg.mid_epoch_checkpoint
     checkpoint = Path(cfg.run_dir) / "checkpoints" / "last.pt"
     trainer.checkpointing = Checkpointing(checkpoint, datamodule, every.every_n_steps, every.every_n_minutes)
+    trainer.settings = TrainerSettings.from_config(cfg.trainer)
     if cfg.get("stop_when_diverged", True):
         trainer.divergence, trainer.check_every = DivergenceWatch(), cfg.trainer.get("log_every_n_steps", 50)
     if cfg.ckpt_path is not None:
@@ -371,5 +522,9 @@ def write_outputs(run_dir: str | Path, trainer: Trainer, network: nn.Module, res
 
 
 def collect_results(trainer: Trainer, test_metrics: dict, run_dir: str | Path) -> dict:
-    """The same keys as the Lightning path's results.json."""
-    return trainer.epoch_metrics[-1] | test_metrics | trainer.history.run_summary(run_dir)
+    """The same keys as the Lightning path's results.json: each metric as last measured (the validation's, with
+    `check_val_every_n_epoch`, maybe some epochs back, as Lightning's `callback_metrics` keep it)."""
+    latest = {}
+    for metrics in trainer.epoch_metrics:
+        latest |= metrics
+    return latest | test_metrics | trainer.history.run_summary(run_dir)

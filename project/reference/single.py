@@ -7,13 +7,14 @@ import hydra
 from omegaconf import DictConfig
 
 from project.errors import exit_on_user_error, run_hydra_app
-from project.reference.loop import Trainer, build, fit_and_report, pick_device
+from project.reference.loop import Trainer, build, fit_and_report, pick_device, require_one_device
 from project.runs.history import TrainingHistory
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
+    require_one_device(cfg)
     device = pick_device()
     datamodule, network, optimizer, schedule = build(cfg, device)
     trainer = Trainer(network, optimizer, schedule, device, TrainingHistory())
