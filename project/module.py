@@ -144,7 +144,7 @@ class ClassifierModule(L.LightningModule):
         Lightning calls this before `configure_optimizers` when resuming (`Trainer._run` restores the module, then
         sets up the strategy, which builds the optimizers; only sharding strategies such as FSDP restore later).
         """
-        self.resumed_schedule = (checkpoint.get("lr_schedulers") or [None])[0]
+        self.resumed_schedule = (checkpoint.get("lr_schedulers") or [{}])[0]  # {}: the resumed run had none
 
     def configure_optimizers(self) -> torch.optim.Optimizer | dict:
         """The optimizer, and the schedule (if any) sized to the run (`project.schedules`).
@@ -158,9 +158,11 @@ class ClassifierModule(L.LightningModule):
             optimizer = self.optimizer_factory(self.parameters())
         except (TypeError, ValueError) as error:  # torch's optimizers check their arguments, e.g. a negative lr
             raise UserError(f"model.optimizer: {error}") from None
-        if self.scheduler_factory is None:
-            return optimizer
-        steps, epochs = self.trainer.estimated_stepping_batches, self.trainer.max_epochs
-        schedule = build_schedule(self.scheduler_factory, optimizer, steps, epochs)
+        schedule = None
+        if self.scheduler_factory is not None:
+            steps, epochs = self.trainer.estimated_stepping_batches, self.trainer.max_epochs
+            schedule = build_schedule(self.scheduler_factory, optimizer, steps, epochs)
         check_resumable(self.resumed_schedule, schedule)
+        if schedule is None:
+            return optimizer
         return {"optimizer": optimizer, "lr_scheduler": schedule.lightning_config()}

@@ -94,14 +94,26 @@ def build_schedule(factory: functools.partial, optimizer: torch.optim.Optimizer,
     return Schedule(scheduler, interval, monitor)
 
 
-def check_resumable(stored: dict | None, schedule: Schedule) -> None:
-    """Refuse, in one line, to resume a schedule sized for another run: loaded over this run's, it would run out of
-    steps mid-run, or stop before the end of its cycle."""
-    stored_size, size = (stored or {}).get("sized_for"), schedule.scheduler.sized_for
-    if stored_size is not None and stored_size != size:
-        stored_run, this_run = (" and ".join(f"{n} {unit}" for unit, n in run.items()) for run in (stored_size, size))
-        raise UserError(
-            f"ckpt_path: the checkpoint's learning-rate schedule spans {stored_run}, this run's would span {this_run}, "
-            "and a schedule cannot be stretched mid-run; resume with the checkpoint's own trainer.max_epochs, "
-            "data.batch_size and device count, or start a new run without ckpt_path"
-        )
+def check_resumable(stored: dict | None, schedule: Schedule | None) -> None:
+    """Refuse, in one line, to resume (`stored`: the checkpoint's schedule state, {} where its run had none; None when
+    not resuming) with a schedule that does not go on from it: one sized for another run would, loaded over this
+    run's, run out of steps mid-run or stop before the end of its cycle; a schedule dropped would leave the
+    checkpoint's last learning rate; one added late would start its cycle mid-run."""
+    if stored is None:
+        return
+    size = schedule.scheduler.sized_for if schedule is not None else None
+    if stored and schedule is None:
+        problem = "the checkpoint's run had a learning-rate schedule, this run has none (model.scheduler)"
+    elif not stored and size:
+        problem = "this run's learning-rate schedule spans the whole run, the checkpoint's run had none to go on from"
+    elif stored and stored.get("sized_for") is not None and stored["sized_for"] != size:
+        lengths = (stored["sized_for"], size or {})
+        stored_run, this_run = (" and ".join(f"{n} {u}" for u, n in run.items()) or "no set length" for run in lengths)
+        problem = f"the checkpoint's learning-rate schedule spans {stored_run}, this run's would span {this_run}"
+    else:
+        return
+    raise UserError(
+        f"ckpt_path: {problem}, and a schedule cannot be stretched, added or dropped mid-run; resume with the "
+        "checkpoint's own schedule, trainer.max_epochs, data.batch_size and device count, or start a new run without "
+        "ckpt_path"
+    )

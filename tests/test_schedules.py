@@ -58,3 +58,17 @@ def test_a_checkpoint_of_a_schedule_sized_for_another_run_is_refused():
     check_resumable(stored, build_schedule(factory, optimizer(), steps=7, epochs=1))
     with pytest.raises(UserError, match="spans 7 steps, this run's would span 14 steps"):
         check_resumable(stored, build_schedule(factory, optimizer(), steps=14, epochs=2))
+
+
+def test_a_schedule_dropped_or_added_on_resume_is_refused_and_not_resuming_checks_nothing():
+    cosine = build_schedule(functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_STEPS), optimizer(), 7, 1)
+    with pytest.raises(UserError, match="this run has none"):
+        check_resumable(cosine.scheduler.state_dict(), None)
+    with pytest.raises(UserError, match="had none to go on from"):
+        check_resumable({}, cosine)
+    stepped = build_schedule(functools.partial(lr_scheduler.StepLR, step_size=1), optimizer(), 7, 1)
+    with pytest.raises(UserError, match="spans 7 steps, this run's would span no set length"):
+        check_resumable(cosine.scheduler.state_dict(), stepped)
+    check_resumable({}, stepped)  # a schedule of no run length may start on a resume
+    check_resumable(None, cosine)
+    check_resumable({}, None)

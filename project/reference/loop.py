@@ -456,8 +456,7 @@ class Trainer:
                 f"ckpt_path={path} is not a checkpoint of the reference loop (its runs write checkpoints/last.pt)"
             ) from None
         saved.check_resumable_as(self.checkpointing.datamodule.position(saved.epoch, saved.batches_done, world_size()))
-        if self.schedule is not None:
-            check_resumable(state["scheduler"], self.schedule)  # as the Lightning path refuses it
+        check_resumable(state["scheduler"] or {}, self.schedule)  # as the Lightning path refuses it
         getattr(self.model, "module", self.model).load_state_dict(state["network"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.schedule is not None:
