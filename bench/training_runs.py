@@ -88,8 +88,10 @@ class ClockedTrainer(Trainer):
         self.clock.epoch_starts.append(time.perf_counter())
         return super()._run_epoch(loader)
 
-    def _run_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        result = super()._run_batch(inputs, labels)
+    def _run_batch(
+        self, inputs: torch.Tensor, labels: torch.Tensor, batch_index: int, steps: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        result = super()._run_batch(inputs, labels, batch_index, steps)
         self.clock.step_ends.append(time.perf_counter())
         return result
 

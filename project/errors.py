@@ -47,9 +47,9 @@ class UserError(Exception):
 class RunStopped(UserError):
     """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume.
 
-    `on_every_rank`: a stop all ranks agreed on (a signal), met by each at the same step; rank 0 alone prints its
-    line, the others write theirs to their log files (each rank's line would be the same, or a single run's hint where
-    rank 0's is the sweep's)."""
+    `on_every_rank`: a stop all ranks agreed on (a signal), met by each at the same step; where rank 0 started the
+    other ranks it alone prints its line, the others write theirs to their log files (each rank's line would be the
+    same, or a single run's hint where rank 0's is the sweep's)."""
 
     def __init__(self, message: str, exit_status: int, on_every_rank: bool = False) -> None:
         super().__init__(message)
@@ -148,6 +148,13 @@ def record_failed_job(line: str) -> None:
         Path(HydraConfig.get().runtime.output_dir, ERROR_FILE).write_text(line + "\n")
 
 
+def started_by_rank_zero() -> bool:
+    """Whether this process is a rank that rank 0 itself started (Lightning's own DDP launcher), which then reports
+    for it. Ranks srun or torchrun start each report: a signal may end rank 0 before it can (Slurm's requeue)."""
+    launched = "SLURM_PROCID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+    return process_rank() != 0 and not launched
+
+
 def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
     """Run `function`; report a failure as the module docstring says."""
 
@@ -164,7 +171,7 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
                     raise
                 traceback.print_exc()
             line = error_line(error)
-            if getattr(user_error, "on_every_rank", False) and process_rank() != 0:
+            if getattr(user_error, "on_every_rank", False) and started_by_rank_zero():
                 to_log_file(line, logging.ERROR)
             else:
                 report(line, sys.stderr, logging.ERROR)
