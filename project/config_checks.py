@@ -47,6 +47,7 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.optimized_mode not in ("min", "max"):
         raise UserError(f"optimized_mode must be min or max, got {cfg.optimized_mode!r}")
     check_results_from(cfg)
+    check_compile(cfg)
     strategy = cfg.trainer.get("strategy", "auto")
     if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
         raise UserError(
@@ -110,6 +111,19 @@ def check_multi_node_launch(cfg: DictConfig) -> None:
             f"trainer.num_nodes={num_nodes} but nothing starts the other nodes' processes: submit with "
             "scripts/slurm/train.sbatch (srun, trainer=slurm), or run scripts/torchrun/train.sh on every node; "
             "on this machine alone use trainer.num_nodes=1"
+        )
+
+
+def check_compile(cfg: DictConfig) -> None:
+    """`compile` is a switch, and DataParallel cannot take a network compiled in place: its per-step copies of the
+    network would all run the original's compiled code (`project.compiled_networks`)."""
+    compiled = cfg.get("compile", False)
+    if not isinstance(compiled, bool):
+        raise UserError(f"compile must be true or false, got {compiled!r}")
+    if compiled and is_data_parallel(cfg):
+        raise UserError(
+            "compile=true with trainer=dp: DataParallel copies the network onto every GPU at each step, and the "
+            "copies would run the original's compiled code; use trainer=ddp with compile=true, or compile=false"
         )
 
 

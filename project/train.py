@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from project.compiled_networks import CompileNetworks
 from project.config_checks import check_config, mistyped_value
 from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job, run_hydra_app
 from project.job import isolated_job, stop_if_signalled
@@ -67,6 +68,8 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
     callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *extra_callbacks]
+    if cfg.get("compile"):
+        callbacks.append(CompileNetworks())
     check_checkpoint_dirs(callbacks)
     if cfg.get("stop_when_diverged", True):
         callbacks.insert(0, DivergenceGuard())  # first: it checks before any checkpoint callback writes

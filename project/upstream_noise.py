@@ -28,15 +28,21 @@ OUTSIDE_SLURM_WARNINGS = (
         "lightning/fabric/plugins/environments/slurm.py, any version so far",
     ),
 )
-# Lightning's rank-zero info lines (logger `lightning.pytorch.utilities.rank_zero`).
+# Log records, by the logger that emits them.
 LOG_MESSAGES = (
     (
+        "lightning.pytorch.utilities.rank_zero",
         r"💡 Tip: For seamless cloud logging",
         "an advertisement for a hosted logger, on every run",
         "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py since 2.6",
     ),
+    (
+        "torch.utils.cpp_extension",
+        r"No CUDA runtime is found, using CUDA_HOME=",
+        "printed by torch.compile's C++ compiler set-up (compile=true) on every machine without a GPU",
+        "torch/utils/cpp_extension.py, any version so far",
+    ),
 )
-LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 
 
 class DropMessages(logging.Filter):
@@ -55,6 +61,7 @@ def silence_upstream_noise() -> None:
     listed = WARNINGS if "SLURM_JOB_ID" in os.environ else WARNINGS + OUTSIDE_SLURM_WARNINGS
     for pattern, _, _ in listed:
         warnings.filterwarnings("ignore", message=pattern)
-    logger = logging.getLogger(LIGHTNING_INFO_LOGGER)
-    if not any(isinstance(existing, DropMessages) for existing in logger.filters):
-        logger.addFilter(DropMessages([pattern for pattern, _, _ in LOG_MESSAGES]))
+    for name in {name for name, _, _, _ in LOG_MESSAGES}:
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, DropMessages) for existing in logger.filters):
+            logger.addFilter(DropMessages([pattern for emitter, pattern, _, _ in LOG_MESSAGES if emitter == name]))

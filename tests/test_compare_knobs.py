@@ -16,7 +16,7 @@ import yaml
 from project.errors import RunStopped
 from project.reference.loop import Checkpointing, Trainer, TrainerSettings, build
 from project.runs.history import TrainingHistory
-from tests.helpers import CONF_DIR, run_module
+from tests.helpers import CONF_DIR, check_ok, run_module
 from tests.test_compare import TOLERANCE, run_compare
 from tests.test_parity import reference_cfg
 
@@ -140,3 +140,16 @@ def test_a_reference_run_stopped_inside_an_accumulation_window_checkpoints_at_it
     assert resumed.history.step_losses == whole.history.step_losses[4:]
     assert resumed.global_step == whole.global_step == 3 * math.ceil(5 / 2)
     assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True))
+
+
+def test_compiled_networks_agree_over_two_ddp_ranks_and_their_checkpoint_evaluates_uncompiled(tmp_path: Path):
+    """compile=true compiles the network in place on every rank of both paths; the checkpoint keeps the plain
+    network's keys, so project.evaluate (which does not compile) reproduces the run's test accuracy from it."""
+    _, comparison, run_dir = run_compare(tmp_path, "trainer=ddp", "trainer.devices=2", "compile=true")
+    assert "compile=true: torch.compile of network" in (run_dir / "lightning.log").read_text()
+    assert_agree(comparison)
+
+    checkpoint = run_dir / "lightning" / "checkpoints" / "last.ckpt"
+    result = check_ok(run_module("project.evaluate", f"ckpt_path={checkpoint}", cwd=tmp_path))
+    evaluated = dict(line.split()[:2] for line in result.stdout.splitlines() if line.startswith("test/"))
+    assert float(evaluated["test/loss"]) == pytest.approx(comparison["lightning"]["test/loss"], abs=TOLERANCE)

@@ -214,6 +214,8 @@ def build(
     datamodule.prepare_data()
     datamodule.setup("fit")
     network = instantiate(cfg.model.network).to(device)
+    if cfg.get("compile"):
+        network.compile()  # in place, as project.compiled_networks compiles the Lightning side's network
     optimizer = instantiate(cfg.model.optimizer)(network.parameters())
     schedule = None
     if cfg.model.get("scheduler") is not None:
