@@ -7,6 +7,8 @@ the same weights (`last.ckpt` holds the final ones). Loading uses `weights_only=
 of this project is refused with one line.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import hydra
@@ -17,24 +19,72 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError, exit_on_user_error, find_user_error, run_hydra_app
 from project.runs.checkpoints import LAST, load_project_checkpoint
+from project.runs.run_config import CLASS_NAMES
+
+
+class SameClassesCheck(L.Callback):
+    """Refuses, before the first batch, data that names other classes than the checkpoint was trained on (its
+    `class_names`): labels are positions in that list, so a folder with other, fewer or renamed classes would be
+    scored against the wrong names, and the accuracy would be silently wrong. Data that names no classes (a data
+    module of your own) and checkpoints that store none are taken as they are."""
+
+    def __init__(self, trained: list[str] | None, ckpt_path: str) -> None:
+        self.trained, self.ckpt_path = trained, ckpt_path
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        names = getattr(trainer.datamodule, "class_names", None)  # Lightning set the data up just before this
+        if self.trained is None or not names or [str(name) for name in names] == self.trained:
+            return
+        raise UserError(
+            f"the data has the classes {[str(name) for name in names]}, but {self.ckpt_path} was trained on "
+            f"{self.trained} (labels are positions in that list): give data with the same class folders"
+        )
+
+
+def data_given(cfg: DictConfig) -> dict[str, Any]:
+    """The `data.<key>=` values given on the command line (those not null): they replace the checkpoint's."""
+    given = OmegaConf.to_container(cfg.data) if "data" in cfg else {}
+    return {key: value for key, value in given.items() if value is not None}
+
+
+@contextmanager
+def blamed_on_data_given(cfg: DictConfig) -> Iterator[None]:
+    """A network that fails on the samples of data changed by `data.<key>=` (`data.image_size`, `data.channels`)
+    was given samples of another shape than it was trained on: one line naming those keys, not torch's traceback.
+    Without such keys the failure is not the user's, and its traceback is kept."""
+    given = data_given(cfg)
+    try:
+        yield
+    except RuntimeError as error:
+        if not given or find_user_error(error):
+            raise
+        keys = " ".join(f"data.{key}={value}" for key, value in given.items())
+        raise UserError(
+            f"the checkpoint's network does not take the samples of the data as given ({keys}): "
+            f"{' '.join(str(error).split())}; change only where the data is and how it is read (data.root, "
+            "data.batch_size), not what its samples are"
+        ) from None
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
-    datamodule, module = rebuild_trained(cfg, "project.evaluate")
-    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_checkpointing=False)
-    trainer.test(module, datamodule=datamodule, verbose=False)
+    datamodule, module, same_classes = rebuild_trained(cfg, "project.evaluate")
+    trainer = L.Trainer(
+        accelerator=cfg.accelerator, devices=1, logger=False, enable_checkpointing=False, callbacks=[same_classes]
+    )
+    with blamed_on_data_given(cfg):
+        trainer.test(module, datamodule=datamodule, verbose=False)
     return {name: value.item() for name, value in trainer.callback_metrics.items()}
 
 
-def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
-    """(datamodule, module with the trained weights) of the checkpoint `cfg.ckpt_path`, from its stored config.
+def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any, SameClassesCheck]:
+    """(datamodule, module with the trained weights, the check its Trainer needs) of the checkpoint `cfg.ckpt_path`,
+    from its stored config.
 
     The keys of `cfg.data` that are not null replace those of the stored data config (`data.root=<dir>`, where the
-    files are on this machine).
+    files are on this machine); such data must name the classes the network was trained on (`SameClassesCheck`).
     """
-    given = OmegaConf.to_container(cfg.data) if "data" in cfg else {}
-    data_overrides = {key: value for key, value in given.items() if value is not None}
+    data_overrides = data_given(cfg)
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise UserError(f"give the checkpoint: python -m {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
     checkpoint = load_project_checkpoint(cfg.ckpt_path)
@@ -62,7 +112,7 @@ def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
             f"use it with the version that trained it"
         ) from None
     module.load_state_dict(checkpoint["state_dict"])
-    return datamodule, module
+    return datamodule, module, SameClassesCheck(checkpoint.get(CLASS_NAMES), cfg.ckpt_path)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from project import predicted_outputs
 from project.errors import UserError, exit_on_user_error, run_hydra_app
-from project.evaluate import rebuild_trained
+from project.evaluate import blamed_on_data_given, rebuild_trained
 from project.job import isolated_job
 from project.predictions import (
     Predictions,
@@ -46,7 +46,7 @@ def predict(cfg: DictConfig) -> tuple[predicted_outputs.Outputs | None, L.Lightn
     ranks), by output name (`project.predicted_outputs`), and the data."""
     if cfg.split not in SPLITS:
         raise UserError(f"split must be one of {' | '.join(SPLITS)}, got {cfg.split!r}")
-    datamodule, module = rebuild_trained(cfg, "project.predict")
+    datamodule, module, same_classes = rebuild_trained(cfg, "project.predict")
     datamodule.predict_split = cfg.split  # the project's data modules serve that split; a user's own its own
     # The ranks of a DDP prediction check that they composed the same config (`HydraDDPStrategy`).
     same_config = RunConfigCallback(OmegaConf.to_container(cfg, resolve=True))
@@ -55,7 +55,7 @@ def predict(cfg: DictConfig) -> tuple[predicted_outputs.Outputs | None, L.Lightn
         cfg.trainer,
         logger=False,
         enable_checkpointing=False,
-        callbacks=[same_config],
+        callbacks=[same_config, same_classes],
         enable_progress_bar=False,
     )
     if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
@@ -64,7 +64,8 @@ def predict(cfg: DictConfig) -> tuple[predicted_outputs.Outputs | None, L.Lightn
             "do not return: use trainer=ddp"
         )
     with isolated_job(trainer):
-        outputs = predicted_outputs.joined(trainer.predict(module, datamodule=datamodule))
+        with blamed_on_data_given(cfg):
+            outputs = predicted_outputs.joined(trainer.predict(module, datamodule=datamodule))
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             outputs = predicted_outputs.interleave(gathered_shares(outputs))
     if trainer.global_rank != 0:

@@ -259,6 +259,28 @@ def test_a_folder_of_mixed_photos_trains_with_nothing_but_its_root_typed(tmp_pat
     assert (network["num_classes"], network["in_channels"]) == (2, 3), "counted from the folders, RGB by default"
     assert read_json(run_dir / "results.json")["test/acc"] >= 0
 
+    # The checkpoint scores `dark` and `light`: a folder with a third class is refused, not scored against them.
+    three_classes = shutil.copytree(root, tmp_path / "three_classes")
+    for split in ("train", "val", "test"):
+        shutil.copytree(root / split / "dark", three_classes / split / "medium")
+    checkpoint = f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
+    evaluated = run_module("project.evaluate", checkpoint, f"data.root={three_classes}", cwd=tmp_path, env=ENV)
+    line = assert_ends_in_error_line(
+        evaluated.returncode,
+        evaluated.stdout,
+        evaluated.stderr,
+        2,
+        "['dark', 'light', 'medium']",
+        "trained on ['dark', 'light']",
+    )
+    assert line.startswith("error: the data has the classes")
+    # Grey samples for a network trained on RGB: one line naming the key given.
+    predicted = run_module("project.predict", checkpoint, "+data.channels=1", cwd=tmp_path, env=ENV)
+    line = assert_ends_in_error_line(
+        predicted.returncode, predicted.stdout, predicted.stderr, 2, "data.channels=1", "to have 3 channels, but got 1"
+    )
+    assert line.startswith("error: the checkpoint's network does not take the samples of the data as given")
+
 
 def test_a_killed_loader_worker_ends_the_run_in_one_line_with_how_to_resume(tmp_path: Path, example_images: Path):
     """A worker the kernel's OOM killer (or anyone) ends takes the run with it: torch's line and the resume hint."""
