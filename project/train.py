@@ -103,7 +103,13 @@ def switched_on(callbacks: DictConfig) -> list[DictConfig]:
     key any callback may have (conf/callbacks/default.yaml's early stopping is off until callbacks.early_stopping.
     enabled=true), which is the config's, not the callback's argument."""
     configs = []
-    for node in callbacks.values():
+    for name, node in callbacks.items():
+        if isinstance(node, DictConfig) and "_target_" not in node:
+            chosen = HydraConfig.get().runtime.choices.get("callbacks") if HydraConfig.initialized() else None
+            raise UserError(
+                f"callbacks.{name} has no _target_: callbacks={chosen} defines no {name} for its keys to set; "
+                f"use callbacks=default, or give callbacks.{name}._target_"
+            )
         if node is not None and node.get("enabled", True):
             arguments = OmegaConf.to_container(node, resolve=True)
             arguments.pop("enabled", None)

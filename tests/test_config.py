@@ -159,3 +159,21 @@ def test_values_are_judged_by_any_targets_annotations():
     )
     unknown = OmegaConf.create({"_target_": "no.such.Class", "size": "big"})
     assert mistyped_value(unknown, "model") is None
+
+
+def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_one_line(tmp_path: Path, monkeypatch):
+    """`callbacks=none` then `+callbacks.early_stopping.enabled=true` would build a callback from that key alone."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        overrides = ["callbacks=none", "+callbacks.early_stopping.enabled=true", f"run_dir={tmp_path}"]
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
+    try:
+        with pytest.raises(UserError) as raised:
+            build(OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), tmp_path / "outputs")
+    finally:
+        HydraConfig.instance().cfg = None
+    assert error_line(raised.value) == (
+        "error: callbacks.early_stopping has no _target_: callbacks=none defines no early_stopping for its keys to "
+        "set; use callbacks=default, or give callbacks.early_stopping._target_"
+    )
