@@ -33,6 +33,7 @@ from project.runs.mid_epoch_resume import MidEpochResumeCheck
 from project.runs.results import format_results_table, logged_metrics, save_results
 from project.runs.run_config import RunConfigCallback, command_line_overrides
 from project.runs.run_log import capture_logs, report
+from project.runs.schedule_length import ScheduleLengthCheck
 from project.runs.sweep_continuation import finished_results
 
 
@@ -67,7 +68,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
-    callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *extra_callbacks]
+    callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), ScheduleLengthCheck(), *extra_callbacks]
     if cfg.get("compile"):
         callbacks.append(CompileNetworks())
     check_checkpoint_dirs(callbacks)

@@ -53,11 +53,12 @@ class RegressionData(L.LightningDataModule):
 
 
 class RegressionModule(L.LightningModule):
-    """`scratch_elements`: floats each training step allocates beside its activations (a model too big for memory)."""
+    """`scratch_elements`: floats each training step allocates beside its activations (a model too big for memory);
+    `one_cycle`: a one-cycle schedule of its own, sized to the run."""
 
-    def __init__(self, hidden: int = 8, lr: float = 0.05, scratch_elements: int = 0) -> None:
+    def __init__(self, hidden: int = 8, lr: float = 0.05, scratch_elements: int = 0, one_cycle: bool = False) -> None:
         super().__init__()
-        self.lr, self.scratch_elements = lr, scratch_elements
+        self.lr, self.scratch_elements, self.one_cycle = lr, scratch_elements, one_cycle
         self.layers = nn.Sequential(nn.Linear(1, hidden), nn.Tanh(), nn.Linear(hidden, 1))
 
     def _mse(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
@@ -80,8 +81,14 @@ class RegressionModule(L.LightningModule):
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self.layers(batch[0])
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict:
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.lr)
+        if not self.one_cycle:
+            return optimizer
+        # Sized from the run, as Lightning's docs show: a resumed run gets the checkpoint's length back.
+        total = self.trainer.estimated_stepping_batches
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.lr, total_steps=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 class PointsAsDicts(Dataset):

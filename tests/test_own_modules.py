@@ -267,3 +267,20 @@ def test_the_readme_steps_train_a_module_of_your_own_under_ddp(tmp_path: Path):
     checkpoint = torch.load(results_file.parent / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["config"]["model"]["_target_"] == "my_project.LineFit"
     assert len(list((results_file.parent / "checkpoints").glob("best-epoch*.ckpt"))) == 1
+
+
+@pytest.mark.slow
+def test_your_modules_own_one_cycle_schedule_resumed_for_a_longer_run_is_refused_before_training(user_dir: Path):
+    """Lightning loads the checkpoint's schedule, sized for 2 epochs, over the one built for 3: torch would fail
+    with a ValueError once the run steps past it."""
+    one_cycle = [*REGRESSION, "+model.one_cycle=true", "logger=none"]
+    check_ok(train(user_dir, *one_cycle, "trainer.max_epochs=2", "hydra.run.dir=outputs/cycle"))
+    last = user_dir / "outputs" / "cycle" / "checkpoints" / "last.ckpt"
+    longer = train(user_dir, *one_cycle, f"ckpt_path={last}", "trainer.max_epochs=3", "hydra.run.dir=outputs/longer")
+    assert longer.returncode == 2 and "Traceback" not in longer.stderr, longer.stderr[-2000:]
+    assert error_lines(longer.stderr) == [
+        "error: the learning-rate schedule OneCycleLR ends after 12 steps (the checkpoint's length: it was sized for a "
+        "shorter run), and this run steps it 18 times: resume with the trainer.max_epochs it was sized for, or size "
+        "it from the run's length (trainer.estimated_stepping_batches) and start a new run"
+    ]
+    assert not (user_dir / "outputs" / "longer" / "checkpoints" / "last.ckpt").exists(), "refused before a step"
