@@ -65,7 +65,7 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
         if isinstance(error, InterpolationResolutionError):
-            return unresolved(error)
+            return resolvers_refusal(error) or unresolved(error)
         if isinstance(error, OSError) and error.errno in DISK_ERRORS:
             return disk_error(error)
         if is_out_of_memory(error):
@@ -115,6 +115,13 @@ def disk_error(error: OSError) -> UserError:
         errno.EROFS: f"{where} is on a read-only disk:",
     }[error.errno]
     return UserError(f"{problem} write the run elsewhere (hydra.run.dir); the checkpoints written before are kept")
+
+
+def resolvers_refusal(error: BaseException | None) -> UserError | None:
+    """The `UserError` a resolver raised (`${run_steps:2}`), worded already, behind OmegaConf's errors, if any."""
+    while error is not None and not isinstance(error, UserError):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def unresolved(error: InterpolationResolutionError) -> UserError:

@@ -2,7 +2,8 @@
 
 `model.scheduler` is a partial (`_partial_: true`) of the schedule, with its own arguments. Its length is often the
 run's, which the data decides only once the optimizer exists: `${run_steps:}` (this process's optimizer steps over
-the whole fit, as Lightning counts them) and `${run_epochs:}` stand for it in the YAML and are filled in here.
+the whole fit, as Lightning counts them) and `${run_epochs:}` stand for it in the YAML and are filled in here;
+`${run_steps:0.05}` is a fraction of it (rounded, at least 1: a warm-up that fits a run of any length).
 Two keys are not the schedule's but Lightning's, as in its `lr_scheduler` dict: `interval` (`step`, the default,
 or `epoch`: when it is stepped) and `monitor` (the metric a `ReduceLROnPlateau` follows, stepped after validation).
 A schedule of schedules (`ChainedScheduler`, `SequentialLR`) lists its parts as partials too.
@@ -26,9 +27,31 @@ INTERVALS = ("step", "epoch")
 
 
 def register_resolvers() -> None:
-    """`${run_steps:}` and `${run_epochs:}` (every entry point composes conf/ after importing `project`)."""
-    OmegaConf.register_new_resolver("run_steps", lambda: RUN_STEPS, replace=True)
-    OmegaConf.register_new_resolver("run_epochs", lambda: RUN_EPOCHS, replace=True)
+    """`${run_steps:}` and `${run_epochs:}`, or a fraction `${run_steps:0.05}` (every entry point composes conf/
+    after importing `project`)."""
+    for name, placeholder in (("run_steps", RUN_STEPS), ("run_epochs", RUN_EPOCHS)):
+        OmegaConf.register_new_resolver(name, functools.partial(part_of_the_run, placeholder), replace=True)
+
+
+def part_of_the_run(placeholder: str, fraction: float | None = None) -> str:
+    """What `${run_steps:<fraction>}` stands for until the run's length is known: `<placeholder>*<fraction>`."""
+    if fraction is None:
+        return placeholder
+    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise UserError(f"model.scheduler: {PLACEHOLDERS[placeholder][:-1]}{fraction}}} takes a fraction > 0 and <= 1")
+    return f"{placeholder}*{fraction}"
+
+
+def filled_in(value: str, lengths: dict[str, int | float]) -> tuple[str, int] | None:
+    """(placeholder, length) for a `part_of_the_run` string, else None; refused where the run has no set length."""
+    placeholder, _, fraction = value.partition("*")
+    if placeholder not in lengths:
+        return None
+    length = lengths[placeholder]
+    if not (isinstance(length, int) and length > 0):
+        needs = NEEDS[placeholder]
+        raise UserError(f"model.scheduler: {PLACEHOLDERS[placeholder]} needs a run of a set length: {needs}")
+    return placeholder, max(1, round(length * float(fraction))) if fraction else length
 
 
 @dataclass
@@ -70,12 +93,12 @@ def build_schedule(factory: functools.partial, optimizer: torch.optim.Optimizer,
             return value.func(*value.args, optimizer=optimizer, **{k: built(v) for k, v in value.keywords.items()})
         if isinstance(value, Sequence) and not isinstance(value, str):  # a list, or Hydra's ListConfig of parts
             return [built(item) for item in value]
-        if isinstance(value, str) and value in lengths:
-            if not (isinstance(lengths[value], int) and lengths[value] > 0):
-                raise UserError(f"model.scheduler: {PLACEHOLDERS[value]} needs a run of a set length: {NEEDS[value]}")
-            used[value] = lengths[value]
-            return lengths[value]
-        return value
+        run_part = filled_in(value, lengths) if isinstance(value, str) else None
+        if run_part is None:
+            return value
+        placeholder, length = run_part
+        used[placeholder] = lengths[placeholder]
+        return length
 
     try:
         scheduler = factory.func(*factory.args, optimizer=optimizer, **{k: built(v) for k, v in keywords.items()})

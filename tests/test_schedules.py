@@ -5,9 +5,10 @@ import functools
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from project.errors import UserError
-from project.schedules import RUN_EPOCHS, RUN_STEPS, build_schedule, check_resumable
+from project.errors import UserError, error_line
+from project.schedules import RUN_EPOCHS, RUN_STEPS, build_schedule, check_resumable, register_resolvers
 
 lr_scheduler = torch.optim.lr_scheduler
 
@@ -72,3 +73,17 @@ def test_a_schedule_dropped_or_added_on_resume_is_refused_and_not_resuming_check
     check_resumable({}, stepped)  # a schedule of no run length may start on a resume
     check_resumable(None, cosine)
     check_resumable({}, None)
+
+
+def test_a_fraction_of_the_run_is_rounded_and_never_less_than_one_step():
+    """`${run_steps:0.05}`: warmup_cosine's warm-up fits a toy run of 6 steps and an MNIST run of 1000 alike."""
+    register_resolvers()
+    fraction = OmegaConf.create({"warmup": "${run_steps:0.05}"}).warmup
+    for steps, warmup_steps in ((6, 1), (1000, 50), (30, 2)):
+        factory = functools.partial(lr_scheduler.LinearLR, start_factor=0.01, total_iters=fraction)
+        schedule = build_schedule(factory, optimizer(), steps=steps, epochs=3)
+        assert schedule.scheduler.total_iters == warmup_steps
+        assert schedule.scheduler.sized_for == {"steps": steps}, "a resume checks the run's length, not the part"
+    with pytest.raises(Exception) as raised:
+        OmegaConf.to_container(OmegaConf.create({"warmup": "${run_steps:2}"}), resolve=True)
+    assert error_line(raised.value) == "error: model.scheduler: ${run_steps:2} takes a fraction > 0 and <= 1"
