@@ -13,22 +13,43 @@ and the checkpoint stores it, so evaluation rebuilds the same network.
 import inspect
 
 from hydra.utils import get_object
+from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, open_dict
 
 from project.runs.run_config import command_line_overrides
 
 
 def give_network_hints(cfg: DictConfig) -> None:
-    """Set `cfg.model.network.<name>` from `cfg.network_hints` for each name its `_target_`'s signature has."""
-    hints, network = cfg.get("network_hints"), cfg.model.get("network")
-    if not hints or not isinstance(network, DictConfig) or not isinstance(network.get("_target_"), str):
+    """Set `cfg.model.network.<name>` from `cfg.network_hints` for each name its `_target_`'s signature has, after
+    leaving out what the model's YAML gave a network the command line replaced (`leave_out_replaced_arguments`)."""
+    network = cfg.model.get("network")
+    if not isinstance(network, DictConfig) or not isinstance(network.get("_target_"), str):
         return
-    taken = taken_arguments(get_object(network._target_))
     typed = {override.lstrip("+~").split("=", 1)[0] for override in command_line_overrides()}
+    taken = taken_arguments(get_object(network._target_))
+    leave_out_replaced_arguments(network, taken, typed)
     with open_dict(network):
-        for name, value in hints.items():
+        for name, value in (cfg.get("network_hints") or {}).items():
             if name in taken and f"model.network.{name}" not in typed:
                 network[name] = value
+
+
+def leave_out_replaced_arguments(network: DictConfig, taken: set[str], typed: set[str]) -> None:
+    """`model.network._target_=torchvision.models.resnet18` keeps the model YAML's other keys, written for the network
+    it replaces (the CNN's `in_channels`, `channels`, ...): those the new network does not name are left out, and
+    said so, rather than passed to it ("unexpected keyword argument"). Keys typed on the command line are kept."""
+    if "model.network._target_" not in typed:
+        return
+    kept = taken | {"_target_"} | {key.removeprefix("model.network.") for key in typed}
+    replaced = [key for key in network if key not in kept]
+    with open_dict(network):
+        for key in replaced:
+            del network[key]
+    if replaced:
+        rank_zero_info(
+            f"model.network: {network._target_} names no {', '.join(replaced)} (set in the model's YAML for the "
+            "network it replaces): left out; model.network.<key>=<value> gives it one"
+        )
 
 
 def taken_arguments(target: object) -> set[str]:

@@ -9,12 +9,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.config_checks import check_added_keys, check_config, mistyped_value
 from project.errors import UserError, error_line
+from project.network_hints import give_network_hints
 from project.runs.run_config import command_line_overrides
 from project.train import build
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
@@ -177,3 +179,24 @@ def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_o
         "error: callbacks.early_stopping has no _target_: callbacks=none defines no early_stopping for its keys to "
         "set; use callbacks=default, or give callbacks.early_stopping._target_"
     )
+
+
+def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(tmp_path: Path):
+    """`model.network._target_=torchvision.models.resnet18` over experiment=image_folder_cnn: the CNN's keys of the
+    model's YAML are left out; what the command line gives (num_classes) is kept; the network builds."""
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        overrides = [
+            "experiment=image_folder_cnn",
+            "model.network._target_=torchvision.models.resnet18",
+            "model.network.num_classes=2",
+            "network_hints={}",
+            f"run_dir={tmp_path}",
+        ]
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
+    try:
+        give_network_hints(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    assert OmegaConf.to_container(cfg.model.network) == {"_target_": "torchvision.models.resnet18", "num_classes": 2}
+    assert instantiate(cfg.model.network)(torch.zeros(2, 3, 32, 32)).shape == (2, 2)
