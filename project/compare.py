@@ -8,6 +8,7 @@ per-step loss and final weight differences, and writes `comparison.json` and `lo
 
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -107,11 +108,23 @@ def run_side(side: str, command: list[str], cwd: str, log_path: Path) -> None:
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         status = subprocess.run(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if status != 0:
-        lines = log_path.read_text().strip().splitlines() or [""]
-        # The run's own `error:` line, which may follow a progress bar's on the same line of the shared log.
-        errors = [line.rsplit("error: ", 1)[1] for line in lines if "error: " in line]
-        reason = errors[-1] if errors else repr(lines[-1])
+        reason = failure_reason(log_path.read_text())
         raise UserError(f"the {side} run failed (exit {status}): {reason}; its whole output is in {log_path}")
+
+
+def failure_reason(output: str) -> str:
+    """The line of a failed side's `output` that says why: the run's own `error:` line (which may follow a progress
+    bar's on the same line of the shared log), else the last exception line of a traceback, else the last line that
+    is not a rule (torchrun ends its failure report with a row of `=`)."""
+    lines = output.strip().splitlines()
+    errors = [line.rsplit("error: ", 1)[1] for line in lines if "error: " in line]
+    if errors:
+        return errors[-1]
+    exceptions = [line for line in lines if re.match(r"[\w.]*(Error|Exception|Interrupt)(: |$)", line)]
+    if exceptions:
+        return exceptions[-1]
+    said = [line for line in lines if line.strip(" =-")]
+    return repr(said[-1]) if said else "it printed nothing"
 
 
 def require_history_and_checkpoint(cfg: DictConfig) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from project.compare import format_comparison
+from project.compare import failure_reason, format_comparison
 from project.parity import max_loss_difference, max_weight_difference, network_weights
 from project.runs.history import TrainingHistory
 from tests.helpers import REPO, check_ok, read_json, run_module
@@ -214,3 +214,15 @@ def test_a_reference_script_refuses_a_setting_it_would_ignore(tmp_path: Path):
     result = run_module("project.reference.single", "trainer.max_steps=3", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: trainer.max_steps=3 changes what")
+
+
+@pytest.mark.parametrize(
+    ("output", "reason"),
+    [
+        ("Epoch 1: 50%|#  error: data.batch_size must be a positive integer\n", "data.batch_size must be a positive"),
+        ("Traceback (most recent call last):\n  ...\nRuntimeError: boom\n" + "=" * 40 + "\n", "RuntimeError: boom"),
+        ("[rank1]: lost the store\nrank 1 exited with code 1\n" + "=" * 40 + "\n", "rank 1 exited with code 1"),
+    ],
+)
+def test_a_failed_side_is_named_by_its_reason_not_by_torchruns_closing_rule(output: str, reason: str):
+    assert reason in failure_reason(output)
