@@ -10,6 +10,7 @@ A schedule of schedules (`ChainedScheduler`, `SequentialLR`) lists its parts as 
 """
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -103,10 +104,10 @@ def build_schedule(factory: functools.partial, optimizer: torch.optim.Optimizer,
     try:
         scheduler = factory.func(*factory.args, optimizer=optimizer, **{k: built(v) for k, v in keywords.items()})
     except (TypeError, ValueError, KeyError) as error:  # torch's schedules check their arguments
-        raise UserError(
-            f"model.scheduler: {factory.func.__name__}: {error} (the run's length is ${{run_steps:}} optimizer "
-            "steps, or ${run_epochs:} epochs)"
-        ) from None
+        # Where the complaint is about a length, say how the YAML gives the run's.
+        about_length = re.search(r"step|epoch|iter|T_max|total", str(error), flags=re.IGNORECASE)
+        hint = " (the run's length is ${run_steps:} optimizer steps, or ${run_epochs:} epochs)" if about_length else ""
+        raise UserError(f"model.scheduler: {factory.func.__name__}: {error}{hint}") from None
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and (monitor is None or interval != "epoch"):
         raise UserError(
             "model.scheduler: ReduceLROnPlateau follows a metric measured by validation: add the metric and the "

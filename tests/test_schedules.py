@@ -45,12 +45,15 @@ def test_the_run_length_is_filled_in_wherever_a_schedule_and_its_parts_ask_for_i
         (functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_STEPS), float("inf"), -1, "trainer.max_steps"),
         (functools.partial(lr_scheduler.OneCycleLR, max_lr=0.1), 10, 2, "${run_steps:}"),
         (lr_scheduler.StepLR, 10, 2, "_partial_: true"),
+        (functools.partial(lr_scheduler.LambdaLR), 10, 2, "missing 1 required positional argument: 'lr_lambda'"),
     ],
 )
 def test_a_schedule_that_cannot_be_built_or_stepped_as_configured_is_one_line(factory, steps, epochs, named):
     with pytest.raises(UserError, match="model.scheduler") as raised:
         build_schedule(factory, optimizer(), steps, epochs)
     assert named in str(raised.value) and "\n" not in str(raised.value)
+    if "lr_lambda" in named:
+        assert "${run_steps:}" not in str(raised.value), "the run's length is no help to a missing lr_lambda"
 
 
 def test_a_checkpoint_of_a_schedule_sized_for_another_run_is_refused():
