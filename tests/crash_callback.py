@@ -49,3 +49,16 @@ class SignalInValidation(L.Callback):
     def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx, *args):
         if trainer.state.fn == "fit" and trainer.current_epoch == self.epoch and batch_idx == 0:
             os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class SignalAtBatch(L.Callback):
+    """Sends `signal` to its own process as training batch `batch` of the run (counted from 1) starts, so that it
+    arrives while that batch trains: unlike `SignalAtStep`, inside a gradient-accumulation window too."""
+
+    def __init__(self, batch: int, signal: str) -> None:
+        self.batch, self.signal, self.seen = batch, signal, 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx) -> None:
+        self.seen += 1
+        if self.seen == self.batch:
+            os.kill(os.getpid(), getattr(signal, self.signal))

@@ -239,3 +239,41 @@ def test_the_reference_loop_stopped_mid_epoch_resumes_to_the_lightning_run_never
     weights = torch.load(resumed_dir / "checkpoints" / "model.pt", weights_only=True)
     assert expected and weights.keys() == {name.removeprefix("network.") for name in expected}
     assert all(torch.equal(weights[name.removeprefix("network.")], tensor) for name, tensor in expected.items())
+
+
+@pytest.mark.parametrize(
+    ("processes", "signalled_in_batch", "stops_at_step"),
+    [
+        # 5 batches an epoch, windows (1 2) (3 4) (5): signalled in epoch 1's batch 3, it stops after batch 4.
+        (1, 8, 5),
+        # 3 batches a rank, windows (1 2) (3): signalled in epoch 1's batch 1 (the ranks agree as it starts), they
+        # stop after its batch 2.
+        (2, 4, 3),
+    ],
+)
+def test_a_sigterm_inside_an_accumulation_window_stops_at_its_end_and_resumes_exactly(
+    tmp_path: Path, processes: int, signalled_in_batch: int, stops_at_step: int
+):
+    """A checkpoint inside the window would leave its accumulated gradients behind: the run trains on to the
+    window's last batch, checkpoints there, and resumes to the weights of a run never stopped."""
+    args = ["data.batch_size=1", "trainer.accumulate_grad_batches=2", "logger=none"]
+    if processes == 2:
+        args += ["trainer=ddp", "trainer.devices=2"]
+    env = {**ENV, "PYTHONPATH": str(REPO)}  # the run imports tests.crash_callback
+    whole, stopped, resumed = tmp_path / "whole", tmp_path / "stopped", tmp_path / "resumed"
+    check_ok(run_module("project.train", *args, f"hydra.run.dir={whole}", cwd=tmp_path, env=env))
+    signal_in_batch = [
+        "+callbacks.crash._target_=tests.crash_callback.SignalAtBatch",
+        f"+callbacks.crash.batch={signalled_in_batch}",
+        "+callbacks.crash.signal=SIGTERM",
+    ]
+    result = run_module("project.train", *args, *signal_in_batch, f"hydra.run.dir={stopped}", cwd=tmp_path, env=env)
+    assert result.returncode == STOPPED_BY_SIGTERM, result.stderr[-2000:]
+    last = stopped / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == stops_at_step
+    check_ok(run_module("project.train", *args, f"ckpt_path={last}", f"hydra.run.dir={resumed}", cwd=tmp_path, env=env))
+    for again, once in zip(histories(resumed), histories(whole), strict=True):
+        assert again["first_step"] == stops_at_step
+        assert again["step_losses"] == once["step_losses"][-len(again["step_losses"]) :]
+    expected, weights = (network_weights(run / "checkpoints" / "last.ckpt") for run in (whole, resumed))
+    assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items()), "weights differ"

@@ -10,6 +10,9 @@ The SIGTERM checkpoint is written after the signal, never inside its handler: Li
 `on_exception` on every rank together, which is where this writes. The file is renamed into place
 (`AtomicCheckpointIO`), so a kill during the write keeps the previous one. The data module's `state_dict` puts the
 training order's position into every checkpoint, so a resumed run trains exactly the batches it would have trained.
+A SIGTERM inside a gradient-accumulation window (`trainer.accumulate_grad_batches`) stops the run at the window's
+last batch: a checkpoint inside the window would leave its accumulated gradients behind, and the resumed run would
+step on part of them.
 """
 
 import time
@@ -37,12 +40,14 @@ class MidEpochCheckpoint(L.Callback):
         self.every_n_steps = every_n_steps
         self.every_n_minutes = every_n_minutes
         self._last_write = time.monotonic()
+        self._held_sigterm = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_write = time.monotonic()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         done = batches_done(trainer)
+        self._hold_sigterm_to_the_windows_end(trainer, done)
         if done >= trainer.num_training_batches:
             return  # the epoch-end last.ckpt follows at once
         if done % trainer.accumulate_grad_batches:
@@ -56,6 +61,20 @@ class MidEpochCheckpoint(L.Callback):
             by_time = trainer.strategy.reduce_boolean_decision(elapsed, all=False)
         if by_steps or by_time:
             self._write(trainer)
+
+    def _hold_sigterm_to_the_windows_end(self, trainer: L.Trainer, done: int) -> None:
+        """Hide a SIGTERM from Lightning's loop until the accumulation window's last batch has stepped.
+
+        Lightning stops after the batch whose end finds its flag set (after this hook); under DDP the ranks set it
+        together (`HydraDDPStrategy`), at the same batch, so they hold and release it together. The flag is on the
+        Trainer's private signal connector, as there (see the `lightning<2.7` pin).
+        """
+        connector = trainer._signal_connector
+        inside_a_window = done % trainer.accumulate_grad_batches and done < trainer.num_training_batches
+        if connector.received_sigterm and inside_a_window:
+            connector.received_sigterm, self._held_sigterm = False, True
+        elif self._held_sigterm and not inside_a_window:
+            connector.received_sigterm, self._held_sigterm = True, False
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """On SIGTERM while an epoch is under way, write the step just finished (every rank is here).
