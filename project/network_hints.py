@@ -21,34 +21,40 @@ from project.runs.run_config import command_line_overrides
 
 def give_network_hints(cfg: DictConfig) -> None:
     """Set `cfg.model.network.<name>` from `cfg.network_hints` for each name its `_target_`'s signature has, after
-    leaving out what the model's YAML gave a network the command line replaced (`leave_out_replaced_arguments`)."""
+    leaving out what the model's YAML gave a network or optimizer the command line replaced
+    (`leave_out_replaced_arguments`)."""
+    typed = {override.lstrip("+~").split("=", 1)[0] for override in command_line_overrides()}
+    for part in ("optimizer", "network"):
+        node = cfg.model.get(part)
+        if isinstance(node, DictConfig) and isinstance(node.get("_target_"), str):
+            leave_out_replaced_arguments(node, f"model.{part}", typed)
     network = cfg.model.get("network")
     if not isinstance(network, DictConfig) or not isinstance(network.get("_target_"), str):
         return
-    typed = {override.lstrip("+~").split("=", 1)[0] for override in command_line_overrides()}
     taken = taken_arguments(get_object(network._target_))
-    leave_out_replaced_arguments(network, taken, typed)
     with open_dict(network):
         for name, value in (cfg.get("network_hints") or {}).items():
             if name in taken and f"model.network.{name}" not in typed:
                 network[name] = value
 
 
-def leave_out_replaced_arguments(network: DictConfig, taken: set[str], typed: set[str]) -> None:
-    """`model.network._target_=torchvision.models.resnet18` keeps the model YAML's other keys, written for the network
-    it replaces (the CNN's `in_channels`, `channels`, ...): those the new network does not name are left out, and
-    said so, rather than passed to it ("unexpected keyword argument"). Keys typed on the command line are kept."""
-    if "model.network._target_" not in typed:
+def leave_out_replaced_arguments(node: DictConfig, path: str, typed: set[str]) -> None:
+    """`model.network._target_=torchvision.models.resnet18` (or `model.optimizer._target_=torch.optim.AdamW`) keeps
+    the model YAML's other keys, written for what it replaces (the CNN's `in_channels`, SGD's `momentum`): those the
+    new class does not name are left out, and said so, rather than passed to it ("unexpected keyword argument").
+    Keys typed on the command line are kept."""
+    if f"{path}._target_" not in typed:
         return
-    kept = taken | {"_target_"} | {key.removeprefix("model.network.") for key in typed}
-    replaced = [key for key in network if key not in kept]
-    with open_dict(network):
+    kept = taken_arguments(get_object(node._target_)) | {"_target_", "_partial_"}
+    kept |= {key.removeprefix(f"{path}.") for key in typed}
+    replaced = [key for key in node if key not in kept]
+    with open_dict(node):
         for key in replaced:
-            del network[key]
+            del node[key]
     if replaced:
         rank_zero_info(
-            f"model.network: {network._target_} names no {', '.join(replaced)} (set in the model's YAML for the "
-            "network it replaces): left out; model.network.<key>=<value> gives it one"
+            f"{path}: {node._target_} names no {', '.join(replaced)} (set in the model's YAML for the one it "
+            f"replaces): left out; {path}.<key>=<value> gives it one"
         )
 
 

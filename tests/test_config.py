@@ -200,3 +200,20 @@ def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(tmp_
         HydraConfig.instance().cfg = None
     assert OmegaConf.to_container(cfg.model.network) == {"_target_": "torchvision.models.resnet18", "num_classes": 2}
     assert instantiate(cfg.model.network)(torch.zeros(2, 3, 32, 32)).shape == (2, 2)
+
+
+def test_optimizer_arguments_need_no_plus_and_a_swapped_optimizer_gets_only_those_it_names(tmp_path: Path):
+    """The toy's SGD lists momentum and weight decay; AdamW by `_target_` is not handed SGD's momentum."""
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        momentum = compose("train", overrides=["model.optimizer.momentum=0.9", f"run_dir={tmp_path}"])
+        overrides = ["model.optimizer._target_=torch.optim.AdamW", "model.optimizer.weight_decay=0.1"]
+        cfg = compose("train", overrides=[*overrides, f"run_dir={tmp_path}"], return_hydra_config=True)
+    parameters = [torch.nn.Parameter(torch.zeros(2))]
+    assert instantiate(momentum.model.optimizer)(parameters).defaults["momentum"] == 0.9
+    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
+    try:
+        give_network_hints(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    adamw = instantiate(cfg.model.optimizer)(parameters)
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["weight_decay"] == 0.1
