@@ -150,7 +150,7 @@ def metrics_of(trainer: L.Trainer) -> dict[str, float]:
 
 def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:
     """TensorBoard's HParams view: the run's config beside its final metrics, so runs and sweeps compare in one table
-    that opens on the keys set on the command line (project/runs/hparams.py), the optimised metric first.
+    that opens on the keys the run chose (project/runs/hparams.py), the optimised metric first.
 
     The metrics get an `hp/` prefix: under their own names they would add a point to the per-epoch curves.
     """
@@ -165,7 +165,7 @@ def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> N
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger):
             first = f"hp/{cfg.optimized_metric.replace('/', '_')}"
-            log_to_tensorboard(logger, params, metrics, command_line_overrides(), first)
+            log_to_tensorboard(logger, params, metrics, first)
 
 
 def summarise_history(run_dir: str, world_size: int) -> dict:
