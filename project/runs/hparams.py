@@ -20,6 +20,7 @@ from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from torch.utils.tensorboard.summary import hparams
 from torch.utils.tensorboard.writer import FileWriter
 
+from project.errors import in_sweep_job
 from project.runs.run_config import command_line_overrides
 
 
@@ -59,10 +60,10 @@ def flat(config: dict | list, prefix: str = "") -> dict[str, bool | int | float 
 
 
 def chosen_keys() -> list[str]:
-    """The config keys this run chose: its search's parameters, where its sweeper has them (an Optuna trial's
-    overrides also repeat the search's fixed command line, e.g. `data.root=...`), else its command line's overrides
+    """The config keys this run chose: in a sweep whose sweeper has parameters, those (an Optuna trial's overrides
+    also repeat the search's fixed command line, e.g. `data.root=...`), else its command line's overrides
     (`model.optimizer.lr=0.1` → `model.optimizer.lr`); none outside Hydra."""
-    search = HydraConfig.get().sweeper.get("params") if HydraConfig.initialized() else None
+    search = HydraConfig.get().sweeper.get("params") if in_sweep_job() else None
     if search:
         return list(search)
     return [override.lstrip("+~").split("=", 1)[0] for override in command_line_overrides()]
