@@ -20,7 +20,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.helpers import CHROMEDRIVER, CHROMIUM, check_ok, free_port, run_module
+from tests.helpers import CHROMEDRIVER, CHROMIUM, check_ok, free_port, read_json, run_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 RUNS = ["0/tensorboard", "1/tensorboard"]
@@ -51,7 +51,7 @@ return lines.length && runs.length ? {runs, lines: lines.length} : null;
 """
 )
 # The HParams page: its table as text (header row first) once every run has a row, and the hyperparameters its
-# side panel lists, each with whether it is ticked (shown as a column).
+# side panel lists, in its order, each with whether it is ticked (shown as a column).
 HPARAMS = (
     FIND
     + f"""
@@ -63,9 +63,7 @@ const rows = [...grid.shadowRoot.querySelectorAll("tr")].filter(r => !r.hidden).
     r => [...r.querySelectorAll("th, td")].filter(c => !c.hidden && cell(c)).map(c => cell(c).innerText.trim())
 ).filter(r => r.length);
 if (rows.length < {len(RUNS) + 1}) return null;
-const ticked = Object.fromEntries(
-    find(pane, e => e.localName === "paper-checkbox").map(e => [e.innerText.trim(), e.checked])
-);
+const ticked = find(pane, e => e.localName === "paper-checkbox").map(e => [e.innerText.trim(), e.checked]);
 return {{rows, ticked}};
 """
 )
@@ -89,10 +87,11 @@ def test_sweep_in_the_browser_shows_both_runs_curves_and_the_swept_key_first_in_
     assert [row[0] for row in rows] == RUNS
     swept = [float(row[2]) for row in rows]
     assert swept == [0.1, 0.5]
-    accuracies = [float(row[header.index("hp/val_acc")]) for row in rows]
-    assert all(0 <= accuracy <= 1 for accuracy in accuracies)
-    ticked = hparams["ticked"]
-    assert ticked["model/optimizer/lr"] and ticked["hp/val_acc"]
+    # Each job's final validation accuracy, as its results.json has it (the table shows 4 decimals or 5 digits).
+    finals = [read_json(sweep / str(job) / "results.json")["val/acc"] for job in range(len(RUNS))]
+    assert [float(row[header.index("hp/val_acc")]) for row in rows] == pytest.approx(finals, abs=1e-4)
+    ticked = dict(hparams["ticked"])  # in the side panel's order
+    assert next(iter(ticked)) == "model/optimizer/lr" and ticked["model/optimizer/lr"] and ticked["hp/val_acc"]
     # The constant keys: listed, to be ticked at will, and behind the swept one where TensorBoard shows them.
     assert {"seed", "data/batch_size", "trainer/max_epochs"} <= ticked.keys()
     assert not ticked["seed"] and not ticked["trainer/max_epochs"]
