@@ -46,13 +46,15 @@ def log_to_tensorboard(logger: TensorBoardLogger, config: dict, metrics: dict[st
 
 
 def flat(config: dict | list, prefix: str = "") -> dict[str, bool | int | float | str]:
-    """`{"model": {"optimizer": {"lr": 0.1}}}` as `{"model/optimizer/lr": 0.1}`, the names the table shows (a list's
-    items by index); a value the table cannot show (None, an empty list) as its text."""
+    """`{"model": {"optimizer": {"lr": 0.1}}}` as `{"model/optimizer/lr": 0.1}`, the names the table shows, as
+    Lightning names them (a list of configs by index: `trainer/plugins/0/_target_`); a value the table cannot show
+    (None, a list of numbers) as its text."""
     items = config.items() if isinstance(config, dict) else enumerate(config)
     names: dict[str, bool | int | float | str] = {}
     for key, value in items:
         name = f"{prefix}{key}"
-        if isinstance(value, (dict, list)) and value:
+        configs = isinstance(value, dict) or (isinstance(value, list) and all(isinstance(v, dict) for v in value))
+        if value and configs:
             names |= flat(value, f"{name}/")
         else:
             names[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
