@@ -37,7 +37,7 @@ lint: $(STAMP)
 tensorboard: $(STAMP)  ## serve every run under outputs/ on http://127.0.0.1:6006
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port 6006
 
-system-deps:  ## root only: Debian's Fashion-MNIST and Slurm packages (real-data and Slurm tests)
+system-deps:  ## root only: Debian's Fashion-MNIST, Slurm and Chromium packages (real-data, Slurm and browser tests)
 	bash scripts/system-deps.sh
 
 slurm-up:  ## root only: a local two-node Slurm cluster for the Slurm tests (then: source /tmp/project-local-slurm/env)

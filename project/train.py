@@ -29,6 +29,7 @@ from project.network_hints import give_network_hints
 from project.runs.checkpoints import check_checkpoint_dirs, resume_path
 from project.runs.divergence import DivergenceGuard
 from project.runs.history import TrainingHistory
+from project.runs.hparams import log_to_tensorboard
 from project.runs.mid_epoch_resume import MidEpochResumeCheck
 from project.runs.results import format_results_table, logged_metrics, save_results
 from project.runs.run_config import RunConfigCallback, command_line_overrides
@@ -155,7 +156,8 @@ def metrics_of(trainer: L.Trainer) -> dict[str, float]:
 
 
 def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:
-    """TensorBoard's HParams view: the run's config beside its final metrics, so runs and sweeps compare in one table.
+    """TensorBoard's HParams view: the run's config beside its final metrics, so runs and sweeps compare in one table
+    that opens on the keys the run chose (project/runs/hparams.py), the optimised metric first.
 
     The metrics get an `hp/` prefix: under their own names they would add a point to the per-epoch curves.
     """
@@ -169,7 +171,8 @@ def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> N
     }
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger):
-            logger.log_hyperparams(params, metrics)
+            first = f"hp/{cfg.optimized_metric.replace('/', '_')}"
+            log_to_tensorboard(logger, params, metrics, first)
 
 
 def summarise_history(run_dir: str, world_size: int) -> dict:

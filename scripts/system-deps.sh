@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian packages the optional tests and benchmarks use (`make system-deps`):
-# Debian's real Fashion-MNIST (real-data accuracy tests, `make bench`), and a local Slurm cluster
+# Debian's real Fashion-MNIST (real-data accuracy tests, `make bench`), a local Slurm cluster
 # (scripts/slurm/local_cluster.sh): controller, node daemon, client tools, munge for authentication,
-# iproute2 for the nodes' network namespaces. Must run as root (CI runs it as root).
+# iproute2 for the nodes' network namespaces; and Chromium with its chromedriver, which the browser
+# test drives headless (tests/test_tensorboard_browser.py). Must run as root (CI runs it as root).
 set -euo pipefail
 
-PACKAGES=(dataset-fashion-mnist slurmctld slurmd slurm-client munge iproute2)
+PACKAGES=(dataset-fashion-mnist slurmctld slurmd slurm-client munge iproute2 chromium chromium-driver)
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "make system-deps installs Debian packages: run it as root (sudo make system-deps)" >&2

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY
+from tests.helpers import CHROMEDRIVER, CHROMIUM, FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY
 from tests.idx_files import write_idx_dataset
 
 # Set by coverage (`make coverage`) for the processes it measures, this one included.
@@ -32,11 +32,17 @@ def skip_unrunnable(items: list[pytest.Item]) -> None:
     skip_real = pytest.mark.skip(
         reason=f"needs Debian's Fashion-MNIST in {FASHION_MNIST_DEBIAN} (`make system-deps` as root)"
     )
+    skip_browser = pytest.mark.skip(
+        reason=f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): `make system-deps` as root"
+    )
+    browser_installed = CHROMIUM.is_file() and CHROMEDRIVER.is_file()
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
         if "realdata" in item.keywords and not FASHION_MNIST_DEBIAN.is_dir():
             item.add_marker(skip_real)
+        if "browser" in item.keywords and not browser_installed:
+            item.add_marker(skip_browser)
         if item.get_closest_marker("hydra_report") and UNDER_COVERAGE:
             item.add_marker(skip_traced)
 

@@ -22,6 +22,8 @@ from tests import preloaded_python
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 FASHION_MNIST_DEBIAN = Path("/usr/share/datasets/fashion-mnist")
+# Debian's chromium and chromium-driver: the browser tests use these, never a downloaded driver.
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 IN_PROCESS_ONLY = os.environ.get("PROJECT_TESTS_IN_PROCESS") == "1"
 # What srun gives task 0 of a two-node job: multi-node configs are built as the first node's task would build them
 # (outside a launcher they are refused, which tests/test_faults.py checks).
