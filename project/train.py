@@ -29,6 +29,7 @@ from project.runs.checkpoints import check_checkpoint_dirs, resume_path
 from project.runs.divergence import DivergenceGuard
 from project.runs.history import TrainingHistory
 from project.runs.mid_epoch_resume import MidEpochResumeCheck
+from project.runs.pruning import trial_pruning
 from project.runs.results import format_results_table, logged_metrics, save_results
 from project.runs.run_config import RunConfigCallback, command_line_overrides
 from project.runs.run_log import capture_logs, report
@@ -66,7 +67,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
-    callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *extra_callbacks]
+    callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), *trial_pruning(cfg), *extra_callbacks]
     check_checkpoint_dirs(callbacks)
     if cfg.get("stop_when_diverged", True):
         callbacks.insert(0, DivergenceGuard())  # first: it checks before any checkpoint callback writes

@@ -74,7 +74,7 @@ ConfigStore.instance().store(
 def distribution(override: Override) -> BaseDistribution | None:
     """The Optuna distribution of one `key=<sweep>` override, or None for a fixed value: `choice(...)` and a
     shuffled `range` are categorical; `range(a, b, s)` is the numbers Hydra's `-m` would run (b excluded);
-    `interval(a, b)` is uniform (integer where both ends are), `tag(log, interval(a, b))` log-uniform."""
+    `interval(a, b)` is uniform over the floats between, `tag(log, interval(a, b))` log-uniform."""
     if not override.is_sweep_override():
         return None
     sweep = override.value()
@@ -90,11 +90,8 @@ def distribution(override: Override) -> BaseDistribution | None:
         if all(isinstance(value, int) for value in (sweep.start, sweep.stop, sweep.step)):
             return IntDistribution(values[0], values[-1], step=sweep.step)
         return FloatDistribution(values[0], values[-1], step=sweep.step)
-    if override.is_interval_sweep():
-        log_scale = "log" in sweep.tags
-        if isinstance(sweep.start, int) and isinstance(sweep.end, int):
-            return IntDistribution(sweep.start, sweep.end, log=log_scale)
-        return FloatDistribution(sweep.start, sweep.end, log=log_scale)
+    if override.is_interval_sweep():  # Hydra's interval is of floats, whatever its ends look like
+        return FloatDistribution(sweep.start, sweep.end, log="log" in sweep.tags)
     raise ValueError("Optuna searches choice, range and interval sweeps only")
 
 
@@ -109,8 +106,10 @@ def search_space(overrides: list[str]) -> tuple[dict[str, BaseDistribution], lis
             dist = distribution(override)
         except (HydraException, ValueError) as error:
             raise UserError(
-                f"hydra.sweeper.params {text}: {' '.join(str(error).split())}: give choice(a, b, ...), range(start, "
-                "stop, step), interval(low, high) or tag(log, interval(low, high)) with low < high, or a fixed value"
+                f"the search space's {text} (hydra.sweeper.params or the command line): "
+                f"{' '.join(str(error).split())}: give choice(a, b, ...), range(start, stop, step), "
+                "interval(low, high) or tag(log, interval(low, high)) with low < high (and low > 0 on a log scale), "
+                "or a fixed value"
             ) from None
         key = override.get_key_element()
         space.pop(key, None)
