@@ -37,7 +37,7 @@ from hydra.core.plugins import Plugins
 from hydra.errors import HydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -54,9 +54,11 @@ class ResumableOptunaSweeperConf:
     """`hydra/sweeper: optuna`: the keys conf/hparams_search/mnist_optuna.yaml sets."""
 
     _target_: str = "hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper.ResumableOptunaSweeper"
-    # The study's database: the trial's jobs reach it too (pruning), wherever they run.
-    storage: str = "sqlite:///${hydra.sweep.dir}/optuna.db"
-    study_name: str = "${hydra.job.name}"
+    # The study's database URL (sqlite:///${hydra.sweep.dir}/optuna.db): the trials' jobs reach it too (pruning),
+    # wherever they run. No default: OmegaConf resolves a default's ${...} as a config is merged over it, which would
+    # claim a sweep dir of its own.
+    storage: str = MISSING
+    study_name: str = MISSING
     n_trials: int = 20
     n_jobs: int = 1
     # `_target_` + arguments of an Optuna sampler; none: Optuna's default (TPE, unseeded).
