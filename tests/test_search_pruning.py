@@ -12,7 +12,6 @@ import optuna
 import pytest
 import torch
 
-from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import search_space
 from tests.helpers import check_ok, mnist_overrides, run_module
 
 MEDIAN_PRUNER = "hydra.sweeper.pruner={_target_:optuna.pruners.MedianPruner,n_startup_trials:2,n_warmup_steps:0}"
@@ -86,27 +85,3 @@ def test_a_pruned_trial_under_ddp_stops_both_ranks_at_the_same_step(tmp_path: Pa
     assert steps_of_every_rank(sweep_dir / str(BAD_TRIAL)) == [steps_per_epoch, steps_per_epoch]
     assert steps_of_every_rank(sweep_dir / "1") == [2 * steps_per_epoch, 2 * steps_per_epoch]
     assert not (sweep_dir / str(BAD_TRIAL) / "error.txt").exists()
-
-
-def test_the_search_space_takes_the_values_hydra_sweeps_and_the_last_word_on_a_key():
-    """`range` stops before its end as in `-m`, `interval` is of floats as in Hydra; a fixed value on the command line
-    takes the key out of the search."""
-    space, fixed = search_space(
-        [
-            "a=range(1,5)",
-            "b=tag(log, interval(0.0001, 0.01))",
-            "c=interval(1, 4)",
-            "d=choice(x, 'y z')",
-            "data.batch_size=choice(64, 128)",
-            "data.batch_size=64",
-            "e=range(0.5, 1.0, 0.25)",
-        ]
-    )
-    assert space == {
-        "a": optuna.distributions.IntDistribution(1, 4),
-        "b": optuna.distributions.FloatDistribution(0.0001, 0.01, log=True),
-        "c": optuna.distributions.FloatDistribution(1.0, 4.0),
-        "d": optuna.distributions.CategoricalDistribution(["x", "y z"]),
-        "e": optuna.distributions.FloatDistribution(0.5, 0.75, step=0.25),
-    }
-    assert fixed == ["data.batch_size=64"]
