@@ -7,7 +7,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import open_study, search_space
+from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import open_study, search_direction, search_space
 from project.errors import UserError
 
 
@@ -63,3 +63,10 @@ def test_a_storage_that_is_no_database_or_cannot_be_written_is_refused_naming_it
         open_study(f"sqlite:///{unwritable}", "s", "maximize", None, None)
     study = open_study(f"sqlite:///{tmp_path / 'fresh.db'}", "s", "minimize", None, None)
     assert study.direction == optuna.study.StudyDirection.MINIMIZE
+
+
+def test_the_direction_is_optimized_modes_and_an_older_configs_direction_must_agree():
+    assert search_direction("max", None) == search_direction("max", "maximize") == "maximize"
+    assert search_direction("min", None) == "minimize"
+    with pytest.raises(UserError, match="^hydra.sweeper.direction=maximize disagrees with optimized_mode=min, which"):
+        search_direction("min", "maximize")

@@ -66,6 +66,9 @@ class ResumableOptunaSweeperConf:
     # `_target_` + arguments of an Optuna pruner; none: every trial runs to its end.
     pruner: Any = None
     params: Any = None
+    # Not needed: the search follows optimized_mode. Read only so that a config written for Hydra's Optuna sweeper
+    # still runs where it agrees (and is refused where it does not).
+    direction: Any = None
 
 
 ConfigStore.instance().store(
@@ -123,6 +126,17 @@ def search_space(overrides: list[str]) -> tuple[dict[str, BaseDistribution], lis
     return space, list(fixed.values())
 
 
+def search_direction(optimized_mode: str, direction: str | None) -> str:
+    """Optuna's direction for `optimized_mode`; a `hydra.sweeper.direction` that says otherwise is refused."""
+    follows = DIRECTIONS[optimized_mode]
+    if direction not in (None, follows):
+        raise UserError(
+            f"hydra.sweeper.direction={direction} disagrees with optimized_mode={optimized_mode}, which the search "
+            f"follows ({follows}): remove hydra.sweeper.direction, and set optimized_mode=min|max"
+        )
+    return follows
+
+
 def open_study(url: str, study_name: str, direction: str, sampler: Any, pruner: Any) -> optuna.Study:
     """The stored study (made where there is none); a storage Optuna cannot use is the user's to fix or move."""
     database = url.removeprefix("sqlite:///")
@@ -163,11 +177,13 @@ class ResumableOptunaSweeper(Sweeper):
         sampler: optuna.samplers.BaseSampler | None,
         pruner: optuna.pruners.BasePruner | None,
         params: DictConfig | None,
+        direction: str | None,
     ) -> None:
         """Hydra passes the sampler and pruner built from their configs (it instantiates the sweeper recursively)."""
         self.storage, self.study_name = storage, study_name
         self.n_trials, self.n_jobs = n_trials, n_jobs
         self.sampler, self.pruner, self.params = sampler, pruner or optuna.pruners.NopPruner(), params
+        self.direction = direction
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -182,7 +198,7 @@ class ResumableOptunaSweeper(Sweeper):
             study = open_study(
                 self.storage,
                 self.study_name,
-                DIRECTIONS[self.config.optimized_mode],
+                search_direction(self.config.optimized_mode, self.direction),
                 self.sampler,
                 self.pruner,
             )
