@@ -31,6 +31,7 @@ from project.runs.divergence import DivergenceGuard
 from project.runs.history import TrainingHistory
 from project.runs.hparams import log_to_tensorboard
 from project.runs.mid_epoch_resume import MidEpochResumeCheck
+from project.runs.pruning import trial_pruning
 from project.runs.results import format_results_table, logged_metrics, save_results
 from project.runs.run_config import RunConfigCallback, command_line_overrides
 from project.runs.run_log import capture_logs, report
@@ -69,7 +70,8 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
-    callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), ScheduleLengthCheck(), *extra_callbacks]
+    callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), ScheduleLengthCheck(), *trial_pruning(cfg)]
+    callbacks += extra_callbacks
     if cfg.get("compile"):
         callbacks.append(CompileNetworks())
     check_checkpoint_dirs(callbacks)

@@ -9,15 +9,18 @@ Damaged MNIST files have cases of their own in tests/test_bad_data_files.py, and
 corrupt or foreign checkpoint is in tests/test_workflow.py; they are not repeated here.
 """
 
+import contextlib
 import os
 import random
 import shutil
 import signal
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import optuna
 import torch
 
 from tests.helpers import run_module
@@ -76,6 +79,25 @@ def a_reference_run(case_dir: Path, ckpt: Path) -> None:
 def a_damaged_optuna_db(case_dir: Path, ckpt: Path) -> None:
     (case_dir / "sweep").mkdir()
     (case_dir / "sweep" / "optuna.db").write_bytes(random.Random(0).randbytes(4096))
+
+
+def an_optuna_2_db(case_dir: Path, ckpt: Path) -> None:
+    """A study file as Optuna 2.10 left it, to the check that refuses it: its schema's version (alembic's) and the
+    Optuna that wrote it (the tables themselves are today's: opening stops at the version check)."""
+    (case_dir / "sweep").mkdir()
+    database = case_dir / "sweep" / "optuna.db"
+    optuna.create_study(study_name="mnist_optuna", storage=f"sqlite:///{database}")
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute("UPDATE alembic_version SET version_num = 'v2.6.0.a'")
+        connection.execute("UPDATE version_info SET library_version = '2.10.1'")
+
+
+def a_search_over_a_misspelt_interval(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "conf" / "hparams_search").mkdir(parents=True)
+    (case_dir / "conf" / "hparams_search" / "bad_space.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - mnist_optuna\nhydra:\n  sweeper:\n    params:\n"
+        "      model.optimizer.lr: interval(1, a)\n"
+    )
 
 
 def a_config_dir_with_broken_yaml(case_dir: Path, ckpt: Path) -> None:
@@ -174,6 +196,20 @@ BAD_INPUTS = [
         ("{dir}/sweep/optuna.db", "is not a database"),
         mnist=True,
         prepare=a_damaged_optuna_db,
+    ),
+    BadInput(
+        "search-with-an-optuna-2-db",
+        ("hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
+        ("optuna storage upgrade --storage sqlite:///{dir}/sweep/optuna.db", "hydra.sweep.dir"),
+        mnist=True,
+        prepare=an_optuna_2_db,
+    ),
+    BadInput(
+        "search-space-interval-not-a-number",
+        ("hydra.searchpath=[file://{dir}/conf]", "hparams_search=bad_space", "hydra.sweep.dir={dir}/sweep"),
+        ("model.optimizer.lr=interval(1, a)", "interval(low, high)"),
+        mnist=True,
+        prepare=a_search_over_a_misspelt_interval,
     ),
     BadInput("run-dir-below-a-file", ("hydra.run.dir={dir}/a-file/run",), ("{dir}/a-file",), prepare=a_file),
     # Training that diverges: the toy's steps 1 and 2 at lr 1e6 stay finite, step 3's gradients do not.

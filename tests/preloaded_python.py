@@ -87,9 +87,11 @@ def send_request(socket_path: str, request: dict, descriptors: list[int]) -> soc
 def serve(socket_path: str) -> tuple[dict, list[int], int] | None:
     """Accept runs until stdin closes (the test process is gone); in a forked child, return its request, the
     descriptors that came with it and the pid of the process that asked."""
+    import alembic.migration  # noqa: F401  (with sqlalchemy.orm: the study storage every Optuna search opens)
     import hydra  # noqa: F401
     import lightning.pytorch  # noqa: F401
-    import optuna  # noqa: F401  (the sweepers' plugins import it as Hydra looks for plugins)
+    import optuna  # noqa: F401  (the project's Optuna sweeper imports it as Hydra looks for plugins)
+    import sqlalchemy.orm  # noqa: F401
     import torch  # noqa: F401
     import torch.distributed.run  # noqa: F401  (torchrun's agents)
     import torchmetrics  # noqa: F401

@@ -26,6 +26,7 @@ ROWS = [
             "bad_input:unknown-precision",
             "bad_input:added-unknown-key",
             "bad_input:mnist-network-on-toy-data",
+            "bad_input:search-space-interval-not-a-number",
             "tests/test_config.py::test_a_value_of_the_wrong_type_for_the_network_names_the_key_and_the_type_it_takes",
             f"{FAULTS}::test_a_key_the_config_does_not_have_is_named_by_hydra_before_anything_runs",
         ],
@@ -212,7 +213,11 @@ ROWS = [
             "tests/test_search_resume.py::test_a_search_whose_trial_fails_records_it_failed_and_runs_the_others",
         ],
     ),
-    ("an Optuna search whose `optuna.db`", "2", ["bad_input:search-with-a-damaged-optuna-db"]),
+    (
+        "an Optuna search whose `optuna.db`",
+        "2",
+        ["bad_input:search-with-a-damaged-optuna-db", "bad_input:search-with-an-optuna-2-db"],
+    ),
     (
         "a resumed run had nothing left to train",
         "0",

@@ -8,9 +8,7 @@ overrides is refused before any job runs (`check_same_sweep`). An Optuna search 
 (hydra_plugins/resumable_optuna_sweeper), so its finished jobs are never met again.
 """
 
-import contextlib
 import json
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -24,10 +22,9 @@ SWEEP_CONFIG = "multirun.yaml"
 
 
 def check_same_sweep(config: DictConfig) -> None:
-    """Before the first job: a sweep dir that holds an earlier sweep holds this one, and the sweeper's database there
-    (an Optuna search's `storage: sqlite:///...`) is one; otherwise the sweep ends in one line."""
+    """Before the first job: a sweep dir that holds an earlier sweep holds this one; otherwise the sweep ends in one
+    line. (An Optuna search's sweeper checks its own database.)"""
     sweep_dir = Path(config.hydra.sweep.dir)
-    check_sweeper_database(config.hydra.sweeper.get("storage"))
     stored = sweep_dir / SWEEP_CONFIG
     if not stored.is_file():
         return
@@ -41,26 +38,9 @@ def check_same_sweep(config: DictConfig) -> None:
     report(f"carrying on the sweep in {sweep_dir}: its finished jobs are not run again, a stopped one resumes")
 
 
-def check_sweeper_database(storage: object) -> None:
-    """An SQLite file the sweeper would carry its study on in, which is no database (damaged, or another file), ends
-    the sweep before its first job, not in the database driver's traceback as the sweeper opens it."""
-    if not (isinstance(storage, str) and storage.startswith("sqlite:///")):
-        return
-    database = Path(storage.removeprefix("sqlite:///"))
-    if not database.is_file():
-        return  # the sweeper makes it
-    try:
-        with contextlib.closing(sqlite3.connect(database)) as connection:
-            connection.execute("PRAGMA schema_version")
-    except sqlite3.DatabaseError as error:
-        refuse(
-            f"{database} (hydra.sweeper.storage) is not a database the sweeper can carry its study on ({error}): "
-            "move it away to start the search afresh, or give another hydra.sweep.dir"
-        )
-
-
 def refuse(line: str) -> None:
-    """End the sweep in one line before any job (in a Hydra callback, where an exception would be Hydra's traceback)."""
+    """End the sweep in one line before any job (in a Hydra callback or sweeper, where an exception would be Hydra's
+    traceback)."""
     print(f"error: {line}", file=sys.stderr, flush=True)
     sys.exit(2)
 

@@ -22,6 +22,8 @@ from project.runs.run_log import report
 SWEEP_FAILED_STATUS = 1
 # A job stopped with its search, run again by the search's continuation (hydra_plugins/resumable_optuna_sweeper/).
 INTERRUPTED_FILE = "interrupted.txt"
+# A trial its search's pruner stopped early (project.runs.pruning): its results are those of a short run.
+PRUNED_FILE = "pruned.txt"
 
 
 class JobRow(NamedTuple):
@@ -31,6 +33,7 @@ class JobRow(NamedTuple):
     directory: str
     error: str | None  # the job's error line, if it failed
     interrupted: bool = False  # stopped with its search and run again (INTERRUPTED_FILE)
+    pruned: bool = False  # stopped early by its search's pruner (PRUNED_FILE)
 
 
 def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
@@ -50,20 +53,31 @@ def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
         interrupted = (job_dir / INTERRUPTED_FILE).is_file()
         if error is None and not results_file.is_file() and not interrupted:
             error = "error: the job left no results.json (killed?): see its log in that directory"
-        rows.append(JobRow(job_dir.name, overrides, value, str(job_dir), error, interrupted))
+        pruned = (job_dir / PRUNED_FILE).is_file()
+        rows.append(JobRow(job_dir.name, overrides, value, str(job_dir), error, interrupted, pruned))
     return rows
+
+
+def shown_value(row: JobRow) -> str:
+    """The table's value column: the job's metric, or what kept it from one (a pruned job's is a short run's)."""
+    if row.error:
+        return "failed"
+    if row.interrupted:
+        return "interrupted"
+    return "pruned" if row.pruned else format_value(row.value)
 
 
 def format_sweep_table(rows: list[JobRow], metric: str) -> str:
     width = max([len("overrides"), *(len(row.overrides) for row in rows)])
     lines = [f"{'job':<5}{'overrides':<{width + 2}}{metric:>12}  dir"]
     for row in rows:
-        value = "failed" if row.error else "interrupted" if row.interrupted else format_value(row.value)
-        lines.append(f"{row.job:<5}{row.overrides:<{width + 2}}{value:>12}  {row.directory}")
+        lines.append(f"{row.job:<5}{row.overrides:<{width + 2}}{shown_value(row):>12}  {row.directory}")
     lines += [f"job {row.job} {row.error}" for row in rows if row.error]
     rule = "-" * max(len(line) for line in lines)
     failed = sum(1 for row in rows if row.error)
+    pruned = sum(1 for row in rows if row.pruned and not row.error)
     title = f"Sweep: {len(rows)} job(s)" + (f", {failed} failed" if failed else "")
+    title += f", {pruned} pruned" if pruned else ""
     return "\n".join([rule, title, rule, *lines, rule])
 
 

@@ -1,0 +1,72 @@
+"""The sweeper's reading of its search space and storage, in-process: what Optuna is given, or the one line a user
+gets instead (the searches themselves run in tests/test_search_*.py and tests/fault_cases.py)."""
+
+import random
+from pathlib import Path
+
+import optuna
+import pytest
+
+from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import open_study, search_direction, search_space
+from project.errors import UserError
+
+
+def test_the_search_space_takes_the_values_hydra_sweeps_and_the_last_word_on_a_key():
+    """`range` stops before its end as in `-m`, `interval` is of floats as in Hydra; a fixed value on the command line
+    takes the key out of the search."""
+    space, fixed = search_space(
+        [
+            "a=range(1,5)",
+            "b=tag(log, interval(0.0001, 0.01))",
+            "c=interval(1, 4)",
+            "d=choice(x, 'y z')",
+            "data.batch_size=choice(64, 128)",
+            "data.batch_size=64",
+            "e=range(0.5, 1.0, 0.25)",
+        ]
+    )
+    assert space == {
+        "a": optuna.distributions.IntDistribution(1, 4),
+        "b": optuna.distributions.FloatDistribution(0.0001, 0.01, log=True),
+        "c": optuna.distributions.FloatDistribution(1.0, 4.0),
+        "d": optuna.distributions.CategoricalDistribution(["x", "y z"]),
+        "e": optuna.distributions.FloatDistribution(0.5, 0.75, step=0.25),
+    }
+    assert fixed == ["data.batch_size=64"]
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [
+        ("lr=interval(1, a)", "mismatch type argument end"),
+        ("lr=choice()", "empty choice"),
+        ("lr=interval(0.1, 0.01)", "low <= high"),
+        ("lr=tag(log, interval(0, 1))", "low > 0"),
+        ("lr=range(5, 1)", "the range holds no number"),
+    ],
+)
+def test_a_search_space_optuna_cannot_search_is_one_line_naming_the_key_and_the_forms(override: str, problem: str):
+    with pytest.raises(UserError) as refused:
+        search_space(["data.batch_size=64", override])
+    message = str(refused.value)
+    assert message.startswith(f"the search space's {override} ") and problem in message and "\n" not in message
+    assert "tag(log, interval(low, high))" in message
+
+
+def test_a_storage_that_is_no_database_or_cannot_be_written_is_refused_naming_it(tmp_path: Path):
+    damaged = tmp_path / "optuna.db"
+    damaged.write_bytes(random.Random(0).randbytes(4096))
+    with pytest.raises(UserError, match=f"^{damaged} .hydra.sweeper.storage. is not a database"):
+        open_study(f"sqlite:///{damaged}", "s", "maximize", None, None)
+    unwritable = tmp_path / "no-such-dir" / "optuna.db"
+    with pytest.raises(UserError, match="cannot be opened .unable to open database file.: give a storage in a"):
+        open_study(f"sqlite:///{unwritable}", "s", "maximize", None, None)
+    study = open_study(f"sqlite:///{tmp_path / 'fresh.db'}", "s", "minimize", None, None)
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE
+
+
+def test_the_direction_is_optimized_modes_and_an_older_configs_direction_must_agree():
+    assert search_direction("max", None) == search_direction("max", "maximize") == "maximize"
+    assert search_direction("min", None) == "minimize"
+    with pytest.raises(UserError, match="^hydra.sweeper.direction=maximize disagrees with optimized_mode=min, which"):
+        search_direction("min", "maximize")
