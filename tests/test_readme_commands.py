@@ -35,7 +35,7 @@ NOT_RUN_HERE = {
     "mlflow server --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1 --port 5000": "a server that "
     "runs until stopped: tests/test_mlflow.py starts one on a free port and logs runs, a DDP run and a sweep to it",
     "python -m project.train logger=mlflow logger.mlflow.tracking_uri=http://127.0.0.1:5000": "needs the server of "
-    "the line above: tests/test_mlflow.py runs this command against its own server",
+    "the line above: tests/test_mlflow.py runs it (with trainer=ddp, as a sweep, as logger=many) on its own server",
 }
 # README lines that need a CUDA GPU: marked `gpu`, so conftest skips them where none is visible.
 NEEDS_GPU = {"python -m project.train trainer=gpu"}
