@@ -89,6 +89,7 @@ def serve(socket_path: str) -> tuple[dict, list[int], int] | None:
     descriptors that came with it and the pid of the process that asked."""
     import hydra  # noqa: F401
     import lightning.pytorch  # noqa: F401
+    import mlflow.tracking  # noqa: F401  (logger=mlflow)
     import optuna  # noqa: F401  (the sweepers' plugins import it as Hydra looks for plugins)
     import torch  # noqa: F401
     import torch.distributed.run  # noqa: F401  (torchrun's agents)
