@@ -209,6 +209,7 @@ def test_a_server_lost_mid_run_costs_one_warning_line(tmp_path: Path):
     assert steps == list(range(len(steps))) and 0 < len(steps) <= 4, steps
 
 
+@pytest.mark.slow  # MLflow makes its store's tables: seconds
 def test_without_a_server_a_run_logs_into_the_store_under_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The default `logger=mlflow`: an SQLite file and the artifacts under outputs/ of where the run started."""
     monkeypatch.chdir(tmp_path)
