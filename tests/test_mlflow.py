@@ -155,14 +155,20 @@ def test_many_writes_tensorboard_csv_and_mlflow(many_run: LoggedRun):
 
 
 @pytest.mark.slow
-def test_ddp_run_of_two_ranks_is_one_mlflow_run(server: Server, tmp_path: Path):
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_ddp_run_of_two_ranks_is_one_mlflow_run(server: Server, tmp_path: Path, strategy: str):
+    """Rank 0 alone logs; under ddp_spawn also the spawning process, which fit and test each spawn anew."""
     result = train(
-        tmp_path, "logger=mlflow", f"logger.mlflow.tracking_uri={server.uri}", "trainer=ddp", "trainer.devices=2"
+        tmp_path,
+        "logger=mlflow",
+        f"logger.mlflow.tracking_uri={server.uri}",
+        f"trainer={strategy}",
+        "trainer.devices=2",
     )
     (run_dir,) = printed_run_dirs(result.stdout)
     (run,) = runs_of(MlflowClient(server.uri), run_dir)
     assert run.data.params["world_size"] == "2"
-    assert [metric.step for metric in MlflowClient(server.uri).get_metric_history(run.info.run_id, "val/acc")]
+    assert {"train/step_loss", "val/acc", "test/acc", "hp/test_acc"} <= set(run.data.metrics)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import requests
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only
 from mlflow.exceptions import MlflowException
 
 from project.errors import in_sweep_job
@@ -76,6 +77,13 @@ class MLFlowLogger(LightningMLFlowLogger):
             artifact_location=artifact_location,
         )
         self._lost = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The copy that `trainer=ddp_spawn` sends to its processes logs into this run, made here first if need be:
+        each copy would otherwise start a run of its own (one for fit, one for test, besides this process's)."""
+        if rank_zero_only.rank == 0:
+            self._keep_going(lambda: self.experiment)
+        return self.__dict__.copy()
 
     def _keep_going(self, action: Callable[..., Any], *args: Any) -> Any:
         """`action(*args)`, or None once a request to the tracking store has failed (said once, as a warning)."""
