@@ -215,6 +215,15 @@ def test_a_server_lost_mid_run_costs_one_warning_line(tmp_path: Path):
     assert steps == list(range(len(steps))) and 0 < len(steps) <= 4, steps
 
 
+@pytest.mark.slow
+def test_a_server_not_there_as_the_run_starts_is_one_error_line_before_training(tmp_path: Path):
+    uri = f"http://127.0.0.1:{free_port()}"
+    result = run_module("project.train", "logger=mlflow", f"logger.mlflow.tracking_uri={uri}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: logger.mlflow.tracking_uri={uri} does not answer")
+    assert not list(tmp_path.glob("outputs/*/*/checkpoints/*.ckpt"))
+
+
 @pytest.mark.slow  # MLflow makes its store's tables: seconds
 def test_without_a_server_a_run_logs_into_the_store_under_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The default `logger=mlflow`: an SQLite file and the artifacts under outputs/ of where the run started."""

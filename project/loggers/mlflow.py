@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 from mlflow.exceptions import MlflowException
 
-from project.errors import in_sweep_job
+from project.errors import UserError, in_sweep_job
 from project.upstream_noise import DropMessages
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,19 @@ class MLFlowLogger(LightningMLFlowLogger):
             artifact_location=artifact_location,
         )
         self._lost = False
+
+    @property
+    def experiment(self) -> Any:
+        """MLflow's client, once the experiment and run exist. A store that does not answer as the run starts (a
+        server not started, a mistyped URI) ends the run in one line, before it trains: nothing is lost yet."""
+        try:
+            return super().experiment
+        except (MlflowException, requests.RequestException) as error:
+            reason = " ".join(str(error).split())[:200]
+            raise UserError(
+                f"logger.mlflow.tracking_uri={self._tracking_uri} does not answer ({reason}): start the MLflow server "
+                "there, or point the key at one (without it the run logs to outputs/mlflow.db)"
+            ) from None
 
     def __getstate__(self) -> dict[str, Any]:
         """The copy that `trainer=ddp_spawn` sends to its processes logs into this run, made here first if need be:
