@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import get_original_cwd, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -158,8 +158,9 @@ def metrics_of(trainer: L.Trainer) -> dict[str, float]:
 
 
 def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:
-    """TensorBoard's HParams view: the run's config beside its final metrics, so runs and sweeps compare in one table
-    that opens on the keys the run chose (project/runs/hparams.py), the optimised metric first.
+    """TensorBoard's HParams view (and MLflow's runs table): the run's config beside its final metrics, so runs and
+    sweeps compare in one table, which in TensorBoard opens on the keys the run chose (project/runs/hparams.py), the
+    optimised metric first.
 
     The metrics get an `hp/` prefix: under their own names they would add a point to the per-epoch curves.
     """
@@ -175,6 +176,9 @@ def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> N
         if isinstance(logger, TensorBoardLogger):
             first = f"hp/{cfg.optimized_metric.replace('/', '_')}"
             log_to_tensorboard(logger, params, metrics, first)
+        if isinstance(logger, MLFlowLogger):  # its runs table: the config as params, the results as metrics
+            logger.log_hyperparams({**params, "world_size": trainer.world_size})
+            logger.log_metrics(metrics, step=trainer.global_step)
 
 
 def summarise_history(run_dir: str, world_size: int) -> dict:

@@ -1,4 +1,5 @@
-"""Test-only callbacks that signal their own process, to interrupt a run as a crash or a preemption would."""
+"""Test-only callbacks that signal their own process (or another), to interrupt a run as a crash, a preemption or a
+lost server would."""
 
 import os
 import signal
@@ -62,3 +63,14 @@ class SignalAtBatch(L.Callback):
         self.seen += 1
         if self.seen == self.batch:
             os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class KillProcessGroupAtStep(L.Callback):
+    """SIGKILLs the process group `pgid` (a server the run talks to, say) once optimizer step `step` has finished."""
+
+    def __init__(self, step: int, pgid: int) -> None:
+        self.step, self.pgid = step, pgid
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == 0:
+            os.killpg(self.pgid, signal.SIGKILL)

@@ -90,6 +90,7 @@ def serve(socket_path: str) -> tuple[dict, list[int], int] | None:
     import alembic.migration  # noqa: F401  (with sqlalchemy.orm: the study storage every Optuna search opens)
     import hydra  # noqa: F401
     import lightning.pytorch  # noqa: F401
+    import mlflow.tracking  # noqa: F401  (logger=mlflow)
     import optuna  # noqa: F401  (the project's Optuna sweeper imports it as Hydra looks for plugins)
     import sqlalchemy.orm  # noqa: F401
     import torch  # noqa: F401

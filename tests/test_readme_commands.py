@@ -32,6 +32,10 @@ NOT_RUN_HERE = {
     "tests/test_workflow.py::test_tensorboard_server_serves_scalars_and_hparams_of_a_run starts and queries it",
     "python -m project.train trainer=slurm trainer.num_nodes=2 trainer.devices=1": "runs under srun in a Slurm "
     "allocation: tests/test_slurm.py on the local cluster, tests/test_strategies.py on simulated nodes",
+    "mlflow server --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1 --port 5000": "a server that "
+    "runs until stopped: tests/test_mlflow.py starts one on a free port and logs runs, a DDP run and a sweep to it",
+    "python -m project.train logger=mlflow logger.mlflow.tracking_uri=http://127.0.0.1:5000": "needs the server of "
+    "the line above: tests/test_mlflow.py runs it (with trainer=ddp, as a sweep, as logger=many) on its own server",
 }
 # README lines that need a CUDA GPU: marked `gpu`, so conftest skips them where none is visible.
 NEEDS_GPU = {"python -m project.train trainer=gpu"}
