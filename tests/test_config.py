@@ -44,6 +44,8 @@ def test_every_option_composes_and_builds(tmp_path: Path, group: str, option: st
             monkeypatch.setenv(name, value)
     for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # build seeds; later tests in this process must not inherit it
         monkeypatch.setenv(name, "0")
+    if group == "logger":  # logger=mlflow opens its store (outputs/mlflow.db under the working directory) when built
+        monkeypatch.chdir(tmp_path)
     setup = build(cfg, tmp_path / "outputs")
     assert setup.datamodule.batch_size == cfg.data.batch_size
     assert sum(p.numel() for p in setup.module.parameters()) > 0
