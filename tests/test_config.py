@@ -25,6 +25,12 @@ GROUPS = sorted(path.name for path in CONF_DIR.iterdir() if path.is_dir() and pa
 NEEDS_GPU = {("trainer", "gpu")}
 
 
+def kept_in(tmp_path: Path) -> list[str]:
+    """Overrides that keep a composed config's run dir, and Hydra's run and sweep dirs, in `tmp_path`: resolving
+    Hydra's own dirs claims them (`${launch_dir:}`), which would make directories under the repository's outputs/."""
+    return [f"run_dir={tmp_path}", f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
+
+
 def options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
 
@@ -169,7 +175,7 @@ def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_o
     """`callbacks=none` then `+callbacks.early_stopping.enabled=true` would build a callback from that key alone."""
     monkeypatch.setenv("PL_GLOBAL_SEED", "0")
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        overrides = ["callbacks=none", "+callbacks.early_stopping.enabled=true", f"run_dir={tmp_path}"]
+        overrides = ["callbacks=none", "+callbacks.early_stopping.enabled=true", *kept_in(tmp_path)]
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
     try:
@@ -192,7 +198,7 @@ def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(tmp_
             "model.network._target_=torchvision.models.resnet18",
             "model.network.num_classes=2",
             "network_hints={}",
-            f"run_dir={tmp_path}",
+            *kept_in(tmp_path),
         ]
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
@@ -209,7 +215,7 @@ def test_optimizer_arguments_need_no_plus_and_a_swapped_optimizer_gets_only_thos
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         momentum = compose("train", overrides=["model.optimizer.momentum=0.9", f"run_dir={tmp_path}"])
         overrides = ["model.optimizer._target_=torch.optim.AdamW", "model.optimizer.weight_decay=0.1"]
-        cfg = compose("train", overrides=[*overrides, f"run_dir={tmp_path}"], return_hydra_config=True)
+        cfg = compose("train", overrides=[*overrides, *kept_in(tmp_path)], return_hydra_config=True)
     parameters = [torch.nn.Parameter(torch.zeros(2))]
     assert instantiate(momentum.model.optimizer)(parameters).defaults["momentum"] == 0.9
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
