@@ -36,7 +36,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project.errors import RunStopped, UserError, find_user_error, in_sweep_job
 from project.peers import TIMEOUT_KEY, collective_timed_out, silent_ranks
 from project.runs.sweep_continuation import continue_hint
-from project.strategies.hydra_ddp import HydraDDPStrategy, HydraJobLauncher
+from project.strategies.hydra_ddp import HydraJobLauncher, HydraJobRanks
 
 # What a launch may change in this process's environment: restored when the job ends.
 JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")
@@ -97,11 +97,12 @@ def silence_line(error: Exception, silent: list[int], trainer: L.Trainer) -> str
 def stop_if_signalled(trainer: L.Trainer) -> None:
     """End the run as SIGTERM does if it reached any rank and no loop has stopped for it yet.
 
-    Under DDP the ranks agree on a SIGTERM between training steps only (`HydraDDPStrategy`); one that came during the
-    last validation or the test is acted on here, where every rank is: between fit and test, and after test.
+    Under DDP and FSDP the ranks agree on a SIGTERM between training steps only (`HydraJobRanks`); one that came
+    during the last validation or the test is acted on here, where every rank is: between fit and test, and after
+    test.
     """
     strategy = trainer.strategy
-    if isinstance(strategy, HydraDDPStrategy) and dist.is_initialized() and strategy.sigterm_on_any_rank():
+    if isinstance(strategy, HydraJobRanks) and dist.is_initialized() and strategy.sigterm_on_any_rank():
         raise SIGTERMException
 
 

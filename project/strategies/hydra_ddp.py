@@ -195,9 +195,10 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         super().kill(signum)
 
 
-class HydraDDPStrategy(DDPStrategy):
-    """Lightning's DDP with `HydraJobLauncher` for the processes it starts itself, and SIGTERM that stops every rank at
-    one same step.
+class HydraJobRanks:
+    """What a multi-process strategy of this project adds to Lightning's: `HydraJobLauncher` for the processes it
+    starts itself, and SIGTERM that stops every rank at one same step. Mixed in before the Lightning strategy
+    (`HydraDDPStrategy`, and `project.strategies.fsdp.HydraFSDPStrategy`).
 
     Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
     MASTER_ADDR) end with one line saying so, instead of torch's store error, and so does a MASTER_PORT that another
@@ -284,3 +285,7 @@ class HydraDDPStrategy(DDPStrategy):
         super().on_train_batch_start(batch, batch_idx)
         if self.sigterm_on_any_rank():
             self.lightning_module.trainer._signal_connector.received_sigterm = True
+
+
+class HydraDDPStrategy(HydraJobRanks, DDPStrategy):
+    """Lightning's DDP, its ranks started and stopped as `HydraJobRanks` says."""
