@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import RunStopped, UserError, find_user_error, in_sweep_job
 from project.peers import TIMEOUT_KEY, collective_timed_out, silent_ranks
+from project.runs.checkpoints import checkpoint_step
 from project.runs.sweep_continuation import continue_hint
 from project.strategies.hydra_ddp import HydraJobLauncher, HydraJobRanks
 
@@ -49,17 +50,18 @@ def resume_hint(trainer: L.Trainer) -> str:
         (
             Path(callback.dirpath or "") / "last.ckpt"
             for callback in trainer.checkpoint_callbacks
-            if (Path(callback.dirpath or "") / "last.ckpt").is_file()
+            if (Path(callback.dirpath or "") / "last.ckpt").exists()  # a file, or a sharded checkpoint's directory
         ),
         None,
     )
-    step = None if last is None else torch.load(last, map_location="cpu", mmap=True, weights_only=True)["global_step"]
+    step = None if last is None else checkpoint_step(last)
     if in_sweep_job():
         this_job = "this job runs again" if last is None else f"this job resumes from its last checkpoint (step {step})"
         return f"{continue_hint()}; {this_job}"
     if last is None:
         return "it had written no checkpoint yet: run it again"
-    return f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={last.resolve()}"
+    path = last.parent.resolve() / last.name  # not a sharded checkpoint's link resolved: its target is replaced
+    return f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={path}"
 
 
 def lost_another_rank(error: Exception) -> bool:

@@ -14,6 +14,7 @@ under DDP (one data-parallel mesh dimension of world_size ranks), so the same gl
 """
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -26,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from project.errors import UserError
+from project.runs.sharded_checkpoints import new_version_dir, publish, remove
 from project.strategies.hydra_ddp import HydraJobRanks
 
 # Trainer precisions FSDP2 trains in here; project.config_checks refuses the others before training.
@@ -66,18 +68,15 @@ def shard_module(
 class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
     """FSDP2 over all ranks (`data_parallel` mesh dimension = world size, no tensor parallelism).
 
+    Checkpoints are sharded, written by every rank at once with `torch.distributed.checkpoint`, and atomic:
+    `project.runs.sharded_checkpoints` says how.
+
     `layer_classes`: import paths of the submodule classes that each become an FSDP unit (a transformer's block
     class, say); the config's default is every Linear and Conv2d layer.
     """
 
-    def __init__(
-        self,
-        layer_classes: list[str],
-        timeout: timedelta | None = None,
-        save_distributed_checkpoint: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, timeout=timeout, **kwargs)
+    def __init__(self, layer_classes: list[str], timeout: timedelta | None = None, **kwargs: Any) -> None:
+        super().__init__(timeout=timeout, **kwargs)
         self.layer_classes = tuple(get_class(path) for path in layer_classes)
 
     def setup_environment(self) -> None:
@@ -100,3 +99,18 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
             module.to(self.root_device)
             shard_module(module, self.layer_classes, self.device_mesh["data_parallel"], policy)
         ParallelStrategy.setup(self, trainer)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
+        """Lightning's sharded save (every rank its shard, rank 0 the rest in `meta.pt`) into a new directory, which
+        then replaces the checkpoint at once (`sharded_checkpoints.publish`)."""
+        path = Path(self.broadcast(str(filepath)))
+        directory = self.broadcast(new_version_dir(path) if self.is_global_zero else None)
+        super().save_checkpoint(checkpoint, directory, storage_options)
+        self.barrier()  # every shard and meta.pt on disk
+        if self.is_global_zero:
+            publish(Path(directory), path)
+        self.barrier()  # no rank reads the checkpoint before it is in place
+
+    def remove_checkpoint(self, filepath: str | Path) -> None:
+        if self.is_global_zero:
+            remove(Path(filepath))
