@@ -88,11 +88,12 @@ def test_parameters_outside_any_submodule_are_refused_before_sharding():
 
 @pytest.mark.slow
 def test_a_sharded_checkpoint_resumes_exactly_and_loads_on_one_process(tmp_path: Path, compared: Path):
-    """SIGTERM after step 4 (inside epoch 1): each rank writes its shard; the resumed run trains the steps and ends
-    on the weights of the run never stopped; evaluate and the converter read the checkpoint in one process."""
+    """SIGTERM during step 3: every rank stops after step 5 (inside epoch 1) and writes its shard; the resumed run
+    trains the steps and ends on the weights of the run never stopped; evaluate and the converter read the checkpoint
+    in one process."""
     stopped_dir, resumed_dir = tmp_path / "stopped", tmp_path / "resumed"
-    at_step_4 = ["+callbacks.crash._target_=tests.crash_callback.SignalAtStep", "+callbacks.crash.step=4"]
-    stop = [*at_step_4, "+callbacks.crash.signal=SIGTERM"]
+    at_step_3 = ["+callbacks.crash._target_=tests.crash_callback.SignalAtStep", "+callbacks.crash.step=3"]
+    stop = [*at_step_3, "+callbacks.crash.signal=SIGTERM"]
     stopped = run_module(
         "project.train", "trainer=fsdp", *TOY, *stop, f"hydra.run.dir={stopped_dir}", cwd=tmp_path, env=ENV
     )
@@ -140,3 +141,25 @@ def test_a_save_killed_before_it_finished_leaves_the_previous_checkpoint_in_plac
     (second / "meta.pt").write_text("second")
     publish(second, path)
     assert (path / "meta.pt").read_text() == "second" and not first.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_training_step_issues_no_collective_but_the_gradients_and_agrees_on_sigterm_beside_it(
+    tmp_path: Path, strategy: str
+):
+    """Per step, the training group carries only what sharding needs (FSDP2's all-gathers of each layer's weights,
+    forward and backward, and its gradient reduce-scatters; DDP's bucket all-reduce is issued from C++, outside the
+    count), and the SIGTERM agreement is one all-reduce on its own CPU group. Steps after an epoch's first; the
+    divergence check, which gathers at logging steps only, is out of the way (log_every_n_steps=100)."""
+    run_dir = tmp_path / "run"
+    count = [
+        "+callbacks.count._target_=tests.collective_counter.CollectivesPerStep",
+        f"+callbacks.count.run_dir={run_dir}",
+    ]
+    overrides = [f"trainer={strategy}", *TOY, "trainer.log_every_n_steps=100", *count, f"hydra.run.dir={run_dir}"]
+    check_ok(run_module("project.train", *overrides, cwd=tmp_path, env=ENV))
+    sharding = {"training": {"all_gather_single": 6, "reduce_scatter_single": 3}}  # 3 Linear layers
+    expected = {"agreement": {"allreduce": 1}} | (sharding if strategy == "fsdp" else {})
+    for rank in (0, 1):
+        assert read_json(run_dir / f"collectives.rank{rank}.json") == [expected] * 6, "2 steps in each of 3 epochs"
