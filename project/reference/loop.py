@@ -1,4 +1,4 @@
-"""The training loop the four reference scripts share: build, train, evaluate, write the run's outputs.
+"""The training loop the reference scripts share: build, train, evaluate, write the run's outputs.
 
 It mirrors Lightning's defaults step by step (seed, then data, then network; forward, zero grad, backward, step,
 schedule step; validation after every epoch) so that the two paths give the same numbers, and so do the everyday
