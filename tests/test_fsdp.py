@@ -51,7 +51,7 @@ def test_fsdp_matches_its_reference_and_ddp_step_by_step(tmp_path: Path, compare
 
 
 @pytest.mark.slow
-def test_a_module_of_the_users_own_is_sharded_without_a_configure_model(tmp_path: Path):
+def test_a_module_of_the_users_own_is_sharded_without_a_configure_model_and_compiled(tmp_path: Path):
     regression = ["model=regression", "data=regression", "optimized_metric=val/mse", "optimized_mode=min"]
     run_dir = tmp_path / "run"
     check_ok(
@@ -60,6 +60,7 @@ def test_a_module_of_the_users_own_is_sharded_without_a_configure_model(tmp_path
             f"hydra.searchpath=[file://{FOREIGN_CONF}]",
             *regression,
             "trainer=fsdp",
+            "compile=true",
             "trainer.max_epochs=2",
             "logger=none",
             f"hydra.run.dir={run_dir}",
