@@ -16,6 +16,7 @@ import torch
 from bench import (
     data_path,
     ddp_scaling,
+    fsdp_memory,
     gpu,
     image_folder,
     lightning_overhead,
@@ -48,6 +49,7 @@ def suites(settings: Settings) -> dict[str, Callable[[Path], dict]]:
         chosen["ddp_scaling"] = lambda scratch: ddp_scaling.run(settings, recipe, scratch)
         chosen["preemption"] = lambda scratch: preemption.run(settings, recipe, scratch)
         chosen["memory"] = lambda scratch: memory.run(settings, recipe, scratch)
+        chosen["fsdp_memory"] = lambda scratch: fsdp_memory.run(settings, recipe, scratch)
         chosen["image_folder"] = lambda scratch: image_folder.run(settings, recipe, scratch)
     chosen["time_to_accuracy"] = lambda scratch: time_to_accuracy.run(settings, recipe, scratch)
     return chosen

@@ -116,6 +116,17 @@ def memory_rows(memory: dict) -> list[Row]:
     return [("memory: peak RSS, recipe 1 epoch", f"{peak['train']:6.0f} MB", note)]
 
 
+def fsdp_memory_rows(fsdp: dict) -> list[Row]:
+    if "bytes_per_rank" not in fsdp:
+        return []
+    rows = []
+    for part in ("weights", "gradients", "optimizer"):
+        ddp, sharded = (fsdp["bytes_per_rank"][strategy][0][part] / 2**20 for strategy in ("ddp", "fsdp"))
+        note = f"rank 0, 2 processes, MLP 784-2048-2048-2048-10; ddp {ddp:.1f} MB"
+        rows.append((f"fsdp / ddp: per-rank {part}", f"{sharded / ddp:.2f}", f"{sharded:.1f} MB; {note}"))
+    return rows
+
+
 def image_folder_rows(folder: dict) -> list[Row]:
     if "loader_vs_training" not in folder:
         return []
@@ -165,6 +176,7 @@ def rows(suites: dict) -> list[Row]:
         *ddp_rows(suites.get("ddp_scaling", {})),
         *preemption_rows(suites.get("preemption", {})),
         *memory_rows(suites.get("memory", {})),
+        *fsdp_memory_rows(suites.get("fsdp_memory", {})),
         *image_folder_rows(suites.get("image_folder", {})),
         *accuracy_rows(suites.get("time_to_accuracy", {})),
     ]

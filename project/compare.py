@@ -69,6 +69,7 @@ REFERENCE_FOR_TRAINER: dict[str, tuple[str, Callable[[DictConfig], list[str]]]] 
     "dp": ("dp", one_process),
     "ddp": ("ddp", torchrun),
     "ddp_spawn": ("ddp", torchrun),
+    "fsdp": ("fsdp", torchrun),
     "slurm": ("slurm", slurm_not_simulated),
 }
 

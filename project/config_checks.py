@@ -13,7 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError
 from project.runs.run_config import command_line_overrides
-from project.strategies import DataParallelStrategy
+from project.strategies import DataParallelStrategy, HydraFSDPStrategy
+from project.strategies.fsdp import FSDP_PRECISIONS
 
 
 def _is_int(value: object) -> bool:
@@ -48,11 +49,12 @@ def check_config(cfg: DictConfig) -> None:
         raise UserError(f"optimized_mode must be min or max, got {cfg.optimized_mode!r}")
     check_results_from(cfg)
     check_compile(cfg)
+    check_fsdp_precision(cfg)
     strategy = cfg.trainer.get("strategy", "auto")
     if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
         raise UserError(
             f"trainer.strategy={strategy!r} is not a known strategy: pick a trainer config "
-            "(trainer=default|cpu|gpu|dp|ddp|ddp_spawn|slurm) or one of Lightning's strategy names"
+            "(trainer=default|cpu|gpu|dp|ddp|ddp_spawn|fsdp|slurm) or one of Lightning's strategy names"
         )
     check_added_keys()
     check_multi_node_launch(cfg)
@@ -99,6 +101,17 @@ def targets_subclass_of(node: object, expected: type) -> bool:
 def is_data_parallel(cfg: DictConfig) -> bool:
     """Whether `cfg.trainer` is DataParallel (`trainer=dp`): one process, whatever `devices` says."""
     return targets_subclass_of(cfg.trainer.get("strategy"), DataParallelStrategy)
+
+
+def check_fsdp_precision(cfg: DictConfig) -> None:
+    """FSDP2 mixes precision by its own policy (`project.strategies.fsdp`), which is written for these two; Lightning
+    would accept others (bf16-true, 16-true) and train with weights that sharding does not expect."""
+    precision = str(cfg.trainer.get("precision"))
+    if targets_subclass_of(cfg.trainer.get("strategy"), HydraFSDPStrategy) and precision not in FSDP_PRECISIONS:
+        raise UserError(
+            f"trainer=fsdp trains in 32-true or bf16-mixed (FSDP2's mixed-precision policy), not "
+            f"trainer.precision={precision}: set trainer.precision=32-true or bf16-mixed"
+        )
 
 
 def check_multi_node_launch(cfg: DictConfig) -> None:

@@ -35,8 +35,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import RunStopped, UserError, find_user_error, in_sweep_job
 from project.peers import TIMEOUT_KEY, collective_timed_out, silent_ranks
+from project.runs.checkpoints import checkpoint_step
 from project.runs.sweep_continuation import continue_hint
-from project.strategies.hydra_ddp import HydraDDPStrategy, HydraJobLauncher
+from project.strategies.hydra_ddp import HydraJobLauncher, HydraJobRanks
 
 # What a launch may change in this process's environment: restored when the job ends.
 JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")
@@ -49,17 +50,18 @@ def resume_hint(trainer: L.Trainer) -> str:
         (
             Path(callback.dirpath or "") / "last.ckpt"
             for callback in trainer.checkpoint_callbacks
-            if (Path(callback.dirpath or "") / "last.ckpt").is_file()
+            if (Path(callback.dirpath or "") / "last.ckpt").exists()  # a file, or a sharded checkpoint's directory
         ),
         None,
     )
-    step = None if last is None else torch.load(last, map_location="cpu", mmap=True, weights_only=True)["global_step"]
+    step = None if last is None else checkpoint_step(last)
     if in_sweep_job():
         this_job = "this job runs again" if last is None else f"this job resumes from its last checkpoint (step {step})"
         return f"{continue_hint()}; {this_job}"
     if last is None:
         return "it had written no checkpoint yet: run it again"
-    return f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={last.resolve()}"
+    path = last.parent.resolve() / last.name  # not a sharded checkpoint's link resolved: its target is replaced
+    return f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={path}"
 
 
 def lost_another_rank(error: Exception) -> bool:
@@ -97,11 +99,12 @@ def silence_line(error: Exception, silent: list[int], trainer: L.Trainer) -> str
 def stop_if_signalled(trainer: L.Trainer) -> None:
     """End the run as SIGTERM does if it reached any rank and no loop has stopped for it yet.
 
-    Under DDP the ranks agree on a SIGTERM between training steps only (`HydraDDPStrategy`); one that came during the
-    last validation or the test is acted on here, where every rank is: between fit and test, and after test.
+    Under DDP and FSDP the ranks agree on a SIGTERM between training steps only (`HydraJobRanks`); one that came
+    during the last validation or the test is acted on here, where every rank is: between fit and test, and after
+    test.
     """
     strategy = trainer.strategy
-    if isinstance(strategy, HydraDDPStrategy) and dist.is_initialized() and strategy.sigterm_on_any_rank():
+    if isinstance(strategy, HydraJobRanks) and dist.is_initialized() and strategy.sigterm_on_any_rank():
         raise SIGTERMException
 
 

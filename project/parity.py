@@ -16,6 +16,7 @@ from torch import Tensor
 
 from project.errors import UserError
 from project.runs.history import TrainingHistory
+from project.runs.sharded_checkpoints import is_sharded, plain_checkpoint
 
 LIGHTNING_PREFIX = "network."  # where ClassifierModule keeps the network in a checkpoint's state_dict
 RESULT_ROWS = ("train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc")
@@ -55,7 +56,10 @@ def step_difference(first: float, second: float) -> float:
 
 
 def load_checkpoint(path: Path) -> dict:
-    """`weights_only` where the file allows it; both files are this run's own, so the fallback is safe."""
+    """`weights_only` where the file allows it; both files are this run's own, so the fallback is safe. A sharded
+    checkpoint (trainer=fsdp) is assembled into whole tensors."""
+    if is_sharded(path):
+        return plain_checkpoint(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # a type outside weights_only's allow-list, e.g. from a custom callback's state

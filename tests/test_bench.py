@@ -66,6 +66,7 @@ def test_a_quick_run_has_every_suite_in_order():
         "ddp_scaling",
         "preemption",
         "memory",
+        "fsdp_memory",
         "image_folder",
         "time_to_accuracy",
     ]
@@ -87,6 +88,17 @@ def test_ddp_scaling_times_two_ranks_at_both_batch_sizes(tmp_path: Path, capsys)
     assert set(results["ddp_scaling"]["two_vs_one"]) == {"same global batch", "same per-rank batch"}
     assert "DDP: 2 processes / 1" in stdout
     assert_pngs(tmp_path, {"ddp-scaling.png"})
+
+
+def test_fsdp_memory_holds_half_the_weights_gradients_and_optimizer_state_per_rank(tmp_path: Path, capsys):
+    stdout, results = run_quick_bench(tmp_path, capsys, "--only", "fsdp_memory")
+
+    ddp, fsdp = (results["fsdp_memory"]["bytes_per_rank"][strategy] for strategy in ("ddp", "fsdp"))
+    for rank in (0, 1):
+        assert fsdp[rank]["weights"] * 2 == ddp[rank]["weights"] == ddp[rank]["gradients"]
+        assert fsdp[rank]["gradients"] * 2 == ddp[rank]["gradients"]
+        assert 0.49 < fsdp[rank]["optimizer"] / ddp[rank]["optimizer"] < 0.51  # Adam's step counts are not sharded
+    assert "fsdp / ddp: per-rank weights" in stdout
 
 
 def test_memory_peak_of_a_run_is_above_the_bare_imports(tmp_path: Path, capsys):

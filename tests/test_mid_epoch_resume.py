@@ -85,8 +85,9 @@ def assert_resumed_exactly(resumed: Path, whole: Path, first_step: int) -> None:
         (1, "SIGTERM", None, 22, 22),
         (2, "SIGKILL", "every_n_steps=3", 11, 9),
         (2, "SIGKILL", "every_n_minutes=1e-9", 11, 11),
-        # Under DDP the ranks agree on the signal at the next step's start and all stop after that step.
-        (2, "SIGTERM", None, 10, 11),
+        # Under DDP the ranks agree on the signal during the next step (beside it, on a CPU group) and all stop after
+        # the one after.
+        (2, "SIGTERM", None, 9, 11),
     ],
 )
 def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_never_stopped(
@@ -131,9 +132,9 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_neve
     [
         # One process: the signal lands in epoch 1's closing validation, after its 14 training steps (28 in all).
         (1, SIGTERM_IN_VALIDATION_OF_EPOCH_1, 28),
-        # DDP: signalled after step 13, the ranks agree at the start of step 14, epoch 1's last, and Lightning then
-        # stops in the validation that follows it.
-        (2, signal_at(13, "SIGTERM"), 14),
+        # DDP: signalled after step 12, the ranks agree during step 13 and stop after step 14, epoch 1's last:
+        # Lightning then stops in the validation that follows it.
+        (2, signal_at(12, "SIGTERM"), 14),
     ],
 )
 def test_a_sigterm_in_an_epochs_closing_validation_keeps_that_epochs_training(

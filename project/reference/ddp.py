@@ -34,7 +34,7 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
         sampler = datamodule.train_sampler_class(datamodule.train_set, cfg.seed, world_size, rank)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
         trainer = Trainer(model, optimizer, schedule, device, TrainingHistory(rank, world_size))
-        fit_and_report(cfg, trainer, datamodule, network, train_loader, is_main=rank == 0)
+        fit_and_report(cfg, trainer, datamodule, train_loader, is_main=rank == 0)
     finally:
         dist.destroy_process_group()
 

@@ -36,7 +36,7 @@ def main(cfg: DictConfig) -> None:
         print(f"dp: no GPU here, so DataParallel does not split batches: training on {device}", flush=True)
         model = network
     trainer = Trainer(model, optimizer, schedule, device, TrainingHistory())
-    fit_and_report(cfg, trainer, datamodule, network, datamodule.train_dataloader())  # saves `network`: no `module.`
+    fit_and_report(cfg, trainer, datamodule, datamodule.train_dataloader())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The training loop the four reference scripts share: build, train, evaluate, write the run's outputs.
+"""The training loop the reference scripts share: build, train, evaluate, write the run's outputs.
 
 It mirrors Lightning's defaults step by step (seed, then data, then network; forward, zero grad, backward, step,
 schedule step; validation after every epoch) so that the two paths give the same numbers, and so do the everyday
@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -201,11 +202,12 @@ class TrainerSettings:
 
 
 def build(
-    cfg: DictConfig, device: torch.device
+    cfg: DictConfig, device: torch.device, shard: Callable[[nn.Module], None] | None = None
 ) -> tuple[ClassificationDataModule, nn.Module, torch.optim.Optimizer, Schedule | None]:
     """Seed, then data, then network, optimizer and schedule: the order (and so the random numbers) of
     `project.train`. The schedule (None without `model.scheduler`) is sized as Lightning sizes it
-    (`project.schedules`)."""
+    (`project.schedules`). `shard` (FSDP's) changes the network in place before the optimizer takes its parameters,
+    which sharding replaces."""
     require_the_classifier(cfg)
     require_what_the_reference_mirrors(cfg)
     give_network_hints(cfg)
@@ -216,6 +218,8 @@ def build(
     network = instantiate(cfg.model.network).to(device)
     if cfg.get("compile"):
         network.compile()  # in place, as project.compiled_networks compiles the Lightning side's network
+    if shard is not None:
+        shard(network)
     optimizer = instantiate(cfg.model.optimizer)(network.parameters())
     schedule = None
     if cfg.model.get("scheduler") is not None:
@@ -281,8 +285,12 @@ class Trainer:
     The epoch's loss and accuracy are counted with the Lightning path's metric (`ClassificationTotals`); under
     DDP its `compute()` sums them over all processes, so they cover all of the data on every rank. With
     `checkpointing` set, it writes checkpoints as the module docstring says; with `settings`, it clips, accumulates,
-    limits and autocasts as Lightning does.
+    limits and autocasts as Lightning does. A sharded model (`project.reference.fsdp`) overrides the state-dict
+    methods, and has every rank evaluate.
     """
+
+    # Whether every rank runs validation and test (each on the whole set), rather than rank 0 alone.
+    every_rank_evaluates = False
 
     def __init__(
         self,
@@ -432,12 +440,13 @@ class Trainer:
         """
         self._last_write = time.monotonic()
         self._check_divergence()  # no checkpoint of diverged weights
+        network, optimizer = self.network_state(), self.optimizer_state()  # on every rank: a sharded model gathers
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             return
         position = self.checkpointing.datamodule.position(self.epoch, self.batches_done, world_size())
         state = {
-            "network": getattr(self.model, "module", self.model).state_dict(),  # without DDP's `module.`
-            "optimizer": self.optimizer.state_dict(),
+            "network": network,
+            "optimizer": optimizer,
             "scheduler": self.schedule.scheduler.state_dict() if self.schedule is not None else None,
             "global_step": self.global_step,
             "position": asdict(position),
@@ -459,12 +468,23 @@ class Trainer:
             ) from None
         saved.check_resumable_as(self.checkpointing.datamodule.position(saved.epoch, saved.batches_done, world_size()))
         check_resumable(state["scheduler"] or {}, self.schedule)  # as the Lightning path refuses it
-        getattr(self.model, "module", self.model).load_state_dict(state["network"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.load_states(state["network"], state["optimizer"])
         if self.schedule is not None:
             self.schedule.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.batches_done, self.global_step = saved.epoch, saved.batches_done, state["global_step"]
         self.history.first_epoch, self.history.first_step = saved.epoch, self.global_step
+
+    def network_state(self) -> dict[str, Tensor]:
+        """The bare network's `state_dict` (without DDP's `module.`)."""
+        return getattr(self.model, "module", self.model).state_dict()
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_states(self, network: dict[str, Tensor], optimizer: dict) -> None:
+        """Load what `network_state` and `optimizer_state` gave."""
+        getattr(self.model, "module", self.model).load_state_dict(network)
+        self.optimizer.load_state_dict(optimizer)
 
     @torch.no_grad()
     def evaluate(self, loader: DataLoader, stage: str) -> dict[str, float]:
@@ -484,12 +504,11 @@ def fit_and_report(
     cfg: DictConfig,
     trainer: Trainer,
     datamodule: ClassificationDataModule,
-    network: nn.Module,
     train_loader: DataLoader,
     is_main: bool = True,
 ) -> None:
     """Train (on from `ckpt_path`, if given); every process saves its history; the main one alone validates, tests
-    and writes the run's outputs."""
+    (or every one, where `trainer.every_rank_evaluates`) and writes the run's outputs."""
     every = cfg.mid_epoch_checkpoint
     checkpoint = Path(cfg.run_dir) / "checkpoints" / "last.pt"
     trainer.checkpointing = Checkpointing(checkpoint, datamodule, every.every_n_steps, every.every_n_minutes)
@@ -498,18 +517,21 @@ def fit_and_report(
         trainer.divergence, trainer.check_every = DivergenceWatch(), cfg.trainer.get("log_every_n_steps", 50)
     if cfg.ckpt_path is not None:
         trainer.load_checkpoint(cfg.ckpt_path)
-    trainer.fit(train_loader, datamodule.val_dataloader() if is_main else None, cfg.trainer.max_epochs)
+    evaluates = is_main or trainer.every_rank_evaluates
+    trainer.fit(train_loader, datamodule.val_dataloader() if evaluates else None, cfg.trainer.max_epochs)
     trainer.history.save(cfg.run_dir)
+    weights = trainer.network_state()
+    test_metrics = trainer.evaluate(datamodule.test_dataloader(), "test") if evaluates else {}
     if is_main:
-        results = collect_results(trainer, trainer.evaluate(datamodule.test_dataloader(), "test"), cfg.run_dir)
-        write_outputs(cfg.run_dir, trainer, network, results)
+        write_outputs(cfg.run_dir, trainer, weights, collect_results(trainer, test_metrics, cfg.run_dir))
 
 
-def write_outputs(run_dir: str | Path, trainer: Trainer, network: nn.Module, results: dict) -> None:
-    """What the main process of a reference run leaves in its run dir, in the Lightning path's layout."""
+def write_outputs(run_dir: str | Path, trainer: Trainer, weights: dict[str, Tensor], results: dict) -> None:
+    """What the main process of a reference run leaves in its run dir, in the Lightning path's layout; `weights`:
+    the bare network's (no `module.`)."""
     run_dir = Path(run_dir)
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    torch.save(network.state_dict(), run_dir / "checkpoints" / "model.pt")  # the bare network: no `module.`
+    torch.save(weights, run_dir / "checkpoints" / "model.pt")
     with SummaryWriter(run_dir / "tensorboard") as writer:
         for step, loss in enumerate(trainer.history.step_losses):
             writer.add_scalar("train/step_loss", loss, step)

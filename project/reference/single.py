@@ -18,7 +18,7 @@ def main(cfg: DictConfig) -> None:
     device = pick_device()
     datamodule, network, optimizer, schedule = build(cfg, device)
     trainer = Trainer(network, optimizer, schedule, device, TrainingHistory())
-    fit_and_report(cfg, trainer, datamodule, network, datamodule.train_dataloader())
+    fit_and_report(cfg, trainer, datamodule, datamodule.train_dataloader())
 
 
 if __name__ == "__main__":

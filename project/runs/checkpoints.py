@@ -13,14 +13,22 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from project.errors import UserError
+from project.runs.sharded_checkpoints import is_sharded, plain_checkpoint, read_metadata
 
 
-def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_project_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
     """The checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one of ours.
 
-    Ours: a Lightning checkpoint whose `config` (stored by `project.runs.run_config`) can rebuild its run.
+    Ours: a Lightning checkpoint whose `config` (stored by `project.runs.run_config`) can rebuild its run. A sharded
+    one (trainer=fsdp, a directory) is assembled on this process, or with `tensors=False` only its metadata is read
+    (what a resume checks before the ranks load their shards themselves).
     """
     path = Path(path)
+    if is_sharded(path):
+        checkpoint = plain_checkpoint(path) if tensors else read_metadata(path)
+        if "config" not in checkpoint:
+            raise UserError(f"ckpt_path={path} is a sharded checkpoint with no config: give one project.train wrote")
+        return checkpoint
     if path.is_dir():
         inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
         files = ", ".join(str(file) for file in inside[:3]) or "<run dir>/checkpoints/last.ckpt"
@@ -36,6 +44,13 @@ def load_project_checkpoint(path: str | Path) -> dict[str, Any]:
     if not (isinstance(checkpoint, dict) and "state_dict" in checkpoint and "config" in checkpoint):
         raise UserError(f"ckpt_path={path} {not_ours(checkpoint)}: give a checkpoint project.train wrote ({LAST})")
     return checkpoint
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimizer step a checkpoint (a file, or a sharded directory) was written at, its tensors left on disk."""
+    if is_sharded(path):
+        return read_metadata(path)["global_step"]
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"]
 
 
 LAST = "<run dir>/checkpoints/last.ckpt"
@@ -100,7 +115,7 @@ def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict) -
 def stored_config(path: Path) -> dict | None:
     """The run config a checkpoint stores, or None for a file that is not one of ours."""
     try:
-        return load_project_checkpoint(path)["config"]
+        return load_project_checkpoint(path, tensors=False)["config"]
     except UserError:
         return None
 
@@ -128,20 +143,21 @@ def resume_path(
     """
     own_last = run_dir / "checkpoints" / "last.ckpt"
     carried_on = sweep_dir is not None or "TORCHELASTIC_RUN_ID" in os.environ
-    if carried_on and own_last.is_file():
+    if carried_on and own_last.exists():  # a file, or a sharded checkpoint (a directory)
         path = own_last  # carries on from its own progress, whatever ckpt_path the launch started from
     elif ckpt_path is None:
-        if not (own_last.is_file() and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0):
+        if not (own_last.exists() and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0):
             return None
         hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
         return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
-    elif ckpt_path == "last" and own_last.is_file():
+    elif ckpt_path == "last" and own_last.exists():
         path = own_last
     elif ckpt_path == "last":  # chosen among the runs of this model and data: nothing left to check
         return str(newest_last_checkpoint(outputs_dir, exclude=sweep_dir or run_dir, run_config=run_config))
     else:
         path = Path(ckpt_path)
-    trained, building = what_it_trains(load_project_checkpoint(path)["config"]), what_it_trains(run_config)
+    trained = what_it_trains(load_project_checkpoint(path, tensors=False)["config"])
+    building = what_it_trains(run_config)
     if trained != building:
         raise UserError(
             f"ckpt_path={path} holds another model ({describe(trained)}) than this run builds "

@@ -44,6 +44,7 @@ import __main__
 from project.errors import UserError
 from project.peers import TIMEOUT_KEY, answers_as_store, port_in_use
 from project.runs.run_config import command_line_overrides, config_source_arguments, run_config_of
+from project.strategies.lightning_sigterm_broadcast import skip_lightning_sigterm_broadcast
 from project.strategies.same_config import check_same_config_on_every_rank
 
 log = logging.getLogger(__name__)
@@ -195,9 +196,10 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         super().kill(signum)
 
 
-class HydraDDPStrategy(DDPStrategy):
-    """Lightning's DDP with `HydraJobLauncher` for the processes it starts itself, and SIGTERM that stops every rank at
-    one same step.
+class HydraJobRanks:
+    """What a multi-process strategy of this project adds to Lightning's: `HydraJobLauncher` for the processes it
+    starts itself, and SIGTERM that stops every rank at one same step. Mixed in before the Lightning strategy
+    (`HydraDDPStrategy`, and `project.strategies.fsdp.HydraFSDPStrategy`).
 
     Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
     MASTER_ADDR) end with one line saying so, instead of torch's store error, and so does a MASTER_PORT that another
@@ -207,6 +209,9 @@ class HydraDDPStrategy(DDPStrategy):
 
     # Set by the SIGTERM handler (`_note_sigterm_without_collectives`); kept through fit and test.
     sigterm_pending = False
+    # The ranks' SIGTERM agreement: its own gloo group, and the all-reduce in flight (its flag and its work).
+    _agreement_group: dist.ProcessGroup | None = None
+    _agreement: tuple[torch.Tensor, dist.Work] | None = None
 
     def setup_environment(self) -> None:
         self._note_sigterm_without_collectives()
@@ -227,6 +232,9 @@ class HydraDDPStrategy(DDPStrategy):
                 f"allow more time with {TIMEOUT_KEY}"
             ) from None
         check_same_config_on_every_rank(run_config_of(self.lightning_module.trainer))
+        self._agreement_group = dist.new_group(backend="gloo")  # CPU, whatever the training device
+        self._agreement = None
+        skip_lightning_sigterm_broadcast(self.lightning_module.trainer)
 
     def set_world_ranks(self) -> None:
         """Lightning's, then, on a rank that is to join the run's store rather than serve it, a check that what
@@ -257,30 +265,54 @@ class HydraDDPStrategy(DDPStrategy):
         the process group's timeout. And Lightning's loops stop wherever a rank sees its flag (after a step, after an
         epoch, in validation), so ranks signalled a moment apart stop at different points, and the SIGTERM checkpoint
         (`project.runs.mid_epoch_checkpoint`), which all ranks write together, would hang too. So the handler only
-        notes the signal (`sigterm_pending`); the ranks agree on it at the start of every training batch
-        (`on_train_batch_start`), and Lightning's flag is set there, on every rank at once: all stop after that
-        batch. Between fit and test, and after test, `project.job.stop_if_signalled` asks once more. (The handler
+        notes the signal (`sigterm_pending`); the ranks agree on it between training batches (`on_train_batch_start`),
+        and Lightning's flag is set there, on every rank at once: all stop after the same batch. Between fit and test,
+        and after test, `project.job.stop_if_signalled` asks once more. (The handler
         is replaced on the Trainer's private signal connector before the Trainer registers it; see the
         `lightning<2.7` pin.)
         """
         connector = self.lightning_module.trainer._signal_connector
 
         def note_sigterm(signum: int, frame: object) -> None:
-            log.info(f"[rank: {self.global_rank}] Received SIGTERM: stopping after this step")
+            log.info(f"[rank: {self.global_rank}] Received SIGTERM: stopping after the next step")
             if not self.sigterm_pending and self.launcher is not None:
                 self.launcher.kill(signum)
             self.sigterm_pending = True
 
         connector._sigterm_notifier_fn = note_sigterm
 
+    def _start_agreement(self) -> None:
+        flag = torch.tensor([int(self.sigterm_pending)])
+        self._agreement = flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._agreement_group, async_op=True)
+
+    def _agreed_sigterm(self) -> bool:
+        """The answer of the agreement in flight, if one is (waiting for the other ranks' CPU threads, not a device)."""
+        if self._agreement is None:
+            return False
+        flag, work = self._agreement
+        self._agreement = None
+        work.wait()
+        return bool(flag.item())
+
     def sigterm_on_any_rank(self) -> bool:
-        """Whether SIGTERM reached any rank: one small all-reduce, which every rank must call at the same point."""
-        pending = torch.tensor([int(self.sigterm_pending)], device=self.root_device)
-        dist.all_reduce(pending, op=dist.ReduceOp.MAX)
-        return bool(pending.item())
+        """Whether SIGTERM reached any rank by now: CPU all-reduces, which every rank must call at the same point."""
+        agreed = self._agreed_sigterm()
+        self._start_agreement()
+        return self._agreed_sigterm() or agreed
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """Every rank stops after this batch if SIGTERM reached any of them."""
+        """Read the agreement started at the previous batch, and start this batch's: where SIGTERM reached any rank
+        before that one, every rank stops after this batch.
+
+        The all-reduce runs beside the step, on the CPU group, so no rank waits for it on the training device; the
+        price is one step: a SIGTERM that arrives during step k stops every rank after step k + 2.
+        """
         super().on_train_batch_start(batch, batch_idx)
-        if self.sigterm_on_any_rank():
+        if self._agreed_sigterm():
             self.lightning_module.trainer._signal_connector.received_sigterm = True
+        else:
+            self._start_agreement()
+
+
+class HydraDDPStrategy(HydraJobRanks, DDPStrategy):
+    """Lightning's DDP, its ranks started and stopped as `HydraJobRanks` says."""

@@ -1,0 +1,112 @@
+"""Sharded checkpoints (`trainer=fsdp`): their layout, their atomic replacement, and reading one on one process.
+
+A sharded checkpoint is a directory that `torch.distributed.checkpoint` (DCP) writes, every rank its own shard at
+once, with Lightning's layout (`ModelParallelStrategy`):
+
+    checkpoints/last.ckpt -> .last.ckpt.<random>/     a symbolic link to the version in place
+        __0_0.distcp, __1_0.distcp, ...               the weights and optimizer state, one file per rank
+        .metadata                                     DCP's index of the shards
+        meta.pt                                       everything else: step, loops, data position, run config
+
+A directory cannot be renamed over another, so each save goes to a new hidden version directory, and only once every
+rank has finished does rank 0 point the link at it (`os.replace` of a link is atomic) and delete the previous
+version: a kill at any moment leaves `last.ckpt` pointing at a whole checkpoint. DCP resumes it on another number of
+processes too (each rank reads the slices of the shards it now holds).
+
+`plain_checkpoint` assembles a sharded checkpoint into the dict of a single-file one (whole tensors, on the CPU), which
+is how `project.evaluate` and `project.predict` load it on one process; `python -m project.runs.sharded_checkpoints
+<checkpoint dir> <file.ckpt>` writes that dict to a plain file, which any project tool and `torch.load` read.
+"""
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+# Lightning's name for the non-tensor part (lightning.fabric.utilities.load._METADATA_FILENAME).
+METADATA_FILE = "meta.pt"
+
+
+def is_sharded(path: str | Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / METADATA_FILE).is_file()
+
+
+def versions(path: Path) -> list[Path]:
+    """The version directories written for the checkpoint `path`, whole or not."""
+    return [version for version in path.parent.glob(f".{path.name}.*") if version.is_dir()]
+
+
+def new_version_dir(path: Path) -> str:
+    """An empty directory beside `path` for the next version (on rank 0), after deleting the versions that are not
+    in place: left by a save that was killed before it finished."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    in_place = path.resolve() if path.is_symlink() else None
+    for version in versions(path):
+        if version.resolve() != in_place:
+            shutil.rmtree(version, ignore_errors=True)
+    version = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
+    os.chmod(version, 0o755)  # mkdtemp's 0o700 would hide the checkpoint from the others sharing the run dir
+    return version
+
+
+def publish(version: Path, path: Path) -> None:
+    """Point `path` at the written `version`, in one atomic step, then delete the version it pointed at."""
+    previous = path.resolve() if path.is_symlink() else None
+    link = path.with_name(f"{version.name}.link")
+    os.symlink(version.name, link)
+    if path.exists() and not path.is_symlink():  # a file or directory of another layout: nothing atomic to keep
+        remove(path)
+    os.replace(link, path)
+    if previous is not None and previous != version.resolve():
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint of any layout: the link and the version it points at, a directory, or a file."""
+    if path.is_symlink():
+        version = path.resolve()
+        path.unlink()
+        shutil.rmtree(version, ignore_errors=True)
+    elif path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """All of a sharded checkpoint but its tensors (step, loops, data position, run config), without loading those."""
+    return torch.load(Path(path) / METADATA_FILE, map_location="cpu", weights_only=True)
+
+
+def plain_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A sharded checkpoint as the dict of a single-file Lightning checkpoint: `state_dict` with whole tensors,
+    `optimizer_states` (keyed by parameter name, as DCP stores them), and the rest from `meta.pt`."""
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = Path(scratch) / "whole.pt"
+        dcp_to_torch_save(Path(path), whole)
+        tensors = torch.load(whole, map_location="cpu", weights_only=True)
+    optimizers = sorted((key for key in tensors if key.startswith("optimizer_")), key=lambda key: int(key[10:]))
+    return read_metadata(path) | {
+        "state_dict": tensors["state_dict"],
+        "optimizer_states": [tensors[key] for key in optimizers],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Write a sharded (trainer=fsdp) checkpoint as one plain file.")
+    parser.add_argument("checkpoint", type=Path, help="the sharded checkpoint, e.g. <run dir>/checkpoints/last.ckpt")
+    parser.add_argument("output", type=Path, help="the file to write, e.g. last-plain.ckpt")
+    arguments = parser.parse_args()
+    if not is_sharded(arguments.checkpoint):
+        parser.error(f"{arguments.checkpoint} is not a sharded checkpoint (a directory with {METADATA_FILE})")
+    torch.save(plain_checkpoint(arguments.checkpoint), arguments.output)
+    print(f"wrote {arguments.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""`trainer=fsdp`: FSDP2 on two CPU processes (gloo) trains any LightningModule, gives the numbers of its reference
+script and of DDP on the same global batch, and writes sharded checkpoints that resume exactly and load on one
+process."""
+
+import math
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from project.config_checks import check_config
+from project.errors import UserError
+from project.parity import RunOutputs, max_loss_difference, max_weight_difference
+from project.runs.sharded_checkpoints import new_version_dir, plain_checkpoint, publish
+from project.strategies.fsdp import shard_module
+from tests.foreign_modules import FOREIGN_CONF
+from tests.helpers import REPO, check_ok, histories, read_json, run_module
+from tests.test_config import compose_train
+
+TOLERANCE = 1e-6
+# 5 toy points over 2 ranks, 1 a batch: 3 steps per epoch on each rank, 9 in all.
+TOY = ["trainer.devices=2", "data.batch_size=1", "logger=none"]
+ENV = {"PYTHONPATH": str(REPO)}  # lets a run import tests.crash_callback and tests.foreign_modules
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`project.compare trainer=fsdp` on the toy: its run dir (the Lightning side in lightning/)."""
+    run_dir = tmp_path_factory.mktemp("fsdp") / "compare"
+    check_ok(run_module("project.compare", "trainer=fsdp", *TOY, f"hydra.run.dir={run_dir}", cwd=run_dir.parent))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_fsdp_matches_its_reference_and_ddp_step_by_step(tmp_path: Path, compared: Path):
+    comparison = read_json(compared / "comparison.json")
+    assert comparison["reference_script"] == "project.reference.fsdp"
+    assert comparison["world_size"] == {"lightning": 2, "reference": 2}
+    assert comparison["max_step_loss_diff"] <= TOLERANCE and comparison["max_weight_diff"] <= TOLERANCE
+
+    ddp_dir = tmp_path / "ddp"
+    check_ok(run_module("project.train", "trainer=ddp", *TOY, f"hydra.run.dir={ddp_dir}", cwd=tmp_path))
+    fsdp_ranks, ddp_ranks = histories(compared / "lightning"), histories(ddp_dir)
+    assert [len(h["step_losses"]) for h in fsdp_ranks] == [9, 9]
+    for fsdp, ddp in zip(fsdp_ranks, ddp_ranks, strict=True):
+        assert max_loss_difference(fsdp["step_losses"], ddp["step_losses"]) <= TOLERANCE
+    fsdp_weights = RunOutputs.read_lightning(compared / "lightning").weights
+    assert max_weight_difference(fsdp_weights, RunOutputs.read_lightning(ddp_dir).weights) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_a_module_of_the_users_own_is_sharded_without_a_configure_model_and_compiled(tmp_path: Path):
+    regression = ["model=regression", "data=regression", "optimized_metric=val/mse", "optimized_mode=min"]
+    run_dir = tmp_path / "run"
+    check_ok(
+        run_module(
+            "project.train",
+            f"hydra.searchpath=[file://{FOREIGN_CONF}]",
+            *regression,
+            "trainer=fsdp",
+            "compile=true",
+            "trainer.max_epochs=2",
+            "logger=none",
+            f"hydra.run.dir={run_dir}",
+            cwd=tmp_path,
+            env={"PYTHONPATH": str(REPO)},
+        )
+    )
+    results = read_json(run_dir / "results.json")
+    assert results["world_size"] == 2 and math.isfinite(results["test/mse"])
+    assert [h["world_size"] for h in histories(run_dir)] == [2, 2]
+
+
+def test_fsdp_refuses_a_precision_other_than_32_true_and_bf16_mixed(tmp_path: Path):
+    check_config(compose_train(tmp_path, "trainer=fsdp", "trainer.precision=bf16-mixed"))
+    with pytest.raises(UserError, match=r"trainer=fsdp trains in 32-true or bf16-mixed .* trainer.precision=bf16-true"):
+        check_config(compose_train(tmp_path, "trainer=fsdp", "trainer.precision=bf16-true"))
+
+
+def test_parameters_outside_any_submodule_are_refused_before_sharding():
+    module = nn.Module()
+    module.layer = nn.Linear(2, 2)
+    module.scale = nn.Parameter(torch.ones(1))
+    with pytest.raises(UserError, match=r"holds parameters of its own \(scale\)"):
+        shard_module(module, (nn.Linear,), mesh=None, policy=None)
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_exactly_and_loads_on_one_process(tmp_path: Path, compared: Path):
+    """SIGTERM during step 3: every rank stops after step 5 (inside epoch 1) and writes its shard; the resumed run
+    trains the steps and ends on the weights of the run never stopped; evaluate and the converter read the checkpoint
+    in one process."""
+    stopped_dir, resumed_dir = tmp_path / "stopped", tmp_path / "resumed"
+    at_step_3 = ["+callbacks.crash._target_=tests.crash_callback.SignalAtStep", "+callbacks.crash.step=3"]
+    stop = [*at_step_3, "+callbacks.crash.signal=SIGTERM"]
+    stopped = run_module(
+        "project.train", "trainer=fsdp", *TOY, *stop, f"hydra.run.dir={stopped_dir}", cwd=tmp_path, env=ENV
+    )
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    last = stopped_dir / "checkpoints" / "last.ckpt"
+    assert f"(step 5) with the same command plus ckpt_path={last}" in stopped.stderr
+    assert last.is_symlink() and sorted(p.name for p in last.iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "meta.pt",
+    ], "one shard per rank, DCP's index, and Lightning's metadata"
+
+    resume = ["trainer=fsdp", *TOY, f"ckpt_path={last}", f"hydra.run.dir={resumed_dir}"]
+    check_ok(run_module("project.train", *resume, cwd=tmp_path, env=ENV))
+    whole = compared / "lightning"
+    for again, once in zip(histories(resumed_dir), histories(whole), strict=True):
+        assert again["first_step"] == 5 and again["step_losses"] == once["step_losses"][5:]
+    final = plain_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")
+    expected = plain_checkpoint(whole / "checkpoints" / "last.ckpt")["state_dict"]
+    assert all(torch.equal(final["state_dict"][name], tensor) for name, tensor in expected.items())
+
+    sharded = resumed_dir / "checkpoints" / "last.ckpt"
+    evaluated = check_ok(run_module("project.evaluate", f"ckpt_path={sharded}", cwd=tmp_path))
+    printed = dict(line.split() for line in evaluated.stdout.splitlines() if line.startswith("test/"))
+    assert float(printed["test/loss"]) == pytest.approx(read_json(resumed_dir / "results.json")["test/loss"], abs=1e-6)
+
+    plain = tmp_path / "plain.ckpt"
+    assert check_ok(run_module("project.runs.sharded_checkpoints", str(sharded), str(plain), cwd=tmp_path)).stdout
+    written = torch.load(plain, weights_only=True)
+    assert written["global_step"] == 9 and written["config"]["trainer"]["devices"] == 2
+    assert all(torch.equal(written["state_dict"][name], tensor) for name, tensor in expected.items())
+
+
+def test_a_save_killed_before_it_finished_leaves_the_previous_checkpoint_in_place(tmp_path: Path):
+    path = tmp_path / "last.ckpt"
+    first = Path(new_version_dir(path))
+    (first / "meta.pt").write_text("first")
+    publish(first, path)
+    killed = Path(new_version_dir(path))  # a save that never reached publish
+    (killed / "__0_0.distcp").write_text("half")
+    assert (path / "meta.pt").read_text() == "first"
+    second = Path(new_version_dir(path))
+    assert not killed.exists(), "the next save clears what a killed one left"
+    (second / "meta.pt").write_text("second")
+    publish(second, path)
+    assert (path / "meta.pt").read_text() == "second" and not first.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_training_step_issues_no_collective_but_the_gradients_and_agrees_on_sigterm_beside_it(
+    tmp_path: Path, strategy: str
+):
+    """Per step, the training group carries only what sharding needs (FSDP2's all-gathers of each layer's weights,
+    forward and backward, and its gradient reduce-scatters; DDP's bucket all-reduce is issued from C++, outside the
+    count), and the SIGTERM agreement is one all-reduce on its own CPU group. Steps after an epoch's first; the
+    divergence check, which gathers at logging steps only, is out of the way (log_every_n_steps=100)."""
+    run_dir = tmp_path / "run"
+    count = [
+        "+callbacks.count._target_=tests.collective_counter.CollectivesPerStep",
+        f"+callbacks.count.run_dir={run_dir}",
+    ]
+    overrides = [f"trainer={strategy}", *TOY, "trainer.log_every_n_steps=100", *count, f"hydra.run.dir={run_dir}"]
+    check_ok(run_module("project.train", *overrides, cwd=tmp_path, env=ENV))
+    sharding = {"training": {"all_gather_single": 6, "reduce_scatter_single": 3}}  # 3 Linear layers
+    expected = {"agreement": {"allreduce": 1}} | (sharding if strategy == "fsdp" else {})
+    for rank in (0, 1):
+        assert read_json(run_dir / f"collectives.rank{rank}.json") == [expected] * 6, "2 steps in each of 3 epochs"
