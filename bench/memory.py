@@ -7,7 +7,6 @@ take a quarter of what float32 would; `images_mb` states both.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,14 +18,29 @@ from bench.training_runs import compose_config, load_datamodule
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Starts the command given as its arguments and prints its peak resident memory (kilobytes on Linux) and exit status.
+PEAK_OF_COMMAND = """
+import os, subprocess, sys
+process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(process.pid, 0)
+print(usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
+
 def peak_rss_mb(command: list[str], log: Path) -> float:
-    """The peak resident memory of `command`'s process, as the kernel counted it when it was reaped."""
+    """The peak resident memory of `command`'s process, as the kernel counted it when it was reaped.
+
+    A small Python without site packages starts it: Linux counts in a process's peak the resident memory of the
+    process it was forked from (kept across exec), and this one is large once other suites have run in it.
+    """
     with log.open("w") as stderr:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
-        _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
+        measured = subprocess.run(
+            [sys.executable, "-S", "-c", PEAK_OF_COMMAND, *command], cwd=REPO, stdout=subprocess.PIPE, stderr=stderr
+        )
+    kilobytes, status = measured.stdout.split() if measured.returncode == 0 else (0, 1)
+    if int(status) != 0:
         raise RuntimeError(f"{' '.join(command[1:3])} failed: {log.read_text()[-500:]}")
-    return usage.ru_maxrss / 1024  # kilobytes on Linux
+    return int(kilobytes) / 1024
 
 
 def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:

@@ -45,7 +45,7 @@ PLACEHOLDERS = {"/path/to/datasets": "datasets"}
 SMALLER = {
     "python -m project.train experiment=mnist hparams_search=mnist_optuna": "hydra.sweeper.n_trials=2",
     "python -m project.train experiment=mnist hparams_search=mnist_optuna 'hydra.sweeper.pruner={_target_:optuna."
-    "pruners.MedianPruner,n_startup_trials:5,n_warmup_steps:1}'": "hydra.sweeper.n_trials=2 trainer.max_epochs=2",
+    "pruners.MedianPruner,n_startup_trials:5,n_warmup_steps:1}'": "hydra.sweeper.n_trials=2 trainer.max_epochs=1",
 }
 # The IDX files every dataset folder gets: more training images than data/mnist.yaml's val_size (5000).
 TRAIN_IMAGES, TEST_IMAGES = 5200, 200
