@@ -2,9 +2,8 @@
 
 Networks are compiled in place (`nn.Module.compile`): the module keeps its class and its parameters' names, so a
 checkpoint written with `compile=true` loads without it and the other way round, and nothing else in the project
-(checkpoints, DDP, evaluate, predict) needs to know. What gets compiled is every direct submodule of the
-LightningModule that holds parameters (the classifier's `network`, or whatever a module of your own keeps), not
-its metrics (torchmetrics modules, whose updates run once per step and would only add compile time).
+(checkpoints, DDP, evaluate, predict) needs to know. What gets compiled is the LightningModule's networks
+(`project.module_networks`: its submodules that hold parameters, not its metrics).
 
 The Lightning side compiles in the `setup` hook, in the process that trains: a module pickled to the processes of
 `trainer=ddp_spawn` arrives without its compiled code (torch does not pickle it).
@@ -13,26 +12,23 @@ The Lightning side compiles in the `setup` hook, in the process that trains: a m
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from torchmetrics import Metric
 
 from project.errors import UserError
+from project.module_networks import networks_of
 
 
 def compile_networks(module: nn.Module) -> list[str]:
-    """Compile, in place, each direct submodule of `module` that holds parameters; return their names."""
-    names = []
-    for name, child in module.named_children():
-        if isinstance(child, Metric) or next(child.parameters(), None) is None:
-            continue
-        child.compile()
-        names.append(name)
-    if not names:
+    """Compile, in place, each of `module`'s networks (`networks_of`); return their names."""
+    networks = networks_of(module)
+    for network in networks.values():
+        network.compile()
+    if not networks:
         raise UserError(
             f"compile=true compiles the submodules of the model that hold parameters, and {type(module).__name__} "
             "has none (its layers are not nn.Module attributes of it): set compile=false, or keep the network in "
             "an attribute (self.network = ...)"
         )
-    return names
+    return list(networks)
 
 
 class CompileNetworks(L.Callback):

@@ -28,22 +28,21 @@ from project.errors import UserError, exit_on_user_error, run_hydra_app
 from project.reference.environment import require_environment
 from project.reference.loop import Trainer, build, fit_and_report, pick_device
 from project.runs.history import TrainingHistory
-from project.strategies.fsdp import mixed_precision_policy
+from project.strategies.fsdp import mixed_precision_policy, shard_layers
 
 # Full (unsharded) tensors, on the CPU, on rank 0 alone: what the one file rank 0 writes needs.
 FULL_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def shard(network: nn.Module, cfg: DictConfig, mesh: DeviceMesh) -> None:
-    """The Lightning path's sharding (`project.strategies.fsdp.shard_module`), with the network as the one root."""
+    """The Lightning path's sharding of the layers (`project.strategies.fsdp.shard_layers`), with the network as the
+    one root."""
     layer_classes = OmegaConf.select(cfg, "trainer.strategy.layer_classes")
     if layer_classes is None:
         raise UserError("project.reference.fsdp shards the layers trainer=fsdp names: run it with trainer=fsdp")
     layer_classes = tuple(get_class(path) for path in layer_classes)
     policy = mixed_precision_policy(str(cfg.trainer.precision))
-    for layer in reversed(list(network.modules())):  # children before their parents
-        if layer is not network and isinstance(layer, layer_classes):
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
+    shard_layers(network, layer_classes, mesh, policy)
     fully_shard(network, mesh=mesh, mp_policy=policy)
 
 

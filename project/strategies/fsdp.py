@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from project.errors import UserError
+from project.module_networks import networks_of
 from project.runs.sharded_checkpoints import new_version_dir, publish, remove
 from project.strategies.hydra_ddp import HydraJobRanks
 
@@ -46,8 +47,8 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
 def shard_module(
     module: nn.Module, layer_classes: tuple[type[nn.Module], ...], mesh: DeviceMesh, policy: MixedPrecisionPolicy
 ) -> None:
-    """Shard `module` (a LightningModule, or the reference path's holder of the network) in place: each layer of
-    `layer_classes`, innermost first, then each direct child that holds parameters (see the module docstring).
+    """Shard `module` (a LightningModule) in place: each layer of `layer_classes`, innermost first, then each of its
+    networks (`project.module_networks`: the children that hold parameters; see the module docstring).
 
     Parameters of `module`'s own (not in a child) would train unsharded and unreduced: refused in one line.
     """
@@ -57,12 +58,20 @@ def shard_module(
             f"trainer=fsdp shards the submodules of {type(module).__name__}, which holds parameters of its own "
             f"({', '.join(own)}): move them into a submodule, or shard the module yourself in its configure_model"
         )
+    shard_layers(module, layer_classes, mesh, policy)
+    for network in networks_of(module).values():
+        if not isinstance(network, FSDPModule):
+            fully_shard(network, mesh=mesh, mp_policy=policy)
+
+
+def shard_layers(
+    module: nn.Module, layer_classes: tuple[type[nn.Module], ...], mesh: DeviceMesh, policy: MixedPrecisionPolicy
+) -> None:
+    """Make each submodule of `module` of one of `layer_classes` an FSDP unit of its own, innermost first (a unit's
+    parameters are those its units inside it leave over); `module` itself is the caller's to shard, or not."""
     for layer in reversed(list(module.modules())):  # children before their parents
         if layer is not module and isinstance(layer, layer_classes) and not isinstance(layer, FSDPModule):
             fully_shard(layer, mesh=mesh, mp_policy=policy)
-    for child in module.children():
-        if not isinstance(child, FSDPModule) and any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh, mp_policy=policy)
 
 
 class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
