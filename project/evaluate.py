@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.errors import UserError, exit_on_user_error, find_user_error, run_hydra_app
 from project.runs.checkpoints import LAST, load_project_checkpoint
-from project.runs.run_config import CLASS_NAMES
+from project.runs.run_config import CLASS_NAMES, class_names_of
 
 
 class SameClassesCheck(L.Callback):
@@ -32,11 +32,12 @@ class SameClassesCheck(L.Callback):
         self.trained, self.ckpt_path = trained, ckpt_path
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        names = getattr(trainer.datamodule, "class_names", None)  # Lightning set the data up just before this
-        if self.trained is None or not names or [str(name) for name in names] == self.trained:
+        # Lightning set the data up just before this.
+        names = class_names_of(trainer.datamodule)
+        if self.trained is None or not names or names == self.trained:
             return
         raise UserError(
-            f"the data has the classes {[str(name) for name in names]}, but {self.ckpt_path} was trained on "
+            f"the data has the classes {names}, but {self.ckpt_path} was trained on "
             f"{self.trained} (labels are positions in that list): give data with the same class folders"
         )
 

@@ -16,14 +16,14 @@ from hydra.utils import get_object
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, open_dict
 
-from project.runs.run_config import command_line_overrides
+from project.runs.run_config import command_line_overrides, overridden_key
 
 
 def give_network_hints(cfg: DictConfig) -> None:
     """Set `cfg.model.network.<name>` from `cfg.network_hints` for each name its `_target_`'s signature has, after
     leaving out what the model's YAML gave a network or optimizer the command line replaced
     (`leave_out_replaced_arguments`)."""
-    typed = {override.lstrip("+~").split("=", 1)[0] for override in command_line_overrides()}
+    typed = {overridden_key(override) for override in command_line_overrides()}
     for part in ("optimizer", "network"):
         node = cfg.model.get(part)
         if isinstance(node, DictConfig) and isinstance(node.get("_target_"), str):

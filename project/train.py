@@ -33,7 +33,7 @@ from project.runs.hparams import log_to_tensorboard
 from project.runs.mid_epoch_resume import MidEpochResumeCheck
 from project.runs.pruning import trial_pruning
 from project.runs.results import format_results_table, logged_metrics, save_results
-from project.runs.run_config import RunConfigCallback, command_line_overrides
+from project.runs.run_config import RunConfigCallback, command_line_overrides, overridden_key
 from project.runs.run_log import capture_logs, report
 from project.runs.schedule_length import ScheduleLengthCheck
 from project.runs.sweep_continuation import finished_results
@@ -123,7 +123,7 @@ def switched_on(callbacks: DictConfig) -> list[DictConfig]:
 
 def overrides_of(group: str) -> str:
     """ " (your overrides: trainer.devices=abc)": the command line's choices for `group`, where the fault must be."""
-    mine = [o for o in command_line_overrides() if o.lstrip("+~").split("=")[0].split(".")[0] == group]
+    mine = [o for o in command_line_overrides() if overridden_key(o).split(".")[0] == group]
     return f" (your overrides: {' '.join(mine)})" if mine else ""
 
 

@@ -21,7 +21,7 @@ from torch.utils.tensorboard.summary import hparams
 from torch.utils.tensorboard.writer import FileWriter
 
 from project.errors import in_sweep_job
-from project.runs.run_config import command_line_overrides
+from project.runs.run_config import command_line_overrides, overridden_key
 
 
 @rank_zero_only
@@ -68,7 +68,7 @@ def chosen_keys() -> list[str]:
     search = HydraConfig.get().sweeper.get("params") if in_sweep_job() else None
     if search:
         return list(search)
-    return [override.lstrip("+~").split("=", 1)[0] for override in command_line_overrides()]
+    return [overridden_key(override) for override in command_line_overrides()]
 
 
 def names_under(keys: Iterable[str], names: Iterable[str]) -> set[str]:

@@ -24,9 +24,14 @@ class RunConfigCallback(L.Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint["config"] = self.config
-        names = getattr(trainer.datamodule, "class_names", None)
+        names = class_names_of(trainer.datamodule)
         if names:
-            checkpoint[CLASS_NAMES] = [str(name) for name in names]
+            checkpoint[CLASS_NAMES] = names
+
+
+def class_names_of(datamodule: object) -> list[str]:
+    """The data's class names, by label, as text; none where its data module names none (a user's own may not)."""
+    return [str(name) for name in getattr(datamodule, "class_names", None) or ()]
 
 
 def run_config_of(trainer: L.Trainer) -> dict | None:
@@ -37,6 +42,12 @@ def run_config_of(trainer: L.Trainer) -> dict | None:
 def command_line_overrides() -> list[str]:
     """The command line's overrides as given: a `${...}` in one is its value's, not to be resolved in Hydra's config."""
     return OmegaConf.to_container(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def overridden_key(override: str) -> str:
+    """The key an override sets: `+model.optimizer.lr=0.1` sets `model.optimizer.lr`, `~callbacks.history` removes
+    `callbacks.history`."""
+    return override.lstrip("+~").split("=", 1)[0]
 
 
 def config_source_arguments() -> list[str]:
