@@ -42,6 +42,14 @@ LOG_MESSAGES = (
         "printed by torch.compile's C++ compiler set-up (compile=true) on every machine without a GPU",
         "torch/utils/cpp_extension.py, any version so far",
     ),
+    (
+        "urllib3.connectionpool",
+        # "Retrying (Retry(total=1, ...)) after connection broken by '...': /api/2.0/mlflow/runs/log-batch"
+        r"Retrying \(.*: /api/[\d.]+/mlflow",
+        "a line per retry of a request to an MLflow server (logger=mlflow), which ends in project/loggers/mlflow.py's "
+        "one warning or in nothing when a retry got through",
+        "urllib3/connectionpool.py, any version so far",
+    ),
 )
 
 

@@ -4,8 +4,8 @@ Lightning's logger raises on the first request that fails, and MLflow's HTTP cli
 backoff for minutes first (7 retries, a 120 s timeout each): a tracking server lost mid-run would stall, then stop,
 the training. Here the client gives up after `request_max_retries` retries of at most `request_timeout` seconds, and
 the first failure ends this logger's logging with one warning: training, checkpoints and results go on as without it.
-urllib3's own line per retry of an MLflow request is dropped: the retries end in that warning, or in nothing when
-one of them got through.
+urllib3's own line per retry of an MLflow request is dropped (`project.upstream_noise`): the retries end in that
+warning, or in nothing when one of them got through.
 """
 
 import logging
@@ -22,13 +22,9 @@ from lightning.pytorch.utilities import rank_zero_only
 from mlflow.exceptions import MlflowException
 
 from project.errors import UserError, in_sweep_job
-from project.upstream_noise import DropMessages
 
 log = logging.getLogger(__name__)
 LOCAL_STORE_PREFIX = "sqlite:///"
-# "Retrying (Retry(total=1, ...)) after connection broken by '...': /api/2.0/mlflow/runs/log-batch"
-MLFLOW_RETRY_LINE = r"Retrying \(.*: /api/[\d.]+/mlflow"
-RETRY_LINES = DropMessages([MLFLOW_RETRY_LINE])
 
 
 class MLFlowLogger(LightningMLFlowLogger):
@@ -62,7 +58,6 @@ class MLFlowLogger(LightningMLFlowLogger):
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(request_max_retries)
         os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(request_backoff_factor)
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(request_timeout)
-        logging.getLogger("urllib3.connectionpool").addFilter(RETRY_LINES)  # once: a filter is added only once
         default_experiment, default_run = names_from_run_dir(Path(run_dir))
         if artifact_location is None and tracking_uri.startswith(LOCAL_STORE_PREFIX):
             store_file = Path(tracking_uri.removeprefix(LOCAL_STORE_PREFIX))
