@@ -52,7 +52,8 @@ class CollectivesPerStep(L.Callback):
             training.append(strategy.device_mesh["data_parallel"].get_group())
         if any(group is other for other in training):
             return "training"
-        return "agreement" if group is getattr(strategy, "_agreement_group", None) else "other"
+        agreement = getattr(strategy, "sigterm_agreement", None)
+        return "agreement" if agreement is not None and group is agreement.group else "other"
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.current is not None and batch_idx > 0:

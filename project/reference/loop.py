@@ -38,6 +38,7 @@ from project.errors import RunStopped, UserError
 from project.metrics import ClassificationTotals
 from project.module import ClassifierModule
 from project.network_hints import give_network_hints
+from project.rank_agreement import DeferredAgreement
 from project.runs.divergence import DivergenceWatch, first_learning_rate
 from project.runs.history import TrainingHistory
 from project.runs.results import format_results_table, save_results
@@ -312,6 +313,8 @@ class Trainer:
         # Where training stands: batches of `epoch` done, optimizer steps in all.
         self.epoch, self.batches_done, self.global_step = 0, 0, 0
         self.sigterm = False  # set by the SIGTERM handler; the loop stops after the step it is in
+        # How the ranks agree on a SIGTERM and on the clock (checkpointing with more than one rank).
+        self.agreement: DeferredAgreement | None = None
         self._last_write = time.monotonic()
         # A NaN or infinite loss or gradient stops the run, read every `check_every` steps (stop_when_diverged).
         self.divergence: DivergenceWatch | None = None
@@ -383,6 +386,8 @@ class Trainer:
         """
         start = time.perf_counter()
         previous = signal.signal(signal.SIGTERM, self._note_sigterm) if self.checkpointing is not None else None
+        if self.checkpointing is not None and world_size() > 1 and self.agreement is None:
+            self.agreement = DeferredAgreement(size=2)  # every rank is here at once
         try:
             for epoch in range(self.epoch, epochs):
                 if hasattr(train_loader.sampler, "set_epoch"):
@@ -413,17 +418,17 @@ class Trainer:
         self.sigterm = True  # only noted here: the loop checkpoints and stops between steps
 
     def _checkpoint_if_due(self) -> None:
-        """Write the checkpoint every N steps / M minutes, and on SIGTERM write it and stop; all ranks agree."""
+        """Write the checkpoint every N steps / M minutes, and on SIGTERM write it and stop.
+
+        Under DDP or FSDP the ranks agree on a SIGTERM and on a clock that says it is time, one window after they
+        saw it (`project.rank_agreement`: no wait on the device), so all act after one same step."""
         every_n_steps, every_n_minutes = self.checkpointing.every_n_steps, self.checkpointing.every_n_minutes
         by_steps = every_n_steps is not None and self.global_step % every_n_steps == 0
         by_time = every_n_minutes is not None and time.monotonic() - self._last_write >= 60 * every_n_minutes
-        flags = [self.sigterm, by_steps, by_time]
-        if world_size() > 1:  # a signal on any rank stops them all, and any rank's clock writes for all
-            shared = torch.tensor(flags, dtype=torch.int32, device=self.device)
-            dist.all_reduce(shared, op=dist.ReduceOp.MAX)
-            flags = shared.tolist()
-        stop, *due = flags
-        if stop or any(due):
+        stop = self.sigterm
+        if self.agreement is not None:  # a signal on any rank stops them all, and any rank's clock writes for all
+            stop, by_time = self.agreement.exchange([stop, by_time])
+        if stop or by_steps or by_time:
             self._save_checkpoint()
         if stop:
             raise RunStopped(

@@ -22,6 +22,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import UserError
+from project.rank_agreement import DeferredAgreement
 
 
 class MidEpochCheckpoint(L.Callback):
@@ -41,9 +42,13 @@ class MidEpochCheckpoint(L.Callback):
         self.every_n_minutes = every_n_minutes
         self._last_write = time.monotonic()
         self._held_sigterm = False
+        # How the ranks agree on the clock (every_n_minutes with more than one rank).
+        self._clock_agreement: DeferredAgreement | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_write = time.monotonic()
+        if self.every_n_minutes is not None and trainer.world_size > 1 and self._clock_agreement is None:
+            self._clock_agreement = DeferredAgreement(size=1)  # every rank is here at once
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         done = batches_done(trainer)
@@ -53,12 +58,11 @@ class MidEpochCheckpoint(L.Callback):
         if done % trainer.accumulate_grad_batches:
             return  # gradients are accumulating: only a batch that stepped the optimizer is a place to resume from
         by_steps = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
-        by_time = False
-        if self.every_n_minutes is not None:
-            # The ranks write together once any rank's clock says so (a small all-reduce): clocks that disagreed
-            # would leave ranks waiting for each other.
-            elapsed = time.monotonic() - self._last_write >= 60 * self.every_n_minutes
-            by_time = trainer.strategy.reduce_boolean_decision(elapsed, all=False)
+        by_time = self.every_n_minutes is not None and time.monotonic() - self._last_write >= 60 * self.every_n_minutes
+        if self._clock_agreement is not None:
+            # The ranks write together, one window after any rank's clock said so: clocks that disagreed would leave
+            # ranks waiting for each other.
+            (by_time,) = self._clock_agreement.exchange([by_time])
         if by_steps or by_time:
             self._write(trainer)
 

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning as L
-import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
@@ -43,6 +42,7 @@ from omegaconf import OmegaConf
 import __main__
 from project.errors import UserError
 from project.peers import TIMEOUT_KEY, answers_as_store, port_in_use
+from project.rank_agreement import DeferredAgreement
 from project.runs.run_config import command_line_overrides, config_source_arguments, run_config_of
 from project.strategies.lightning_sigterm_broadcast import skip_lightning_sigterm_broadcast
 from project.strategies.same_config import check_same_config_on_every_rank
@@ -209,9 +209,8 @@ class HydraJobRanks:
 
     # Set by the SIGTERM handler (`_note_sigterm_without_collectives`); kept through fit and test.
     sigterm_pending = False
-    # The ranks' SIGTERM agreement: its own gloo group, and the all-reduce in flight (its flag and its work).
-    _agreement_group: dist.ProcessGroup | None = None
-    _agreement: tuple[torch.Tensor, dist.Work] | None = None
+    # The ranks' SIGTERM agreement, on a CPU group of its own; made once the ranks have met.
+    sigterm_agreement: DeferredAgreement | None = None
 
     def setup_environment(self) -> None:
         self._note_sigterm_without_collectives()
@@ -232,8 +231,7 @@ class HydraJobRanks:
                 f"allow more time with {TIMEOUT_KEY}"
             ) from None
         check_same_config_on_every_rank(run_config_of(self.lightning_module.trainer))
-        self._agreement_group = dist.new_group(backend="gloo")  # CPU, whatever the training device
-        self._agreement = None
+        self.sigterm_agreement = DeferredAgreement(size=1)
         skip_lightning_sigterm_broadcast(self.lightning_module.trainer)
 
     def set_world_ranks(self) -> None:
@@ -281,24 +279,10 @@ class HydraJobRanks:
 
         connector._sigterm_notifier_fn = note_sigterm
 
-    def _start_agreement(self) -> None:
-        flag = torch.tensor([int(self.sigterm_pending)])
-        self._agreement = flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._agreement_group, async_op=True)
-
-    def _agreed_sigterm(self) -> bool:
-        """The answer of the agreement in flight, if one is (waiting for the other ranks' CPU threads, not a device)."""
-        if self._agreement is None:
-            return False
-        flag, work = self._agreement
-        self._agreement = None
-        work.wait()
-        return bool(flag.item())
-
     def sigterm_on_any_rank(self) -> bool:
-        """Whether SIGTERM reached any rank by now: CPU all-reduces, which every rank must call at the same point."""
-        agreed = self._agreed_sigterm()
-        self._start_agreement()
-        return self._agreed_sigterm() or agreed
+        """Whether SIGTERM reached any rank by now (every rank must ask at the same point)."""
+        (sigterm,) = self.sigterm_agreement.now([self.sigterm_pending])
+        return sigterm
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Read the agreement started at the previous batch, and start this batch's: where SIGTERM reached any rank
@@ -308,10 +292,9 @@ class HydraJobRanks:
         price is one step: a SIGTERM that arrives during step k stops every rank after step k + 2.
         """
         super().on_train_batch_start(batch, batch_idx)
-        if self._agreed_sigterm():
+        (sigterm,) = self.sigterm_agreement.exchange([self.sigterm_pending])
+        if sigterm:
             self.lightning_module.trainer._signal_connector.received_sigterm = True
-        else:
-            self._start_agreement()
 
 
 class HydraDDPStrategy(HydraJobRanks, DDPStrategy):

@@ -1,0 +1,48 @@
+"""`DeferredAgreement`: a flag one rank raises reaches every rank at the same later call, over a CPU group."""
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from project.rank_agreement import DeferredAgreement
+from tests.helpers import free_port, spawning_preloaded
+
+SPAWN_TIMEOUT = 120
+# Which rank raises which flag at which call: rank 1 a SIGTERM at call 2, rank 0 its clock at call 3.
+RAISED = {(1, 2): (True, False), (0, 3): (False, True)}
+
+
+def agree_on_rank(rank: int, port: int, results: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        agreement = DeferredAgreement(size=2)
+        answers = [agreement.exchange(RAISED.get((rank, call), (False, False))) for call in range(6)]
+        answers.append(agreement.settle())  # call 5's, which nobody flagged
+        answers.append(agreement.settle())  # none in flight
+        answers.append(agreement.now([rank == 1, False]))  # agreed at once
+        results[rank] = answers
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_flag_raised_on_one_rank_reaches_every_rank_at_the_next_call():
+    with mp.Manager() as manager, spawning_preloaded():
+        results = manager.dict()
+        processes = mp.spawn(agree_on_rank, args=(free_port(), results), nprocs=2, join=False)
+        deadline = time.monotonic() + SPAWN_TIMEOUT
+        while not processes.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in processes.processes:
+                    process.kill()
+                pytest.fail(f"the two ranks did not finish in {SPAWN_TIMEOUT} s")
+        results = dict(results)
+    none, sigterm, clock = [False, False], [True, False], [False, True]
+    expected = [none, none, none, sigterm, clock, none, none, none, sigterm]
+    assert results[0] == results[1] == expected
