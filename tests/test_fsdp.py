@@ -12,7 +12,7 @@ from torch import nn
 
 from project.config_checks import check_config
 from project.errors import UserError
-from project.parity import RunOutputs, max_loss_difference, max_weight_difference
+from project.parity import RunOutputs, load_checkpoint, max_loss_difference, max_weight_difference
 from project.runs.sharded_checkpoints import new_version_dir, plain_checkpoint, publish
 from project.strategies.fsdp import shard_module
 from tests.foreign_modules import FOREIGN_CONF
@@ -20,8 +20,9 @@ from tests.helpers import REPO, check_ok, histories, read_json, run_module
 from tests.test_config import compose_train
 
 TOLERANCE = 1e-6
-# 5 toy points over 2 ranks, 1 a batch: 3 steps per epoch on each rank, 9 in all.
-TOY = ["trainer.devices=2", "data.batch_size=1", "logger=none"]
+# 5 toy points over 2 ranks, 1 a batch: 3 steps per epoch on each rank, 9 in all. Adam, whose state (two moments
+# per weight) is sharded too, and so resumed from the shards.
+TOY = ["trainer.devices=2", "data.batch_size=1", "logger=none", "model.optimizer._target_=torch.optim.Adam"]
 ENV = {"PYTHONPATH": str(REPO)}  # lets a run import tests.crash_callback and tests.foreign_modules
 
 
@@ -88,11 +89,13 @@ def test_parameters_outside_any_submodule_are_refused_before_sharding():
 
 
 @pytest.mark.slow
-def test_a_sharded_checkpoint_resumes_exactly_and_loads_on_one_process(tmp_path: Path, compared: Path):
-    """SIGTERM during step 3: every rank stops after step 5 (inside epoch 1) and writes its shard; the resumed run
-    trains the steps and ends on the weights of the run never stopped; evaluate and the converter read the checkpoint
-    in one process."""
-    stopped_dir, resumed_dir = tmp_path / "stopped", tmp_path / "resumed"
+def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_one_process(
+    tmp_path: Path, compared: Path
+):
+    """SIGTERM during step 3: every rank stops after step 5 (inside epoch 1) and writes its shard. Resumed under fsdp
+    from the shards, under ddp from them assembled, and under fsdp from the converter's single file, each run trains
+    the remaining steps and ends on the weights of the run never stopped; evaluate reads the shards in one process."""
+    stopped_dir = tmp_path / "stopped"
     at_step_3 = ["+callbacks.crash._target_=tests.crash_callback.SignalAtStep", "+callbacks.crash.step=3"]
     stop = [*at_step_3, "+callbacks.crash.signal=SIGTERM"]
     stopped = run_module(
@@ -107,26 +110,27 @@ def test_a_sharded_checkpoint_resumes_exactly_and_loads_on_one_process(tmp_path:
         "__1_0.distcp",
         "meta.pt",
     ], "one shard per rank, DCP's index, and Lightning's metadata"
+    plain = tmp_path / "plain.ckpt"
+    assert check_ok(run_module("project.runs.sharded_checkpoints", str(last), str(plain), cwd=tmp_path)).stdout
+    written = torch.load(plain, weights_only=True)
+    assert written["global_step"] == 5 and written["config"]["trainer"]["devices"] == 2
 
-    resume = ["trainer=fsdp", *TOY, f"ckpt_path={last}", f"hydra.run.dir={resumed_dir}"]
-    check_ok(run_module("project.train", *resume, cwd=tmp_path, env=ENV))
     whole = compared / "lightning"
-    for again, once in zip(histories(resumed_dir), histories(whole), strict=True):
-        assert again["first_step"] == 5 and again["step_losses"] == once["step_losses"][5:]
-    final = plain_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")
     expected = plain_checkpoint(whole / "checkpoints" / "last.ckpt")["state_dict"]
-    assert all(torch.equal(final["state_dict"][name], tensor) for name, tensor in expected.items())
+    for strategy, checkpoint in (("fsdp", last), ("ddp", last), ("fsdp", plain)):
+        resumed_dir = tmp_path / f"resumed-{strategy}-{checkpoint.name}"
+        resume = [f"trainer={strategy}", *TOY, f"ckpt_path={checkpoint}", f"hydra.run.dir={resumed_dir}"]
+        check_ok(run_module("project.train", *resume, cwd=tmp_path, env=ENV))
+        for again, once in zip(histories(resumed_dir), histories(whole), strict=True):
+            assert again["first_step"] == 5 and again["step_losses"] == once["step_losses"][5:], (strategy, checkpoint)
+        final = load_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")["state_dict"]
+        assert all(torch.equal(final[name], tensor) for name, tensor in expected.items()), (strategy, checkpoint)
 
-    sharded = resumed_dir / "checkpoints" / "last.ckpt"
+    sharded = tmp_path / "resumed-fsdp-last.ckpt" / "checkpoints" / "last.ckpt"
     evaluated = check_ok(run_module("project.evaluate", f"ckpt_path={sharded}", cwd=tmp_path))
     printed = dict(line.split() for line in evaluated.stdout.splitlines() if line.startswith("test/"))
-    assert float(printed["test/loss"]) == pytest.approx(read_json(resumed_dir / "results.json")["test/loss"], abs=1e-6)
-
-    plain = tmp_path / "plain.ckpt"
-    assert check_ok(run_module("project.runs.sharded_checkpoints", str(sharded), str(plain), cwd=tmp_path)).stdout
-    written = torch.load(plain, weights_only=True)
-    assert written["global_step"] == 9 and written["config"]["trainer"]["devices"] == 2
-    assert all(torch.equal(written["state_dict"][name], tensor) for name, tensor in expected.items())
+    results = read_json(sharded.parents[1] / "results.json")
+    assert float(printed["test/loss"]) == pytest.approx(results["test/loss"], abs=1e-6)
 
 
 def test_a_save_killed_before_it_finished_leaves_the_previous_checkpoint_in_place(tmp_path: Path):

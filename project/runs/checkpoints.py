@@ -183,6 +183,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     tests/test_checkpoint_io.py fails for the stock class (marked xfail, strict) and passes for this one.
     """
 
+    def load_checkpoint(self, path: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """A single file as Lightning loads it, or a sharded checkpoint (trainer=fsdp) assembled on this process: a
+        sharded run resumes under any strategy."""
+        if is_sharded(path):
+            return plain_checkpoint(path)
+        return super().load_checkpoint(path, *args, **kwargs)
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
         partial = path.with_name(f".{path.name}.partial")

@@ -13,9 +13,12 @@ rank has finished does rank 0 point the link at it (`os.replace` of a link is at
 version: a kill at any moment leaves `last.ckpt` pointing at a whole checkpoint. DCP resumes it on another number of
 processes too (each rank reads the slices of the shards it now holds).
 
-`plain_checkpoint` assembles a sharded checkpoint into the dict of a single-file one (whole tensors, on the CPU), which
-is how `project.evaluate` and `project.predict` load it on one process; `python -m project.runs.sharded_checkpoints
-<checkpoint dir> <file.ckpt>` writes that dict to a plain file, which any project tool and `torch.load` read.
+`plain_checkpoint` assembles a sharded checkpoint into the dict of a single-file one (whole tensors, on the CPU, the
+optimizer's state in torch's own layout), which is how `project.evaluate` and `project.predict` load it on one
+process, and how a run under another strategy (ddp, one device) resumes it; `python -m
+project.runs.sharded_checkpoints <checkpoint dir> <file.ckpt>` writes that dict to a plain file, which any project
+tool and `torch.load` read. The other way, `trainer=fsdp` resumes a single-file checkpoint too, each rank keeping its
+shard of it (`optimizer_state_by_name`).
 """
 
 import argparse
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 # Lightning's name for the non-tensor part (lightning.fabric.utilities.load._METADATA_FILENAME).
@@ -85,7 +89,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
 def plain_checkpoint(path: str | Path) -> dict[str, Any]:
     """A sharded checkpoint as the dict of a single-file Lightning checkpoint: `state_dict` with whole tensors,
-    `optimizer_states` (keyed by parameter name, as DCP stores them), and the rest from `meta.pt`."""
+    `optimizer_states` as `Optimizer.state_dict()` gives them, and the rest from `meta.pt`."""
     with tempfile.TemporaryDirectory() as scratch:
         whole = Path(scratch) / "whole.pt"
         dcp_to_torch_save(Path(path), whole)
@@ -93,8 +97,27 @@ def plain_checkpoint(path: str | Path) -> dict[str, Any]:
     optimizers = sorted((key for key in tensors if key.startswith("optimizer_")), key=lambda key: int(key[10:]))
     return read_metadata(path) | {
         "state_dict": tensors["state_dict"],
-        "optimizer_states": [tensors[key] for key in optimizers],
+        "optimizer_states": [optimizer_state_by_index(tensors[key]) for key in optimizers],
     }
+
+
+def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's state as DCP stores it (each parameter's state under the parameter's name, each group listing
+    names) in torch's own layout: parameters numbered in the order of the groups, as `Optimizer.state_dict()` numbers
+    them. (DCP leaves out the `state` of an optimizer that keeps none, such as plain SGD.)"""
+    names = [name for group in state["param_groups"] for name in group["params"]]
+    number = {name: index for index, name in enumerate(names)}
+    groups = [group | {"params": [number[name] for name in group["params"]]} for group in state["param_groups"]]
+    return {"state": {number[name]: value for name, value in state.get("state", {}).items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(state: dict[str, Any], optimizer: torch.optim.Optimizer, module: nn.Module) -> dict:
+    """The reverse of `optimizer_state_by_index`, for `optimizer`, built on `module`'s parameters: parameter number i
+    of `state` is the i-th parameter of `optimizer`'s groups, named as `module` names it."""
+    name_of = {id(parameter): name for name, parameter in module.named_parameters()}
+    names = [name_of[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
+    groups = [group | {"params": [names[index] for index in group["params"]]} for group in state["param_groups"]]
+    return {"state": {names[index]: value for index, value in state["state"].items()}, "param_groups": groups}
 
 
 def main() -> None:

@@ -23,12 +23,19 @@ from hydra.utils import get_class
 from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from project.errors import UserError
 from project.module_networks import networks_of
-from project.runs.sharded_checkpoints import new_version_dir, publish, remove
+from project.runs.sharded_checkpoints import (
+    is_sharded,
+    new_version_dir,
+    optimizer_state_by_name,
+    publish,
+    remove,
+)
 from project.strategies.hydra_ddp import HydraJobRanks
 
 # Trainer precisions FSDP2 trains in here; project.config_checks refuses the others before training.
@@ -119,6 +126,24 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
         if self.is_global_zero:
             publish(Path(directory), path)
         self.barrier()  # no rank reads the checkpoint before it is in place
+
+    def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Lightning's for a sharded checkpoint. A single file (written under ddp or on one device, or by the
+        converter) every rank reads whole, keeping its shard of each tensor; Lightning's own reading of one renumbers
+        the optimizer's state with FSDP1's helper, which fails for an optimizer that keeps none (plain SGD)."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if is_sharded(path):
+            return super().load_checkpoint(path, weights_only)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only)
+        whole = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=whole)
+        for optimizer, state in zip(self.optimizers, checkpoint.pop("optimizer_states"), strict=True):
+            if state["state"]:
+                by_name = optimizer_state_by_name(state, optimizer, self.model)
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=by_name, options=whole)
+            else:  # no tensor to shard (torch's sharded loading needs one): the groups' settings alone
+                optimizer.load_state_dict(state)
+        return checkpoint
 
     def remove_checkpoint(self, filepath: str | Path) -> None:
         if self.is_global_zero:
