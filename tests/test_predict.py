@@ -75,12 +75,14 @@ def test_predictions_cover_the_test_split_in_order_with_evaluates_accuracy(
 
 
 @pytest.mark.slow
-def test_two_ddp_processes_predict_the_same_rows_as_one(tmp_path: Path, barely_trained: Path):
-    """Each rank predicts its share; rank 0 alone writes them back in order."""
+def test_two_processes_predict_the_same_rows_as_one_under_ddp_and_fsdp(tmp_path: Path, barely_trained: Path):
+    """Each rank predicts its share (under FSDP with the network sharded over both); rank 0 alone writes them back
+    in order."""
     single, _ = run_predict(tmp_path, f"ckpt_path={barely_trained}")
-    ddp, _ = run_predict(tmp_path, f"ckpt_path={barely_trained}", "trainer=ddp", "trainer.devices=2")
-    assert (ddp / "predictions.csv").read_text() == (single / "predictions.csv").read_text()
-    assert sorted(path.name for path in ddp.glob("*.log")) == ["predict.log", "predict.rank1.log"]
+    for strategy in ("ddp", "fsdp"):
+        two, _ = run_predict(tmp_path, f"ckpt_path={barely_trained}", f"trainer={strategy}", "trainer.devices=2")
+        assert (two / "predictions.csv").read_text() == (single / "predictions.csv").read_text(), strategy
+        assert sorted(path.name for path in two.glob("*.log")) == ["predict.log", "predict.rank1.log"]
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.parity import max_loss_difference, max_weight_difference, network_weights
+from project.parity import load_checkpoint, max_loss_difference, max_weight_difference, network_weights
 from tests.helpers import (
     REPO,
     check_ok,
@@ -129,7 +129,8 @@ def small_mnist(mnist_root: Path, *extra: str, experiment: str = "mnist_slurm") 
 
 
 def lightning_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return network_weights(torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+    """The network's weights in `last.ckpt`, a file or a sharded (trainer=fsdp) directory."""
+    return network_weights(load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"])
 
 
 def compare_runs(run_dir: Path, expected_dir: Path, weights: dict, expected_weights: dict) -> tuple[float, float]:
@@ -176,11 +177,21 @@ def torchrun_on_two_hosts(overrides: list[str], cwd: Path, env: dict) -> list[su
 def test_the_tutorials_two_by_three_job_computes_alike_on_every_launcher(
     tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str], six_processes_on_one_host: Path
 ):
-    """2 nodes × 3 processes: Lightning under srun (LOCAL_RANK 0-2 on each node), the reference spawning 3 per node
-    under srun, and Lightning under torchrun on the same two hosts, each equal to 6 processes on one host."""
+    """2 nodes × 3 processes: Lightning under srun (LOCAL_RANK 0-2 on each node), the same job sharded
+    (trainer=fsdp), the reference spawning 3 per node under srun, and Lightning under torchrun on the same two hosts,
+    each equal to 6 processes on one host."""
     overrides = small_mnist(mnist_root, *TWO_EPOCHS_OF_25)
     lightning_id, lightning = submit(
         TRAIN_SBATCH, *overrides, cwd=tmp_path / "lightning", env=slurm_env, job_ids=job_ids, options=TUTORIAL_SHAPE
+    )
+    fsdp_id, fsdp = submit(
+        TRAIN_SBATCH,
+        *overrides,
+        "trainer=fsdp",
+        cwd=tmp_path / "fsdp",
+        env=slurm_env,
+        job_ids=job_ids,
+        options=TUTORIAL_SHAPE,
     )
     reference_env = {**slurm_env, "DEVICES_PER_NODE": "3"}  # the tutorial's 3 GPUs per node, as CPU processes
     reference_id, reference = submit(
@@ -195,9 +206,11 @@ def test_the_tutorials_two_by_three_job_computes_alike_on_every_launcher(
     lightning_log = tmp_path / "lightning" / "outputs" / f"train-{lightning_id}.out"
     assert_job_succeeded(lightning, lightning_log)
     assert_job_succeeded(reference, tmp_path / "reference" / "outputs" / f"reference-{reference_id}.out")
+    assert_job_succeeded(fsdp, tmp_path / "fsdp" / "outputs" / f"train-{fsdp_id}.out")
 
     runs = {
         "slurm job": tmp_path / "lightning" / "outputs" / f"slurm-{lightning_id}.0",
+        "slurm fsdp job": tmp_path / "fsdp" / "outputs" / f"slurm-{fsdp_id}.0",
         "slurm reference job": tmp_path / "reference" / "outputs" / f"slurm-{reference_id}.0",
         "torchrun on two hosts": tmp_path / "torchrun" / "outputs" / "torchrun-two-hosts",
     }

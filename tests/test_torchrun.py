@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.parity import max_loss_difference, max_weight_difference, network_weights
+from project.parity import load_checkpoint, max_loss_difference, max_weight_difference, network_weights
 from tests.helpers import (
     REPO,
     check_ok,
@@ -30,7 +30,7 @@ from tests.test_waits import held_port
 pytestmark = pytest.mark.slow
 # The toy problem on two ranks: one step per rank and epoch, a last.ckpt after every epoch.
 EPOCHS, KILLED_AT = 8, 4
-TOY_DDP = ("logger=none", "trainer=ddp", f"trainer.max_epochs={EPOCHS}")
+TOY = ("logger=none", f"trainer.max_epochs={EPOCHS}")
 # Rank 1 dies (SIGKILL) as epoch 4 starts, in the first attempt only: the restarted processes run on.
 CRASH = (
     "+callbacks.crash._target_=tests.crash_callback.KillAtEpochStart",
@@ -49,7 +49,8 @@ def run_dirs(cwd: Path) -> list[Path]:
 
 
 def last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return network_weights(torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+    """The network's weights in `last.ckpt`, a file or a sharded (trainer=fsdp) directory."""
+    return network_weights(load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"])
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -60,24 +61,27 @@ def error_lines(stderr: str) -> list[str]:
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run the interrupted ones must end equal to: one host, two processes, nobody killed."""
     cwd = tmp_path_factory.mktemp("uninterrupted")
-    args = [*TOY_DDP, "trainer.devices=2"]
+    args = [*TOY, "trainer=ddp", "trainer.devices=2"]
     (agent,) = torchrun_nodes("project.train", args, cwd, run_id="uninterrupted", nodes=1, per_node=2)
     check_ok(agent)
     (run_dir,) = run_dirs(cwd)
     return run_dir
 
 
-@pytest.mark.parametrize("nodes", [1, 2], ids=["one host", "two hosts"])
+@pytest.mark.parametrize(
+    ("strategy", "nodes"), [("ddp", 1), ("ddp", 2), ("fsdp", 2)], ids=["one host", "two hosts", "fsdp, two hosts"]
+)
 def test_a_killed_worker_is_restarted_and_the_run_resumes_to_the_uninterrupted_weights(
-    tmp_path: Path, uninterrupted: Path, nodes: int
+    tmp_path: Path, uninterrupted: Path, strategy: str, nodes: int
 ):
     """torchrun restarts every process (on two hosts, the other host's too) and each resumes from last.ckpt.
 
     On two hosts only the failed worker's agent counts a restart; the other restarts its worker for the new
-    rendezvous with the count unchanged, so both must resume from the run dir, not from the count.
+    rendezvous with the count unchanged, so both must resume from the run dir, not from the count. Under FSDP the
+    ranks resume from their shards of the sharded last.ckpt, and end on DDP's weights (the same global batch).
     """
     per_node = 2 // nodes
-    args = [*TOY_DDP, f"trainer.num_nodes={nodes}", f"trainer.devices={per_node}", *CRASH]
+    args = [*TOY, f"trainer={strategy}", f"trainer.num_nodes={nodes}", f"trainer.devices={per_node}", *CRASH]
     agents = torchrun_nodes(
         "project.train", args, tmp_path, "elastic", nodes, per_node, ("--max-restarts=1",), WITH_TEST_CALLBACKS
     )
@@ -96,12 +100,15 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_to_the_uninterrupted_w
         for mine, theirs in zip(ranks, expected, strict=True)
     )
     weight_diff = max_weight_difference(last_weights(run_dir), last_weights(uninterrupted))
-    print(f"\nrestarted on {nodes} host(s) vs uninterrupted: |step loss diff| {loss_diff}, |weight diff| {weight_diff}")
+    print(
+        f"\n{strategy} restarted on {nodes} host(s) vs uninterrupted ddp: |step loss diff| {loss_diff}, "
+        f"|weight diff| {weight_diff}"
+    )
     assert loss_diff == 0.0 and weight_diff == 0.0, "bitwise, on CPU"
 
 
 def test_a_worker_killed_with_no_restarts_left_ends_the_launch_naming_rank_and_signal(tmp_path: Path):
-    args = [*TOY_DDP, "trainer.devices=2", *CRASH]
+    args = [*TOY, "trainer=ddp", "trainer.devices=2", *CRASH]
     (agent,) = torchrun_nodes("project.train", args, tmp_path, "no-restarts", 1, 2, env=WITH_TEST_CALLBACKS)
     assert agent.returncode == 128 + 9, agent.stderr[-3000:]
     assert error_lines(agent.stderr)[-1:] == [agent.stderr.rstrip().splitlines()[-1]], "the last line is the error"

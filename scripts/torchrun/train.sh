@@ -10,7 +10,8 @@
 # outputs/torchrun-<RUN_ID>/ (RUN_ID names the run: the same on all machines, a new one for each run; with NODES=1
 # the run dir is the usual outputs/<date>/<time>, which restarts find but a second launch does not). Every
 # argument is a Hydra override for `python -m project.train` (or PROJECT_MODULE=project.reference.ddp: the
-# raw-PyTorch path, which reads the same overrides).
+# raw-PyTorch path, which reads the same overrides). `trainer=fsdp` among them makes it one sharded (FSDP2) run
+# instead, the last `trainer=` winning (PROJECT_MODULE=project.reference.fsdp for its raw path).
 #
 # When a process dies, torchrun restarts every machine's processes (up to MAX_RESTARTS times) and the run resumes
 # from its run dir's checkpoints/last.ckpt; running the same line again with the same RUN_ID resumes it likewise.
