@@ -4,6 +4,7 @@ process."""
 
 import math
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,19 @@ from project.parity import RunOutputs, load_checkpoint, max_loss_difference, max
 from project.runs.sharded_checkpoints import new_version_dir, plain_checkpoint, publish
 from project.strategies.fsdp import shard_module
 from tests.foreign_modules import FOREIGN_CONF
-from tests.helpers import REPO, check_ok, histories, read_json, run_module
+from tests.helpers import REPO, check_ok, free_port, histories, read_json, run_module
 from tests.test_config import compose_train
 
 TOLERANCE = 1e-6
 # 5 toy points over 2 ranks, 1 a batch: 3 steps per epoch on each rank, 9 in all. Adam, whose state (two moments
 # per weight) is sharded too, and so resumed from the shards.
-TOY = ["trainer.devices=2", "data.batch_size=1", "logger=none", "model.optimizer._target_=torch.optim.Adam"]
+TOY = [
+    "trainer.devices=2",
+    "data.batch_size=1",
+    "logger=none",
+    "model.optimizer._target_=torch.optim.Adam",
+    "model.optimizer.lr=0.05",
+]
 ENV = {"PYTHONPATH": str(REPO)}  # lets a run import tests.crash_callback and tests.foreign_modules
 
 
@@ -131,6 +138,25 @@ def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_on
     printed = dict(line.split() for line in evaluated.stdout.splitlines() if line.startswith("test/"))
     results = read_json(sharded.parents[1] / "results.json")
     assert float(printed["test/loss"]) == pytest.approx(results["test/loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_the_reference_resumes_its_gathered_checkpoint_into_the_shards_exactly(tmp_path: Path, compared: Path):
+    """project.reference.fsdp writes one whole last.pt (gathered from the shards) at epoch 1's end; resumed from it,
+    each rank keeps its shard and the run trains the steps of the reference run never stopped."""
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    for run_dir, more in (
+        (first, ["trainer.max_epochs=1"]),
+        (resumed, [f"ckpt_path={first / 'checkpoints' / 'last.pt'}"]),
+    ):
+        launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}")
+        overrides = ["trainer=fsdp", *TOY, *more, f"hydra.run.dir={run_dir}"]
+        check_ok(run_module("project.reference.fsdp", *overrides, cwd=tmp_path, launcher=launcher))
+    for again, once in zip(histories(resumed), histories(compared / "reference"), strict=True):
+        assert again["first_step"] == 3 and again["step_losses"] == once["step_losses"][3:]
+    weights = torch.load(resumed / "checkpoints" / "model.pt", weights_only=True)
+    expected = torch.load(compared / "reference" / "checkpoints" / "model.pt", weights_only=True)
+    assert expected.keys() == weights.keys() and all(torch.equal(weights[k], v) for k, v in expected.items())
 
 
 def test_a_save_killed_before_it_finished_leaves_the_previous_checkpoint_in_place(tmp_path: Path):
