@@ -12,9 +12,13 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+import torch.multiprocessing
 
 from project.compare import free_port
 from tests import preloaded_python
@@ -66,6 +70,22 @@ def spawning_preloaded() -> Iterator[None]:
         multiprocessing.set_executable(saved_executable)
         os.environ.clear()
         os.environ.update(saved_environment)
+
+
+def results_of_two_ranks(function: Callable, timeout: float = 120.0) -> dict:
+    """What `function(rank, port, results)`, run in two spawned processes, put into `results` (a shared dict); they
+    can meet in a gloo group at 127.0.0.1:`port`. A rank still running after `timeout` s (a collective waiting for
+    the other) fails the test."""
+    with multiprocessing.Manager() as manager, spawning_preloaded():
+        results = manager.dict()
+        processes = torch.multiprocessing.spawn(function, args=(free_port(), results), nprocs=2, join=False)
+        deadline = time.monotonic() + timeout
+        while not processes.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in processes.processes:
+                    process.kill()
+                pytest.fail(f"the two ranks did not finish in {timeout:g} s (a collective waiting for a rank?)")
+        return dict(results)
 
 
 def run_module(

@@ -1,18 +1,14 @@
 """The metric both paths count with: sample-weighted loss, accuracy, reset, and the sum over DDP processes."""
 
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from project.metrics import ClassificationTotals
-from tests.helpers import free_port, spawning_preloaded
-
-SPAWN_TIMEOUT = 120
+from tests.helpers import results_of_two_ranks
 
 
 def batches(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -91,16 +87,7 @@ def count_on_rank(rank: int, port: int, results: dict) -> None:
 
 
 def test_compute_sums_over_ddp_processes_on_every_rank():
-    with mp.Manager() as manager, spawning_preloaded():
-        results = manager.dict()
-        processes = mp.spawn(count_on_rank, args=(free_port(), results), nprocs=2, join=False)
-        deadline = time.monotonic() + SPAWN_TIMEOUT
-        while not processes.join(timeout=1):
-            if time.monotonic() > deadline:
-                for process in processes.processes:
-                    process.kill()
-                pytest.fail(f"the two ranks did not finish in {SPAWN_TIMEOUT} s (a sync waiting for a rank?)")
-        results = dict(results)
+    results = results_of_two_ranks(count_on_rank)
     loss, accuracy = expected(batches())
     assert results["rank 0 alone"] == pytest.approx(loss, abs=1e-6)
     assert (results[0][0], results[1][0]) == (13, 3), "each rank counted its own batches"

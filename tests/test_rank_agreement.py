@@ -1,17 +1,14 @@
 """`DeferredAgreement`: a flag one rank raises reaches every rank at the same later call, over a CPU group."""
 
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from project.rank_agreement import DeferredAgreement
-from tests.helpers import free_port, spawning_preloaded
+from tests.helpers import results_of_two_ranks
 
-SPAWN_TIMEOUT = 120
 # Which rank raises which flag at which call: rank 1 a SIGTERM at call 2, rank 0 its clock at call 3.
 RAISED = {(1, 2): (True, False), (0, 3): (False, True)}
 
@@ -33,16 +30,7 @@ def agree_on_rank(rank: int, port: int, results: dict) -> None:
 
 @pytest.mark.slow
 def test_a_flag_raised_on_one_rank_reaches_every_rank_at_the_next_call():
-    with mp.Manager() as manager, spawning_preloaded():
-        results = manager.dict()
-        processes = mp.spawn(agree_on_rank, args=(free_port(), results), nprocs=2, join=False)
-        deadline = time.monotonic() + SPAWN_TIMEOUT
-        while not processes.join(timeout=1):
-            if time.monotonic() > deadline:
-                for process in processes.processes:
-                    process.kill()
-                pytest.fail(f"the two ranks did not finish in {SPAWN_TIMEOUT} s")
-        results = dict(results)
+    results = results_of_two_ranks(agree_on_rank)
     none, sigterm, clock = [False, False], [True, False], [False, True]
     expected = [none, none, none, sigterm, clock, none, none, none, sigterm]
     assert results[0] == results[1] == expected
