@@ -134,7 +134,7 @@ def fsdp_memory_rows(fsdp: dict) -> list[Row]:
     note = "ranks 0, 1: " + "; ".join(f"{s} {a:.0f}, {b:.0f} MB" for s, (a, b) in peaks.items()) + " (Linux VmHWM)"
     rows.append(("fsdp / ddp: per-rank peak resident memory", f"{sharded / ddp:.2f}", note))
     rate = fsdp["samples_per_second"]
-    steps = f"2 ranks, {fsdp['timed_steps']} steps after warm-up"
+    steps = f"2 ranks, steps timed after warm-up: {fsdp['timed_steps']}"
     note = f"fsdp {rate['fsdp']:,.0f}, ddp {rate['ddp']:,.0f} samples/s; {steps}"
     rows.append(("fsdp / ddp: training samples/s", f"{rate['fsdp'] / rate['ddp']:.2f}", note))
     return rows
