@@ -17,5 +17,5 @@ What they share:
     timing.py, profile_costs.py  interleaved repeats and their statistics; a profile split into named parts
     lightning_variants.py        the modules with other logging that price Lightning's logging
     report.py, plots.py          the table, the JSON record, the PNGs
-    gpu.sh                       the GPU checks in one call (tests marked gpu, then `--gpu`)
+    gpu.sh                       the GPU checks in one call (tests marked gpu, `--gpu`, fsdp_memory on the CPU)
 """

@@ -119,11 +119,24 @@ def memory_rows(memory: dict) -> list[Row]:
 def fsdp_memory_rows(fsdp: dict) -> list[Row]:
     if "bytes_per_rank" not in fsdp:
         return []
+    mb = {
+        strategy: [{part: n / 2**20 for part, n in rank.items()} for rank in ranks]
+        for strategy, ranks in fsdp["bytes_per_rank"].items()
+    }
+    width = fsdp["width"]
     rows = []
     for part in ("weights", "gradients", "optimizer"):
-        ddp, sharded = (fsdp["bytes_per_rank"][strategy][0][part] / 2**20 for strategy in ("ddp", "fsdp"))
-        note = f"rank 0, 2 processes, MLP 784-2048-2048-2048-10; ddp {ddp:.1f} MB"
+        ddp, sharded = (mb[strategy][0][part] for strategy in ("ddp", "fsdp"))
+        note = f"rank 0, 2 processes, MLP 784-{width}-{width}-{width}-10; ddp {ddp:.1f} MB"
         rows.append((f"fsdp / ddp: per-rank {part}", f"{sharded / ddp:.2f}", f"{sharded:.1f} MB; {note}"))
+    peaks = {strategy: [rank["peak_resident"] for rank in ranks] for strategy, ranks in mb.items()}
+    ddp, sharded = max(peaks["ddp"]), max(peaks["fsdp"])
+    note = "ranks 0, 1: " + "; ".join(f"{s} {a:.0f}, {b:.0f} MB" for s, (a, b) in peaks.items()) + " (Linux VmHWM)"
+    rows.append(("fsdp / ddp: per-rank peak resident memory", f"{sharded / ddp:.2f}", note))
+    rate = fsdp["samples_per_second"]
+    steps = f"2 ranks, steps timed after warm-up: {fsdp['timed_steps']}"
+    note = f"fsdp {rate['fsdp']:,.0f}, ddp {rate['ddp']:,.0f} samples/s; {steps}"
+    rows.append(("fsdp / ddp: training samples/s", f"{rate['fsdp'] / rate['ddp']:.2f}", note))
     return rows
 
 
