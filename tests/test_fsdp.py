@@ -141,6 +141,22 @@ def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_on
 
 
 @pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_at_an_epochs_end_on_another_number_of_processes(tmp_path: Path, compared: Path):
+    """Written by 2 ranks after epoch 3, resumed by 1 under fsdp (DCP reshards as it loads): epoch 4 trains as it
+    does for one process resuming the checkpoint unsharded."""
+    last = compared / "lightning" / "checkpoints" / "last.ckpt"
+    one_process = [*TOY[1:], "trainer.devices=1", "trainer.max_epochs=4", f"ckpt_path={last}"]
+    for trainer in ("fsdp", "cpu"):
+        run_dir = tmp_path / trainer
+        check_ok(
+            run_module("project.train", f"trainer={trainer}", *one_process, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+        )
+    sharded, plain = (histories(tmp_path / trainer) for trainer in ("fsdp", "cpu"))
+    assert [(h["world_size"], h["first_step"]) for h in sharded] == [(1, 9)]
+    assert len(sharded[0]["step_losses"]) == 5 and sharded[0]["step_losses"] == plain[0]["step_losses"]
+
+
+@pytest.mark.slow
 def test_the_reference_resumes_its_gathered_checkpoint_into_the_shards_exactly(tmp_path: Path, compared: Path):
     """project.reference.fsdp writes one whole last.pt (gathered from the shards) at epoch 1's end; resumed from it,
     each rank keeps its shard and the run trains the steps of the reference run never stopped."""
