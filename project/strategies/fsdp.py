@@ -137,7 +137,8 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
         checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only)
         whole = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
         set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=whole)
-        for optimizer, state in zip(self.optimizers, checkpoint.pop("optimizer_states"), strict=True):
+        # Fitting has the optimizers to restore; testing or predicting has none (and so restores none).
+        for optimizer, state in zip(self.optimizers, checkpoint.pop("optimizer_states", []), strict=False):
             if state["state"]:
                 by_name = optimizer_state_by_name(state, optimizer, self.model)
                 set_optimizer_state_dict(self.model, optimizer, optim_state_dict=by_name, options=whole)
