@@ -8,6 +8,7 @@ DDP ranks), and a fresh interpreter for the bench itself would only add its impo
 """
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import torch
 from bench import image_folder
 from bench.__main__ import main, suites
 from bench.settings import Settings
-from tests.helpers import read_json
+from tests.helpers import environment, python, read_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.realdata]
 
@@ -37,6 +38,16 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture
+def preloaded_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs a suite starts as `sys.executable -m ...` are forked from the preloaded Python
+    (tests/preloaded_python.py), sparing each the seconds of imports, which no assertion of the test reads. Only for
+    suites whose recorded figures the test does not compare with a fresh interpreter's (not start-up, not memory)."""
+    for name, value in environment().items():  # (starts the preloaded Python, with the real sys.executable)
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "executable", python())
 
 
 def run_quick_bench(out: Path, capsys: pytest.CaptureFixture, *args: str) -> tuple[str, dict]:
@@ -73,7 +84,7 @@ def test_a_quick_run_has_every_suite_in_order():
     assert list(suites(gpu)) == ["data_path", "lightning_overhead", "gpu", "time_to_accuracy"]
 
 
-def test_preemption_stops_on_sigterm_and_resumes_at_that_step(tmp_path: Path, capsys):
+def test_preemption_stops_on_sigterm_and_resumes_at_that_step(tmp_path: Path, capsys, preloaded_runs: None):
     stdout, results = run_quick_bench(tmp_path, capsys, "--only", "preemption")
 
     preemption = results["preemption"]
@@ -90,7 +101,9 @@ def test_ddp_scaling_times_two_ranks_at_both_batch_sizes(tmp_path: Path, capsys)
     assert_pngs(tmp_path, {"ddp-scaling.png"})
 
 
-def test_fsdp_memory_holds_half_the_weights_gradients_and_optimizer_state_per_rank(tmp_path: Path, capsys):
+def test_fsdp_memory_holds_half_the_weights_gradients_and_optimizer_state_per_rank(
+    tmp_path: Path, capsys, preloaded_runs: None
+):
     """Besides the model state: each rank's peak resident memory and both strategies' training speed are recorded."""
     stdout, results = run_quick_bench(tmp_path, capsys, "--only", "fsdp_memory")
 
