@@ -3,6 +3,7 @@ the project's entry points (with `PYTHONPATH` at the repository) to prove the ma
 
 - `RegressionModule` on `RegressionData`: `(inputs, targets)` float batches, its own `configure_optimizers`, its own
   metric names (`train/mse`, `val/mse`, `test/mse`, to be minimised), and a `predict_step` returning a tensor.
+- `SelfShardingRegression`: the same, sharding itself for trainer=fsdp in `configure_model`.
 - `DictBatchModule` on `DictBatchData`: batches that are dicts, and metrics without a `<stage>/` prefix.
 Lightning's own `BoringModel` and `BoringDataModule` (which log no metric at all) are the third.
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 # Their YAML files (model/, data/, hparams_search/), to put on Hydra's search path.
@@ -89,6 +91,21 @@ class RegressionModule(L.LightningModule):
         total = self.trainer.estimated_stepping_batches
         schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.lr, total_steps=total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class SelfShardingRegression(RegressionModule):
+    """`RegressionModule` sharding itself in `configure_model`, as Lightning documents for FSDP2: its network one
+    FSDP unit as a whole. It fails its run if it finds other units as training starts (trainer=fsdp sharding each
+    layer besides)."""
+
+    def configure_model(self) -> None:
+        if self.device_mesh is not None and not isinstance(self.layers, FSDPModule):
+            fully_shard(self.layers, mesh=self.device_mesh["data_parallel"])
+
+    def on_train_start(self) -> None:
+        units = [name for name, module in self.named_modules() if isinstance(module, FSDPModule)]
+        if units != ["layers"]:
+            raise RuntimeError(f"FSDP units {units}, not the one configure_model made")
 
 
 class PointsAsDicts(Dataset):

@@ -81,6 +81,17 @@ def test_a_module_of_the_users_own_is_sharded_without_a_configure_model_and_comp
     assert [h["world_size"] for h in histories(run_dir)] == [2, 2]
 
 
+@pytest.mark.slow
+def test_a_module_that_shards_itself_in_configure_model_is_left_as_it_sharded_itself(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    own = ["model=regression", "model._target_=tests.foreign_modules.SelfShardingRegression", "data=regression"]
+    metric = ["optimized_metric=val/mse", "optimized_mode=min"]
+    overrides = [*own, *metric, "trainer=fsdp", "trainer.max_epochs=1", "logger=none", f"hydra.run.dir={run_dir}"]
+    search_path = f"hydra.searchpath=[file://{FOREIGN_CONF}]"
+    check_ok(run_module("project.train", search_path, *overrides, cwd=tmp_path, env=ENV))
+    assert read_json(run_dir / "results.json")["world_size"] == 2
+
+
 def test_fsdp_refuses_a_precision_other_than_32_true_and_bf16_mixed(tmp_path: Path):
     check_config(compose_train(tmp_path, "trainer=fsdp", "trainer.precision=bf16-mixed"))
     with pytest.raises(UserError, match=r"trainer=fsdp trains in 32-true or bf16-mixed .* trainer.precision=bf16-true"):
