@@ -30,9 +30,18 @@ class DeferredAgreement:
     def exchange(self, flags: Sequence[bool]) -> list[bool]:
         """The agreement started by the previous call (all False if none is in flight); this call's starts now."""
         agreed = self.settle()
+        self.start(flags)
+        return agreed
+
+    def start(self, flags: Sequence[bool]) -> None:
+        """Start the agreement on `flags`, for the next `settle` or `exchange` to answer; none may be in flight.
+
+        `settle`, act, then `start` is `exchange` with flags computed after the acting: a flag that the acting clears
+        (a clock a checkpoint resets) is then not sent once more."""
+        if self._in_flight is not None:
+            raise RuntimeError("an agreement is in flight already: settle it first")
         sent = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
         self._in_flight = sent, dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        return agreed
 
     def settle(self) -> list[bool]:
         """The agreement in flight, waited for (on the other ranks' CPU threads, not on a device); none is left in

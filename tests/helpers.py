@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch.distributed
 import torch.multiprocessing
 
 from project.compare import free_port
@@ -70,6 +71,18 @@ def spawning_preloaded() -> Iterator[None]:
         multiprocessing.set_executable(saved_executable)
         os.environ.clear()
         os.environ.update(saved_environment)
+
+
+@contextmanager
+def one_rank_process_group(directory: Path) -> Iterator[None]:
+    """A gloo process group of this process alone (its store a file in `directory`), for code that needs one."""
+    torch.distributed.init_process_group(
+        "gloo", store=torch.distributed.FileStore(str(directory / "store"), 1), rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def results_of_two_ranks(function: Callable, timeout: float = 120.0) -> dict:

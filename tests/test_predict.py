@@ -10,7 +10,6 @@ import lightning as L
 import matplotlib.image
 import pytest
 import torch
-import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -18,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets
 
 from project.predict import as_class_predictions, gathered_shares, predict, split_images, write_outputs
-from tests.helpers import CONF_DIR, check_ok, mnist_overrides, run_module
+from tests.helpers import CONF_DIR, check_ok, mnist_overrides, one_rank_process_group, run_module
 
 ENV = {"OMP_NUM_THREADS": "1"}
 TEST_IMAGES = 100
@@ -136,11 +135,8 @@ def test_the_ranks_shares_arrive_on_the_cpu_whatever_device_predicted(tmp_path: 
     """`all_gather_object` unpickles a GPU tensor onto the sender's GPU, which the receiving rank may not see."""
     probabilities = torch.tensor([[0.9, 0.1], [0.2, 0.8]], device=device)
     labels = torch.tensor([0, 1], device=device)
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
+    with one_rank_process_group(tmp_path):
         (received,) = gathered_shares({"0": probabilities, "1": labels})
-    finally:
-        dist.destroy_process_group()
     assert received["0"].device.type == received["1"].device.type == "cpu"
     assert torch.equal(received["0"], probabilities.cpu()) and torch.equal(received["1"], labels.cpu())
 

@@ -405,6 +405,9 @@ class Trainer:
                     # On the validation's metric, after the checkpoint, as Lightning does; under DDP rank 0 alone
                     # validates, and hands its metrics to the other ranks.
                     self.schedule.step(rank_zeros(metrics))
+            # A SIGTERM in the last epoch's last windows, which no step asked about: the epoch's checkpoint is written.
+            if self.checkpointing is not None and self._sigterm_on_any_rank():
+                self._stop_for_sigterm()
         finally:
             if self.checkpointing is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -417,25 +420,41 @@ class Trainer:
     def _note_sigterm(self, signum: int, frame: object) -> None:
         self.sigterm = True  # only noted here: the loop checkpoints and stops between steps
 
+    def _sigterm_on_any_rank(self) -> bool:
+        """Whether SIGTERM reached any rank by now (every rank asks at the same point)."""
+        if self.agreement is None:
+            return self.sigterm
+        return self.agreement.now([self.sigterm, False])[0]
+
     def _checkpoint_if_due(self) -> None:
         """Write the checkpoint every N steps / M minutes, and on SIGTERM write it and stop.
 
         Under DDP or FSDP the ranks agree on a SIGTERM and on a clock that says it is time, one window after they
         saw it (`project.rank_agreement`: no wait on the device), so all act after one same step."""
-        every_n_steps, every_n_minutes = self.checkpointing.every_n_steps, self.checkpointing.every_n_minutes
+        every_n_steps = self.checkpointing.every_n_steps
         by_steps = every_n_steps is not None and self.global_step % every_n_steps == 0
-        by_time = every_n_minutes is not None and time.monotonic() - self._last_write >= 60 * every_n_minutes
-        stop = self.sigterm
-        if self.agreement is not None:  # a signal on any rank stops them all, and any rank's clock writes for all
-            stop, by_time = self.agreement.exchange([stop, by_time])
+        if self.agreement is None:
+            stop, by_time = self.sigterm, self._clock_says_write()
+        else:  # a signal on any rank stops them all, and any rank's clock writes for all
+            stop, by_time = self.agreement.settle()
         if stop or by_steps or by_time:
             self._save_checkpoint()
         if stop:
-            raise RunStopped(
-                f"stopped by SIGTERM in epoch {self.epoch}: resume from its last checkpoint (step {self.global_step}) "
-                f"with the same command plus ckpt_path={self.checkpointing.path.resolve()}",
-                128 + signal.SIGTERM,
-            )
+            self._stop_for_sigterm()
+        if self.agreement is not None:  # each clock read after the write, which resets it
+            self.agreement.start([self.sigterm, self._clock_says_write()])
+
+    def _clock_says_write(self) -> bool:
+        every_n_minutes = self.checkpointing.every_n_minutes
+        return every_n_minutes is not None and time.monotonic() - self._last_write >= 60 * every_n_minutes
+
+    def _stop_for_sigterm(self) -> None:
+        """End the run, its checkpoint written (every rank is here)."""
+        raise RunStopped(
+            f"stopped by SIGTERM in epoch {self.epoch}: resume from its last checkpoint (step {self.global_step}) "
+            f"with the same command plus ckpt_path={self.checkpointing.path.resolve()}",
+            128 + signal.SIGTERM,
+        )
 
     def _save_checkpoint(self) -> None:
         """Weights, optimizer, schedule and the training order's position: all a resumed run needs to go on exactly.

@@ -58,13 +58,19 @@ class MidEpochCheckpoint(L.Callback):
         if done % trainer.accumulate_grad_batches:
             return  # gradients are accumulating: only a batch that stepped the optimizer is a place to resume from
         by_steps = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
-        by_time = self.every_n_minutes is not None and time.monotonic() - self._last_write >= 60 * self.every_n_minutes
-        if self._clock_agreement is not None:
-            # The ranks write together, one window after any rank's clock said so: clocks that disagreed would leave
-            # ranks waiting for each other.
-            (by_time,) = self._clock_agreement.exchange([by_time])
+        if self._clock_agreement is None:
+            by_time = self._clock_says_write()
+        else:
+            # The ranks write together, one window after any rank's clock said so (clocks that disagreed would leave
+            # ranks waiting for each other); each clock is read again after the write, which resets it.
+            (by_time,) = self._clock_agreement.settle()
         if by_steps or by_time:
             self._write(trainer)
+        if self._clock_agreement is not None:
+            self._clock_agreement.start([self._clock_says_write()])
+
+    def _clock_says_write(self) -> bool:
+        return self.every_n_minutes is not None and time.monotonic() - self._last_write >= 60 * self.every_n_minutes
 
     def _hold_sigterm_to_the_windows_end(self, trainer: L.Trainer, done: int) -> None:
         """Hide a SIGTERM from Lightning's loop until the accumulation window's last batch has stepped.
