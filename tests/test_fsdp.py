@@ -10,14 +10,23 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from project.config_checks import check_config
 from project.errors import UserError
 from project.parity import RunOutputs, load_checkpoint, max_loss_difference, max_weight_difference
-from project.runs.sharded_checkpoints import new_version_dir, plain_checkpoint, publish
+from project.runs.sharded_checkpoints import (
+    new_version_dir,
+    optimizer_state_by_index,
+    optimizer_state_by_name,
+    plain_checkpoint,
+    publish,
+)
 from project.strategies.fsdp import shard_module
 from tests.foreign_modules import FOREIGN_CONF
-from tests.helpers import REPO, check_ok, free_port, histories, read_json, run_module
+from tests.helpers import REPO, check_ok, free_port, histories, one_rank_process_group, read_json, run_module
 from tests.test_config import compose_train
 
 TOLERANCE = 1e-6
@@ -184,6 +193,48 @@ def test_the_reference_resumes_its_gathered_checkpoint_into_the_shards_exactly(t
     weights = torch.load(resumed / "checkpoints" / "model.pt", weights_only=True)
     expected = torch.load(compared / "reference" / "checkpoints" / "model.pt", weights_only=True)
     assert expected.keys() == weights.keys() and all(torch.equal(weights[k], v) for k, v in expected.items())
+
+
+def test_optimizer_state_is_renumbered_both_ways_and_a_parameter_without_state_is_no_error(tmp_path: Path):
+    """Two groups listing parameters out of the module's order, a frozen parameter, one that never had a gradient:
+    DCP's layout (by name) and torch's (by number) convert into each other, and a single file's state loads into a
+    sharded module as torch's own `load_state_dict` loads it (what `HydraFSDPStrategy.load_checkpoint` does)."""
+
+    def network() -> nn.Module:
+        torch.manual_seed(0)
+        layers = nn.ModuleDict({"a": nn.Linear(3, 4), "b": nn.Linear(4, 2), "unused": nn.Linear(2, 2)})
+        layers["a"].bias.requires_grad_(False)
+        return layers
+
+    def adam(layers: nn.Module) -> torch.optim.Optimizer:
+        later_first = [layers["b"].weight, layers["a"].weight, layers["unused"].weight]
+        return torch.optim.Adam([{"params": later_first, "lr": 0.1}, {"params": [layers["b"].bias], "lr": 0.01}])
+
+    plain = network()
+    optimizer = adam(plain)
+    plain["b"](plain["a"](torch.randn(5, 3))).sum().backward()
+    optimizer.step()
+    by_index = optimizer.state_dict()
+    assert sorted(by_index["state"]) == [0, 1, 3], "the unused layer's weight (number 2) has no state"
+    by_name = optimizer_state_by_name(by_index, optimizer, plain)
+    assert by_name["param_groups"][0]["params"] == ["b.weight", "a.weight", "unused.weight"]
+    again = optimizer_state_by_index(by_name)
+    assert again["param_groups"] == by_index["param_groups"] and again["state"].keys() == by_index["state"].keys()
+
+    with one_rank_process_group(tmp_path):
+        sharded = network()
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in sharded.values():
+            fully_shard(layer, mesh=mesh)
+        sharded_optimizer = adam(sharded)
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        by_name = optimizer_state_by_name(by_index, sharded_optimizer, sharded)
+        set_optimizer_state_dict(sharded, sharded_optimizer, optim_state_dict=by_name, options=options)
+        loaded = get_optimizer_state_dict(sharded, sharded_optimizer, options=StateDictOptions(full_state_dict=True))
+    assert torch.equal(loaded["state"]["b.weight"]["exp_avg"], by_index["state"][0]["exp_avg"])
+    unused = loaded["state"]["unused.weight"]
+    assert not unused["exp_avg"].any() and not unused["exp_avg_sq"].any(), "as Adam starts a parameter: zeros"
+    assert [group["lr"] for group in loaded["param_groups"]] == [0.1, 0.01]
 
 
 def test_a_save_killed_before_it_finished_leaves_the_previous_checkpoint_in_place(tmp_path: Path):

@@ -21,6 +21,7 @@ import lightning as L
 import torch
 from hydra.utils import get_class
 from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
@@ -134,14 +135,20 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
         path = Path(self.broadcast(str(checkpoint_path)))
         if is_sharded(path):
             return super().load_checkpoint(path, weights_only)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only)
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
         whole = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
         set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=whole)
-        # Fitting has the optimizers to restore; testing or predicting has none (and so restores none).
-        for optimizer, state in zip(self.optimizers, checkpoint.pop("optimizer_states", []), strict=False):
+        optimizer_states = checkpoint.pop("optimizer_states", [])
+        if self.lightning_module.trainer.state.fn != TrainerFn.FITTING:
+            return checkpoint  # a test or prediction after a fit still holds its optimizers, which it does not use
+        # As torch's own Optimizer.load_state_dict (what ddp resumes with), a parameter without state is no error: one
+        # that never had a gradient, or was frozen when the file was written. (torch starts its state at zeros, as
+        # Adam would, but counts one step for it.)
+        lenient = StateDictOptions(full_state_dict=True, strict=False)
+        for optimizer, state in zip(self.optimizers, optimizer_states, strict=False):  # as Lightning zips them
             if state["state"]:
                 by_name = optimizer_state_by_name(state, optimizer, self.model)
-                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=by_name, options=whole)
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=by_name, options=lenient)
             else:  # no tensor to shard (torch's sharded loading needs one): the groups' settings alone
                 optimizer.load_state_dict(state)
         return checkpoint
