@@ -10,33 +10,24 @@ epoch's loss and accuracy need no extra line: the shared metric sums them over r
 """
 
 import hydra
-import torch
-import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
 from project.errors import exit_on_user_error, run_hydra_app
-from project.reference.environment import require_environment
-from project.reference.loop import Trainer, build, fit_and_report, pick_device
+from project.reference.environment import joined_process_group, require_environment
+from project.reference.loop import Trainer, build, fit_and_report
 from project.runs.history import TrainingHistory
 
 
 def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) -> None:
     """One rank's work; `slurm` runs the same function in the processes it spawns."""
-    device = pick_device(local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    # MASTER_ADDR and MASTER_PORT come from the environment (torchrun, or the Slurm script, sets them).
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
-    try:
+    with joined_process_group(rank, local_rank, world_size) as device:
         datamodule, network, optimizer, schedule = build(cfg, device)
         model = DistributedDataParallel(network, device_ids=[local_rank] if device.type == "cuda" else None)
         sampler = datamodule.train_sampler_class(datamodule.train_set, cfg.seed, world_size, rank)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
         trainer = Trainer(model, optimizer, schedule, device, TrainingHistory(rank, world_size))
         fit_and_report(cfg, trainer, datamodule, train_loader, is_main=rank == 0)
-    finally:
-        dist.destroy_process_group()
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")

@@ -10,8 +10,6 @@ the shards for the checkpoint and the final weights, and has every rank evaluate
 """
 
 import hydra
-import torch
-import torch.distributed as dist
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
@@ -25,8 +23,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from project.errors import UserError, exit_on_user_error, run_hydra_app
-from project.reference.environment import require_environment
-from project.reference.loop import Trainer, build, fit_and_report, pick_device
+from project.reference.environment import joined_process_group, require_environment
+from project.reference.loop import Trainer, build, fit_and_report
 from project.runs.history import TrainingHistory
 from project.strategies.fsdp import mixed_precision_policy, shard_layers
 
@@ -63,19 +61,13 @@ class ShardedTrainer(Trainer):
 
 
 def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) -> None:
-    device = pick_device(local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
-    try:
+    with joined_process_group(rank, local_rank, world_size) as device:
         mesh = init_device_mesh(device.type, (world_size,))
         datamodule, network, optimizer, schedule = build(cfg, device, shard=lambda net: shard(net, cfg, mesh))
         sampler = datamodule.train_sampler_class(datamodule.train_set, cfg.seed, world_size, rank)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
         trainer = ShardedTrainer(network, optimizer, schedule, device, TrainingHistory(rank, world_size))
         fit_and_report(cfg, trainer, datamodule, train_loader, is_main=rank == 0)
-    finally:
-        dist.destroy_process_group()
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
