@@ -18,10 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed
 import torch.multiprocessing
 
 from project.compare import free_port
+from project.parity import load_checkpoint, network_weights
 from tests import preloaded_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,6 +245,11 @@ def torchrun_nodes(
         stdout, stderr = agent.communicate(timeout=timeout)
         results.append(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
     return results
+
+
+def last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The network's weights in a run's `checkpoints/last.ckpt`, a file or a sharded (trainer=fsdp) directory."""
+    return network_weights(load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"])
 
 
 def histories(run_dir: Path) -> list[dict]:

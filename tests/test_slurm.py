@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.parity import load_checkpoint, max_loss_difference, max_weight_difference, network_weights
+from project.parity import max_loss_difference, max_weight_difference
 from tests.helpers import (
     REPO,
     check_ok,
     environment,
     free_port,
     histories,
+    last_weights,
     python,
     read_json,
     run_module,
@@ -128,11 +129,6 @@ def small_mnist(mnist_root: Path, *extra: str, experiment: str = "mnist_slurm") 
     return [f"experiment={experiment}", f"data.root={mnist_root}", "data.download=false", "data.val_size=50", *extra]
 
 
-def lightning_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The network's weights in `last.ckpt`, a file or a sharded (trainer=fsdp) directory."""
-    return network_weights(load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"])
-
-
 def compare_runs(run_dir: Path, expected_dir: Path, weights: dict, expected_weights: dict) -> tuple[float, float]:
     """(largest per-step loss difference over all ranks, largest final weight difference)."""
     got, expected = histories(run_dir), histories(expected_dir)
@@ -231,7 +227,7 @@ def test_the_tutorials_two_by_three_job_computes_alike_on_every_launcher(
         weights = (
             torch.load(run_dir / "checkpoints" / "model.pt", weights_only=True)
             if name == "slurm reference job"
-            else lightning_weights(run_dir)
+            else last_weights(run_dir)
         )
         loss_diff, weight_diff = compare_runs(run_dir, six_processes_on_one_host, weights, expected_weights)
         print(
@@ -317,7 +313,7 @@ def test_requeued_job_resumes_in_its_run_dir_and_equals_an_uninterrupted_run(
     expected_dir = tmp_path / "uninterrupted" / "outputs" / "slurm-4242.0"
     resumed_steps = histories(expected_dir)[0]["step_losses"][resumed_at:]
     loss_diff = max_loss_difference(history["step_losses"], resumed_steps)
-    weight_diff = max_weight_difference(lightning_weights(run_dir), lightning_weights(expected_dir))
+    weight_diff = max_weight_difference(last_weights(run_dir), last_weights(expected_dir))
     print(f"\nrequeued twice vs uninterrupted: max |step loss diff| {loss_diff:.2e}, |weight diff| {weight_diff:.2e}")
     assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE
 

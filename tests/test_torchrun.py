@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from project.parity import load_checkpoint, max_loss_difference, max_weight_difference, network_weights
+from project.parity import max_loss_difference, max_weight_difference
 from tests.helpers import (
     REPO,
     check_ok,
     environment,
     free_port,
     histories,
+    last_weights,
     python,
     read_json,
     run_module,
@@ -46,11 +46,6 @@ START_TIMEOUT = 120  # a launch that fails at start takes a Python and torch sta
 def run_dirs(cwd: Path) -> list[Path]:
     """Every run dir under `cwd/outputs` (each holds the claim file of its launch)."""
     return sorted(path.parent for path in (cwd / "outputs").rglob(".launch_id"))
-
-
-def last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The network's weights in `last.ckpt`, a file or a sharded (trainer=fsdp) directory."""
-    return network_weights(load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"])
 
 
 def error_lines(stderr: str) -> list[str]:
