@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import re
+import shutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -107,14 +108,44 @@ def out_of_memory(error: BaseException) -> UserError:
 
 
 def disk_error(error: OSError) -> UserError:
-    """The one line for a disk that cannot take the run's files: the user's to free or change, not a bug."""
+    """The one line for a disk that cannot take the run's files, whichever writer met it first (a log, TensorBoard, a
+    checkpoint): `unwritable`'s."""
     where = error.filename or (HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "the run dir")
-    problem = {
-        errno.ENOSPC: f"no space left on the disk of {where}: make room there, or",
-        errno.EDQUOT: f"the disk quota of {where} is used up: make room there, or",
-        errno.EROFS: f"{where} is on a read-only disk:",
-    }[error.errno]
-    return UserError(f"{problem} write the run elsewhere (hydra.run.dir); the checkpoints written before are kept")
+    return unwritable(Path(where), error.errno)
+
+
+def unwritable(path: Path, error_number: int | None, detail: str = "") -> UserError:
+    """The line for a file the disk would not take: the folder and why (full, over its quota, read-only, or `detail`
+    where the disk is none of those), what to do, and which checkpoints are kept (a write never touches them).
+
+    The same whichever write met the disk first: a checkpoint, the run's log, TensorBoard's events.
+    """
+    directory = nearest_existing(path)
+    free = shutil.disk_usage(directory).free
+    if error_number == errno.ENOSPC or free < 1 << 20:
+        why, fix = f"no space left on the disk of {directory} ({free} bytes free)", "make room there, or"
+    elif error_number == errno.EDQUOT:
+        why, fix = f"the disk quota of {directory} is used up", "make room there, or"
+    elif error_number == errno.EROFS or not os.access(directory, os.W_OK):
+        why, fix = f"{directory} cannot be written (a read-only disk, or no permission)", "make it writable, or"
+    else:
+        why, fix = " ".join(detail.split()) or f"{directory} refused it", ""
+    return UserError(f"could not write {path}: {why}: {fix} write the run elsewhere (hydra.run.dir); {kept(path)}")
+
+
+def kept(path: Path) -> str:
+    """ "kept: <the checkpoint files>" of the checkpoints folder of a run that failed to write `path`: the folder of
+    the checkpoint that failed, or else of the run dir."""
+    folder = path.parent
+    if path.suffix != ".ckpt" and HydraConfig.initialized():
+        folder = Path(HydraConfig.get().runtime.output_dir) / "checkpoints"
+    written = sorted(file.name for file in folder.glob("*.ckpt")) if folder.is_dir() else []
+    return f"kept: {', '.join(written)}" if written else "no checkpoint was written there before it"
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`'s nearest folder that exists: the one a write there needs to be allowed in."""
+    return next(folder for folder in path.parents if folder.exists())
 
 
 def resolvers_refusal(error: BaseException | None) -> UserError | None:

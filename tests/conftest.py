@@ -11,6 +11,9 @@ import torch
 from tests.helpers import CHROMEDRIVER, CHROMIUM, FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY
 from tests.idx_files import write_idx_dataset
 
+# Prints, at the end of every run, the CPU the suite used against its wall time and the tests that waited longest.
+pytest_plugins = ("tests.suite_clock",)
+
 # Set by coverage (`make coverage`) for the processes it measures, this one included.
 UNDER_COVERAGE = "COVERAGE_PROCESS_CONFIG" in os.environ
 

@@ -1,8 +1,10 @@
 """Test-only callbacks that signal their own process (or another), to interrupt a run as a crash, a preemption or a
-lost server would."""
+lost server would, or hold it at a known point while the test changes the world around it."""
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import lightning as L
 
@@ -74,3 +76,22 @@ class KillProcessGroupAtStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step and trainer.global_rank == 0:
             os.killpg(self.pgid, signal.SIGKILL)
+
+
+class HoldAtEpochEnd(L.Callback):
+    """At the end of training epoch `epoch`, before its checkpoint is written (Lightning calls checkpoint callbacks
+    last), creates `ready` and waits until `go` exists: the test acts between the two, at a point it knows.
+
+    Waits at most `patience` seconds, then goes on, so a test that never says go cannot hang the run forever.
+    """
+
+    def __init__(self, epoch: int, ready: str, go: str, patience: float = 600) -> None:
+        self.epoch, self.ready, self.go, self.patience = epoch, Path(ready), Path(go), patience
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch != self.epoch:
+            return
+        self.ready.touch()
+        deadline = time.monotonic() + self.patience
+        while not self.go.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)

@@ -85,9 +85,9 @@ def test_a_write_on_a_full_disk_names_the_checkpoints_really_kept(tmp_path: Path
     with pytest.raises(UserError) as raised:
         checkpoint_io.save_checkpoint({"epoch": 1}, tmp_path / "best-epoch001.ckpt")
     line = str(raised.value)
-    assert line.startswith(f"could not write the checkpoint {tmp_path / 'best-epoch001.ckpt'} (no space left: "), line
+    assert line.startswith(f"could not write {tmp_path / 'best-epoch001.ckpt'}: no space left on the disk of "), line
     assert line.endswith(
-        "make room there or write the run elsewhere (hydra.run.dir); kept: best-epoch000.ckpt, last.ckpt"
+        "make room there, or write the run elsewhere (hydra.run.dir); kept: best-epoch000.ckpt, last.ckpt"
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["best-epoch000.ckpt", "last.ckpt"]
 
@@ -99,3 +99,25 @@ def test_the_first_checkpoint_that_cannot_be_written_says_none_is_kept(tmp_path:
     monkeypatch.setattr(torch, "save", fails)
     with pytest.raises(UserError, match=r"; no checkpoint was written there before it$"):
         AtomicCheckpointIO().save_checkpoint({"epoch": 0}, tmp_path / "checkpoints" / "last.ckpt")
+
+
+def test_a_disk_that_turns_read_only_between_the_write_and_the_rename_is_the_writes_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The temporary file can then not even be removed: that failure must not replace the line the write gets."""
+    checkpoint_io = AtomicCheckpointIO()
+    checkpoint_io.save_checkpoint({"epoch": 0}, tmp_path / "last.ckpt")
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(UserError) as raised:
+        checkpoint_io.save_checkpoint({"epoch": 1}, tmp_path / "last.ckpt")
+    monkeypatch.undo()
+    assert str(raised.value) == (
+        f"could not write {tmp_path / 'last.ckpt'}: {tmp_path} cannot be written (a read-only disk, or no permission): "
+        "make it writable, or write the run elsewhere (hydra.run.dir); kept: last.ckpt"
+    )
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"epoch": 0}

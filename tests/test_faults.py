@@ -42,6 +42,8 @@ STOPPED_BY_SIGTERM, INTERRUPTED = 128 + signal.SIGTERM, 128 + signal.SIGINT
 # A run that fails at start takes a Python and Lightning start-up (seconds; more on a loaded machine): longer is a hang.
 START_TIMEOUT = 120
 ENV = {"OMP_NUM_THREADS": "1"}  # DDP ranks share the 2 cores of a small machine
+# Runs that load a test-only module (tests/crash_callback.py, tests/foreign_modules.py) find it.
+TESTS_IMPORTABLE = {**ENV, "PYTHONPATH": str(REPO)}
 LONG_TOY_RUN = ("logger=none", "trainer.max_epochs=100000")  # runs until it is stopped, a checkpoint every epoch
 DDP = ("trainer=ddp", "trainer.devices=2")
 
@@ -99,11 +101,15 @@ def assert_no_process_left(directory: Path, grace: float = 10.0) -> None:
 
 
 @contextmanager
-def background_run(args: list[str], cwd: Path, new_session: bool = False) -> Iterator[subprocess.Popen]:
+def background_run(
+    args: list[str], cwd: Path, new_session: bool = False, env: dict | None = None
+) -> Iterator[subprocess.Popen]:
     """`python -m project.train <args>` in the background, its output in files in `cwd` (`output_of` reads them).
     Whatever is still running when the test ends is killed.
     """
-    proc = start_module("project.train", args, cwd, cwd / "stdout.txt", cwd / "stderr.txt", new_session=new_session)
+    proc = start_module(
+        "project.train", args, cwd, cwd / "stdout.txt", cwd / "stderr.txt", env=env, new_session=new_session
+    )
     try:
         yield proc
     finally:
@@ -279,7 +285,7 @@ def test_sigterm_at_the_first_step_names_what_to_resume_from(tmp_path: Path, cal
         f"hydra.run.dir={run_dir}",
         cwd=tmp_path,
         timeout=START_TIMEOUT,
-        env={**ENV, "PYTHONPATH": str(REPO)},
+        env=TESTS_IMPORTABLE,
     )
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, STOPPED_BY_SIGTERM)
     assert line.startswith(f"error: stopped by SIGTERM in epoch 0: {expected}"), line
@@ -568,7 +574,7 @@ def test_data_that_turns_nan_is_named_as_the_cause_and_a_sweep_counts_the_job_fa
         "optimized_mode=min",
         "logger=none",
     ]
-    env = {**ENV, "PYTHONPATH": str(REPO)}
+    env = TESTS_IMPORTABLE
     sweep_dir = tmp_path / "sweep"
     args = ["-m", *regression, "+data.nan_at=null,5", f"hydra.sweep.dir={sweep_dir}"]
     result = run_module("project.train", *args, cwd=tmp_path, env=env)
@@ -608,7 +614,7 @@ FOREIGN_REGRESSION = [f"hydra.searchpath=[file://{FOREIGN_CONF}]", "model=regres
 def test_running_out_of_memory_is_one_line_naming_where(tmp_path: Path, mnist_root: Path, overrides, where: str):
     """The allocator's own error (torch's, as a GPU's or a small machine's would be), not its traceback."""
     args = [*overrides, f"data.root={mnist_root}" if "experiment=mnist" in overrides else "logger=none"]
-    env = {**ENV, "PYTHONPATH": str(REPO)}
+    env = TESTS_IMPORTABLE
     result = run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, only_line=False)
     assert line.startswith(f"error: out of memory {where} ("), line
@@ -692,23 +698,36 @@ def test_checkpoints_dir_made_read_only_mid_run_exits_2_and_a_new_run_there_is_r
     tmp_path: Path,
 ):
     """A checkpoint that cannot be written ends the run in one line naming what is kept (the previous last.ckpt,
-    whole); carried on into the same read-only dir, the run is refused before its first epoch trains."""
+    whole); carried on into the same read-only dir, the run is refused before its first epoch trains.
+
+    The dir turns read-only while the run is held at its second epoch's end, before that epoch's checkpoint: the
+    write that meets the read-only disk is always the checkpoint's.
+    """
     run_dir = tmp_path / "run"
     checkpoints = run_dir / "checkpoints"
-    with background_run([*LONG_TOY_RUN, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
-        wait_for_file(checkpoints / "last.ckpt", proc, tmp_path)
+    ready, go = tmp_path / "held", tmp_path / "go"
+    hold = [
+        "+callbacks.hold._target_=tests.crash_callback.HoldAtEpochEnd",
+        "+callbacks.hold.epoch=1",
+        f"+callbacks.hold.ready={ready}",
+        f"+callbacks.hold.go={go}",
+    ]
+    with background_run([*LONG_TOY_RUN, *hold, f"hydra.run.dir={run_dir}"], tmp_path, env=TESTS_IMPORTABLE) as proc:
+        wait_for_file(ready, proc, tmp_path)
         with made_read_only(checkpoints):
+            go.touch()
             status = end_of(proc, tmp_path)
             stdout, stderr = output_of(tmp_path)
             line = assert_ends_in_error_line(status, stdout, stderr, USER_ERROR, f"{checkpoints} cannot be written")
+            assert line.startswith(f"error: could not write {checkpoints / 'last.ckpt'}: "), line
             assert re.search(r"kept: (best-epoch\d{3}\.ckpt, )?last\.ckpt$", line), line
-            assert torch.load(checkpoints / "last.ckpt", weights_only=False)["epoch"] >= 0
+            assert torch.load(checkpoints / "last.ckpt", weights_only=False)["epoch"] == 0
 
             again = run_module(
                 "project.train", *LONG_TOY_RUN, "ckpt_path=last", f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV
             )
             line = assert_ends_in_error_line(again.returncode, again.stdout, again.stderr, USER_ERROR, str(checkpoints))
-            assert "cannot be written: make it writable or write the run elsewhere (hydra.run.dir)" in line, line
+            assert "cannot be written (a read-only disk, or no permission): make it writable, or" in line, line
             assert not re.search(r"Epoch \d+:", again.stderr), "refused before it trained"
     assert_nothing_half_written(tmp_path)
     assert_no_process_left(tmp_path)

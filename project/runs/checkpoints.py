@@ -1,8 +1,7 @@
 """Checkpoints: which one a run resumes from, refusing files that are not ours, and writing them atomically."""
 
-import errno
+import contextlib
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from project.errors import UserError
+from project.errors import UserError, nearest_existing, unwritable
 from project.runs.sharded_checkpoints import is_sharded, plain_checkpoint, read_metadata
 
 
@@ -198,36 +197,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, partial)
             os.replace(partial, path)
         except BaseException as error:  # Ctrl-C and SIGTERM too: no half-written file is left behind
-            if partial.exists():  # (on a read-only disk none was made, and even unlinking nothing fails there)
-                partial.unlink()
+            # Where the disk turned read-only after the file was written, not even its removal goes through: the
+            # failure to report stays the write's.
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
             if not isinstance(error, (OSError, RuntimeError)):  # torch.save reports a full disk as RuntimeError
                 raise
-            raise write_failure(path, error) from error
-
-
-def write_failure(path: Path, error: OSError | RuntimeError) -> UserError:
-    """The line for a checkpoint that could not be written: why, what to do, and which checkpoints beside it are kept
-    (the one being replaced among them, where there was one: the write never touches it).
-
-    torch.save words its own failures (a full or read-only disk) as a RuntimeError without an errno, so the disk
-    itself is asked.
-    """
-    directory = nearest_existing(path)
-    free = shutil.disk_usage(directory).free
-    if free < (1 << 20) or getattr(error, "errno", None) == errno.ENOSPC:
-        reason, fix = f"no space left: {free} bytes free", "make room there or write the run elsewhere"
-    elif not os.access(directory, os.W_OK):
-        reason, fix = f"{directory} cannot be written", "make it writable or write the run elsewhere"
-    else:
-        reason, fix = " ".join(str(error).split()), "write the run elsewhere"
-    written = sorted(file.name for file in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
-    kept = f"kept: {', '.join(written)}" if written else "no checkpoint was written there before it"
-    return UserError(f"could not write the checkpoint {path} ({reason}): {fix} (hydra.run.dir); {kept}")
-
-
-def nearest_existing(path: Path) -> Path:
-    """`path`'s nearest folder that exists: the one a write there needs to be allowed in."""
-    return next(folder for folder in path.parents if folder.exists())
+            raise unwritable(path, getattr(error, "errno", None), str(error)) from error
 
 
 def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
@@ -240,6 +216,6 @@ def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
         if not os.access(directory, os.W_OK):
             below = "" if directory == Path(callback.dirpath) else f" (it would be made in {directory})"
             raise UserError(
-                f"the checkpoint dir {callback.dirpath}{below} cannot be written: make it writable or write the run "
-                "elsewhere (hydra.run.dir)"
+                f"the checkpoint dir {callback.dirpath}{below} cannot be written (a read-only disk, or no permission): "
+                "make it writable, or write the run elsewhere (hydra.run.dir)"
             )

@@ -1,0 +1,93 @@
+"""Where the suite's time goes: the CPU seconds it used (every process it started included) against its wall time
+on the cores it had, and the tests that spent the longest waiting rather than computing.
+
+Most of the suite's work runs outside the pytest process: in the runs, ranks and launchers it starts, which the
+preloaded Python forks (tests/preloaded_python.py) and waits for, so their CPU time is that server's children's.
+Each test's CPU time is therefore what its worker used (itself and the processes it waited for) plus what its
+server's children used, from the test's setup to its teardown; its wait is its wall time less that. A test that
+waits long without computing sleeps, polls or waits out a timeout: printed at the end of every `make test`, so a
+change that adds a wait shows. Nothing here is a verdict: it measures and prints.
+"""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import preloaded_python
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+SHOWN = 20
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process, the children it has waited for, and its preloaded Python's."""
+    own = os.times()
+    total = own.user + own.system + own.children_user + own.children_system
+    server = preloaded_python.PreloadedPython._instance
+    if server is not None and server.server.poll() is None:
+        try:
+            fields = Path(f"/proc/{server.server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return total
+        total += sum(int(value) for value in fields[11:15]) / CLOCK_TICKS  # utime, stime, cutime, cstime
+    return total
+
+
+class SuiteClock:
+    """Per test (measured where it runs, reported with its teardown) and per session (summed over the workers)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.tests: list[tuple[str, float, float]] = []  # (test id, wall seconds, CPU seconds)
+        self.worker_cpu: list[float] = []
+        self.open: dict[str, tuple[float, float]] = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.open[item.nodeid] = (time.monotonic(), cpu_seconds())
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        report = outcome.get_result()
+        if call.when == "teardown" and item.nodeid in self.open:
+            wall_start, cpu_start = self.open.pop(item.nodeid)
+            report.user_properties.append(("clock", (time.monotonic() - wall_start, cpu_seconds() - cpu_start)))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == "clock":
+                self.tests.append((report.nodeid, *value))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: its total goes to the controller
+            workeroutput["cpu_seconds"] = cpu_seconds()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        self.worker_cpu.append(node.workeroutput.get("cpu_seconds", 0.0) if hasattr(node, "workeroutput") else 0.0)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.tests:
+            return
+        wall = time.monotonic() - self.started
+        cores = len(os.sched_getaffinity(0))
+        cpu = sum(self.worker_cpu) + cpu_seconds()
+        write = terminalreporter.write_line
+        terminalreporter.section("where the suite's time went")
+        write(
+            f"wall {wall:.0f} s on {cores} core(s) = {wall * cores:.0f} core-seconds; CPU used {cpu:.0f} s "
+            f"({100 * cpu / (wall * cores):.0f} %), the processes the tests started included"
+        )
+        write(f"the {SHOWN} tests that waited longest (wall less CPU, setup and teardown included):")
+        write(f"{'waited':>8}{'wall':>8}{'CPU':>8}  test")
+        waits = sorted(self.tests, key=lambda test: test[1] - test[2], reverse=True)
+        for nodeid, test_wall, test_cpu in waits[:SHOWN]:
+            write(f"{max(0.0, test_wall - test_cpu):>7.1f}s{test_wall:>7.1f}s{test_cpu:>7.1f}s  {nodeid}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SuiteClock(), "suite_clock")
