@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -24,27 +23,21 @@ from omegaconf import DictConfig, OmegaConf
 from project.config_checks import check_config
 from project.errors import UserError, exit_on_user_error, run_hydra_app
 from project.parity import RunOutputs, comparison_rows, max_loss_difference, max_weight_difference
+from project.peers import reserved_port
 from project.reference.loop import require_one_device, require_the_classifier, require_what_the_reference_mirrors
 from project.runs.run_config import command_line_overrides, config_source_arguments
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now, for torchrun's rendezvous (a fixed one could collide with another run)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def one_process(cfg: DictConfig) -> list[str]:
+def one_process(cfg: DictConfig, port: int) -> list[str]:
     return [sys.executable]
 
 
-def one_device(cfg: DictConfig) -> list[str]:
+def one_device(cfg: DictConfig, port: int) -> list[str]:
     require_one_device(cfg)
     return [sys.executable]
 
 
-def torchrun(cfg: DictConfig) -> list[str]:
+def torchrun(cfg: DictConfig, port: int) -> list[str]:
     devices = cfg.trainer.devices
     if not (isinstance(devices, int) and devices >= 1):
         raise UserError(f"compare starts trainer.devices processes under torchrun: set it to a count, not {devices!r}")
@@ -53,16 +46,17 @@ def torchrun(cfg: DictConfig) -> list[str]:
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={devices}",
-        f"--master_port={free_port()}",
+        f"--master_port={port}",
     ]
 
 
-def slurm_not_simulated(cfg: DictConfig) -> list[str]:
+def slurm_not_simulated(cfg: DictConfig, port: int) -> list[str]:
     raise UserError("compare does not simulate trainer=slurm yet; run it on a Slurm cluster")
 
 
 # The `trainer=` option -> the reference script that does the same by hand, and the command that starts it.
-REFERENCE_FOR_TRAINER: dict[str, tuple[str, Callable[[DictConfig], list[str]]]] = {
+# The command gets a port of its own for torchrun's rendezvous (a fixed one could collide with another run).
+REFERENCE_FOR_TRAINER: dict[str, tuple[str, Callable[[DictConfig, int], list[str]]]] = {
     "default": ("single", one_device),
     "cpu": ("single", one_device),
     "gpu": ("single", one_device),
@@ -163,7 +157,9 @@ def main(cfg: DictConfig) -> None:
     if trainer not in REFERENCE_FOR_TRAINER:
         raise UserError(f"compare knows trainer={' | '.join(REFERENCE_FOR_TRAINER)}, not trainer={trainer}")
     script, reference_launcher = REFERENCE_FOR_TRAINER[trainer]
-    reference_command = [*reference_launcher(cfg), "-m", f"project.reference.{script}"]  # refuses what it can't run
+    # A port held for torchrun's rendezvous until the reference side has run; the launcher refuses what it can't run.
+    port_holder = reserved_port()
+    reference_command = [*reference_launcher(cfg, port_holder.getsockname()[1]), "-m", f"project.reference.{script}"]
     check_config(cfg)
     require_the_classifier(cfg)
     require_what_the_reference_mirrors(cfg)
@@ -174,9 +170,10 @@ def main(cfg: DictConfig) -> None:
         "lightning": [sys.executable, "-m", "project.train"],
         "reference": reference_command,
     }
-    for side, command in commands.items():
-        side_command = [*command, *arguments, f"hydra.run.dir={run_dir / side}"]
-        run_side(side, side_command, hydra_cfg.runtime.cwd, run_dir / f"{side}.log")
+    with port_holder:
+        for side, command in commands.items():
+            side_command = [*command, *arguments, f"hydra.run.dir={run_dir / side}"]
+            run_side(side, side_command, hydra_cfg.runtime.cwd, run_dir / f"{side}.log")
 
     lightning = RunOutputs.read_lightning(run_dir / "lightning")
     reference = RunOutputs.read_reference(run_dir / "reference")

@@ -35,6 +35,8 @@ from project.runs.run_dir import process_rank
 from project.runs.run_log import DISK_ERRORS, report, to_log_file
 
 P = ParamSpec("P")
+# Less free space than this is a full disk (torch.save's own report of one carries no errno).
+FULL_BELOW_BYTES = 1 << 20
 R = TypeVar("R")
 ERROR_FILE = "error.txt"
 
@@ -122,7 +124,7 @@ def unwritable(path: Path, error_number: int | None, detail: str = "") -> UserEr
     """
     directory = nearest_existing(path)
     free = shutil.disk_usage(directory).free
-    if error_number == errno.ENOSPC or free < 1 << 20:
+    if error_number == errno.ENOSPC or free < FULL_BELOW_BYTES:
         why, fix = f"no space left on the disk of {directory} ({free} bytes free)", "make room there, or"
     elif error_number == errno.EDQUOT:
         why, fix = f"the disk quota of {directory} is used up", "make room there, or"
@@ -131,6 +133,12 @@ def unwritable(path: Path, error_number: int | None, detail: str = "") -> UserEr
     else:
         why, fix = " ".join(detail.split()) or f"{directory} refused it", ""
     return UserError(f"could not write {path}: {why}: {fix} write the run elsewhere (hydra.run.dir); {kept(path)}")
+
+
+def disk_refuses(path: Path) -> bool:
+    """Whether the disk of `path` is full, or its folder cannot be written."""
+    directory = nearest_existing(path)
+    return shutil.disk_usage(directory).free < FULL_BELOW_BYTES or not os.access(directory, os.W_OK)
 
 
 def kept(path: Path) -> str:

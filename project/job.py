@@ -133,6 +133,9 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
         # Asked before the launcher ends its children, which may be the other ranks still there to answer.
         silent = silent_ranks() if collective_timed_out(error) else None
         if isinstance(launcher, HydraJobLauncher):
+            # Where this rank's error is not its own user error, it may be a child's death that broke a collective:
+            # that child may take a moment to be reaped.
+            launcher.note_dead_child(wait=0.0 if find_user_error(error) else 1.0)
             launcher.finish(failed=True)
             # Rank 0's own user error is first-hand (every rank checks its config and data alike); any other error
             # here is a broken collective, the consequence of the child's death, which is then the line. A child

@@ -31,6 +31,17 @@ TIMEOUT_WORDS = (
 ROLL_CALL_SECONDS = 3.0
 
 
+def reserved_port() -> socket.socket:
+    """A socket bound to a free port of this machine (`getsockname()[1]`), never listening: while it is open, no other
+    bind to port 0 and no outgoing connection here takes that port, and a server that binds it with SO_REUSEADDR
+    (torch's TCPStore, Python's HTTP servers) still can. A port only found free, then closed, can be taken by any
+    of those before the server that is to listen there binds it."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("", 0))
+    return holder
+
+
 def port_in_use(error: BaseException) -> int | None:
     """The port of torch's "address already in use" (serving a store on a port something else holds), if that is
     what `error` is."""

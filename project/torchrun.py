@@ -96,9 +96,18 @@ def rendezvous_line(args, error: RendezvousError) -> str:
     return f"{where} failed: {' '.join(str(error).split()) or type(error).__name__}"
 
 
+def likely_cause(failure) -> int:
+    """How likely a failed worker is what failed the launch, where several failed in one second (torch times them by
+    the whole second), most likely first: killed by a signal from outside (the kernel's out-of-memory killer, a user),
+    then ended by an error of its own, then stopped by torchrun itself (SIGTERM) once another had failed."""
+    if failure.exitcode < 0:
+        return 2 if -failure.exitcode == signal.SIGTERM else 0
+    return 1
+
+
 def worker_line(args, error: ChildFailedError) -> tuple[str, int]:
     """The one line for a worker that failed (after any restarts), and the exit status to end with."""
-    rank, failure = error.get_first_failure()
+    rank, failure = min(error.failures.items(), key=lambda item: (item[1].timestamp, likely_cause(item[1]), item[0]))
     restarts = f" after {args.max_restarts} restart(s)" if args.max_restarts else ""
     if failure.exitcode < 0:  # killed by a signal
         what, status = f"was killed by {failure.signal_name()}", 128 - failure.exitcode

@@ -1,5 +1,9 @@
 """Test-only callbacks that signal their own process (or another), to interrupt a run as a crash, a preemption or a
-lost server would, or hold it at a known point while the test changes the world around it."""
+lost server would, or hold it at a known point while the test changes the world around it.
+
+A process signals itself with `signal.raise_signal`, which the process gets before the call returns: in a process
+the tests' preloaded Python forked for a launcher (tests/preloaded_python.py), `os.getpid()` is its stand-in's.
+"""
 
 import os
 import signal
@@ -23,7 +27,7 @@ class KillAtEpochStart(L.Callback):
         if trainer.current_epoch != self.epoch or self.rank not in (None, trainer.global_rank):
             return
         if self.attempt is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == self.attempt:
-            os.kill(os.getpid(), signal.SIGKILL)
+            signal.raise_signal(signal.SIGKILL)
 
 
 class SignalAtStep(L.Callback):
@@ -40,7 +44,7 @@ class SignalAtStep(L.Callback):
         if trainer.global_step != self.step or self.rank not in (None, trainer.global_rank):
             return
         if self.restart is None or int(os.environ.get("SLURM_RESTART_COUNT", "0")) == self.restart:
-            os.kill(os.getpid(), getattr(signal, self.signal))
+            signal.raise_signal(getattr(signal, self.signal))
 
 
 class SignalInValidation(L.Callback):
@@ -51,7 +55,7 @@ class SignalInValidation(L.Callback):
 
     def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx, *args):
         if trainer.state.fn == "fit" and trainer.current_epoch == self.epoch and batch_idx == 0:
-            os.kill(os.getpid(), getattr(signal, self.signal))
+            signal.raise_signal(getattr(signal, self.signal))
 
 
 class SignalAtBatch(L.Callback):
@@ -64,7 +68,7 @@ class SignalAtBatch(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx) -> None:
         self.seen += 1
         if self.seen == self.batch:
-            os.kill(os.getpid(), getattr(signal, self.signal))
+            signal.raise_signal(getattr(signal, self.signal))
 
 
 class KillProcessGroupAtStep(L.Callback):

@@ -10,7 +10,6 @@ corrupt or foreign checkpoint is in tests/test_workflow.py; they are not repeate
 """
 
 import contextlib
-import os
 import random
 import shutil
 import signal
@@ -234,4 +233,4 @@ class SigtermAtFirstBatch(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0 and batch_idx == 0:
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)

@@ -22,8 +22,8 @@ import torch
 import torch.distributed
 import torch.multiprocessing
 
-from project.compare import free_port
 from project.parity import load_checkpoint, network_weights
+from project.peers import reserved_port
 from tests import preloaded_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +45,18 @@ SRUN_TASK_ZERO = {
     "SLURM_NODEID": "0",
     "SLURM_NODELIST": "localhost",
 }
+
+
+# The ports `free_port` handed out, held until this test process ends.
+HELD_PORTS: list = []
+
+
+def free_port() -> int:
+    """A port no other process of this machine will take (`project.peers.reserved_port`) while the tests run: the
+    server, store or launcher the test starts binds it (with SO_REUSEADDR, as theirs all do)."""
+    holder = reserved_port()
+    HELD_PORTS.append(holder)
+    return holder.getsockname()[1]
 
 
 def python() -> str:

@@ -69,7 +69,8 @@ def main(python_args: list[str]) -> None:
         sys.exit(f"the preloaded Python ended while process {pid} ran")
     returncode = json.loads(line)["returncode"]
     if returncode < 0:  # killed by a signal: so is this process, for its parent to see alike
-        signal.signal(-returncode, signal.SIG_DFL)
+        if -returncode != signal.SIGKILL:  # (which has no handler to reset)
+            signal.signal(-returncode, signal.SIG_DFL)
         os.kill(os.getpid(), -returncode)
     sys.exit(returncode)
 

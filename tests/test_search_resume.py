@@ -26,11 +26,13 @@ def search_arguments(mnist_root: Path, sweep_dir: Path) -> list[str]:
 
 
 def kill_when_job_starts(args: list[str], cwd: Path, job_dir: Path) -> None:
-    """Run the search until `job_dir` is made (its trial has been asked for), then SIGKILL it, ranks and all."""
+    """Run the search until the job in `job_dir` is running (Hydra has written its `.hydra/` files, and the job has
+    logged its config), then SIGKILL it, ranks and all."""
     search = start_module("project.train", args, cwd, cwd / "search.out", cwd / "search.err", new_session=True)
+    log = job_dir / "train.log"
     try:
         deadline = time.monotonic() + 300
-        while not (job_dir / ".hydra" / "overrides.yaml").is_file():
+        while not (log.is_file() and "Config" in log.read_text()):
             assert search.poll() is None, f"the search ended (exit {search.returncode}) before job {job_dir.name}"
             assert time.monotonic() < deadline, "the search never got to the job"
             time.sleep(0.02)

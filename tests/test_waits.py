@@ -91,14 +91,14 @@ def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_wit
             *DDP[:1],
             "trainer.num_nodes=2",
             "trainer.devices=1",
-            "trainer.strategy.timeout.seconds=3",
+            "trainer.strategy.timeout.seconds=2",
             env={**rank_one, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
         )
         seconds = time.monotonic() - started
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
-    assert line.startswith(f"error: nothing at 127.0.0.1:{port} answers as this run's store within 3 s"), line
+    assert line.startswith(f"error: nothing at 127.0.0.1:{port} answers as this run's store within 2 s"), line
     assert "trainer.strategy.timeout.seconds sets the wait" in line, line
-    print(f"\nrank 1 at a port another program holds: ended {seconds:.1f} s after its start (timeout 3 s)")
+    print(f"\nrank 1 at a port another program holds: ended {seconds:.1f} s after its start (timeout 2 s)")
     assert_no_process_left(tmp_path)
 
 
@@ -135,25 +135,31 @@ def test_a_rank_that_goes_silent_ends_the_run_in_one_line_naming_it_within_the_t
 
 
 class StallingPoints(Dataset):
-    """Points whose fifth never comes: its read hangs."""
+    """Points whose fifth comes only once the file `released` exists: its read hangs until the test has seen the run
+    end (then the worker can be shut down as any, instead of after torch's wait for a worker that does not answer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, released: Path) -> None:
         self.points = line_points(16, torch.Generator().manual_seed(0))
+        self.released = released
 
     def __len__(self) -> int:
         return len(self.points)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if index == 4:
-            time.sleep(3600)
+        while index == 4 and not self.released.exists():
+            time.sleep(0.05)
         return self.points[index]
 
 
 class StallingData(L.LightningDataModule):
     """A user's data module that bounds its loader's wait for a worker (torch's default waits without end)."""
 
+    def __init__(self, released: Path) -> None:
+        super().__init__()
+        self.released = released
+
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(StallingPoints(), batch_size=4, num_workers=1, timeout=2)
+        return DataLoader(StallingPoints(self.released), batch_size=4, num_workers=1, timeout=2)
 
 
 def test_a_stalled_dataloader_worker_ends_the_job_in_one_line_naming_the_data_module(tmp_path: Path):
@@ -168,9 +174,11 @@ def test_a_stalled_dataloader_worker_ends_the_job_in_one_line_naming_the_data_mo
         default_root_dir=tmp_path,
     )
     started = time.monotonic()
+    released = tmp_path / "released"
     with pytest.raises(RunStopped) as stopped, isolated_job(trainer):
-        trainer.fit(RegressionModule(), datamodule=StallingData())
+        trainer.fit(RegressionModule(), datamodule=StallingData(released))
     seconds = time.monotonic() - started
+    released.touch()
     assert stopped.value.exit_status == ANOTHER_RANK_GONE
     assert str(stopped.value) == (
         "a DataLoader worker of StallingData sent no batch within 2 s, its DataLoader's timeout (a hung or very slow "

@@ -11,7 +11,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from project.errors import UserError, nearest_existing, unwritable
+from project.errors import UserError, disk_refuses, nearest_existing, unwritable
 from project.runs.sharded_checkpoints import is_sharded, plain_checkpoint, read_metadata
 
 
@@ -201,9 +201,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             # failure to report stays the write's.
             with contextlib.suppress(OSError):
                 partial.unlink(missing_ok=True)
-            if not isinstance(error, (OSError, RuntimeError)):  # torch.save reports a full disk as RuntimeError
-                raise
-            raise unwritable(path, getattr(error, "errno", None), str(error)) from error
+            # torch.save reports a full or read-only disk as a RuntimeError without an errno, so the disk itself is
+            # asked; any other RuntimeError (a DataLoader worker's death, raised wherever the run is) stays itself.
+            if isinstance(error, OSError) or (isinstance(error, RuntimeError) and disk_refuses(path)):
+                raise unwritable(path, getattr(error, "errno", None), str(error)) from error
+            raise
 
 
 def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:

@@ -12,7 +12,7 @@ When the job ends (`project.job.isolated_job` calls `finish`) the children are w
 failed. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0 leaves no orphans stuck in a
 collective; a child that dies is noted at once (`failure`), and the run stops: rank 0 fails in its next collective
 and reports the child's death as its cause, or reports the user error it shares with the child (each rank then says
-that one line once, whichever got there first).
+that one line once, whichever got there first, or rank 0 alone when it kills the child before the child could).
 
 The launcher subclasses Lightning's private `_SubprocessScriptLauncher` (hence the `lightning<2.7` pin); it can go
 once Lightning starts Hydra children as single runs of the current job.
@@ -23,6 +23,7 @@ import inspect
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,7 +42,7 @@ from omegaconf import OmegaConf
 
 import __main__
 from project.errors import UserError
-from project.peers import TIMEOUT_KEY, answers_as_store, port_in_use
+from project.peers import TIMEOUT_KEY, answers_as_store, port_in_use, reserved_port
 from project.rank_agreement import DeferredAgreement
 from project.runs.run_config import command_line_overrides, config_source_arguments, run_config_of
 from project.strategies.lightning_sigterm_broadcast import skip_lightning_sigterm_broadcast
@@ -103,6 +104,8 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stopping = threading.Event()
+        # The run's MASTER_PORT, held from its choice until the job ends (`peers.reserved_port`).
+        self._port_holder: socket.socket | None = None
         # The line that named the first child to end badly, and its rank, once one has.
         self.failure: str | None = None
         self.failed_rank: int | None = None
@@ -122,6 +125,9 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
 
     def _start_children(self, ckpt_path: str | None) -> None:
         self._check_can_spawn_children()
+        if "MASTER_PORT" not in os.environ:  # Lightning would pick a free port and let go of it until rank 0 binds it
+            self._port_holder = reserved_port()
+            os.environ["MASTER_PORT"] = str(self._port_holder.getsockname()[1])
         os.environ.update(
             MASTER_ADDR=self.cluster_environment.main_address,
             MASTER_PORT=str(self.cluster_environment.main_port),
@@ -168,17 +174,22 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
                 return True
         return False
 
+    def note_dead_child(self, wait: float) -> None:
+        """Note the first child that has died (`failure`), or dies within `wait` s, then stop noting: a child that
+        ends after this is the consequence of this rank's end, not its cause."""
+        deadline = time.monotonic() + wait
+        while self.failure is None and not self._stopping.is_set() and not self._note_failed_child():
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        self._stopping.set()
+
     def finish(self, failed: bool, timeout: float = 60.0) -> None:
         """End the children, once: a later call finds none left (a failed job's end calls this twice).
 
-        After a success, wait for them (up to `timeout` s). After a failure here, first name a child that died (it
-        is often the cause: its death broke rank 0's collective), then kill the others, which would otherwise sit
-        in a collective until gloo's 30-minute timeout.
+        After a success, wait for them (up to `timeout` s). After a failure, kill them: they would otherwise sit in a
+        collective until gloo's 30-minute timeout (`note_dead_child` first, to name a child whose death was the cause).
         """
-        if failed and self.failure is None and self.procs:
-            deadline = time.monotonic() + 1.0  # let a dying child be reaped
-            while not self._note_failed_child() and time.monotonic() < deadline:
-                time.sleep(0.05)
         self._stopping.set()
         for child in self.procs:
             if failed:
@@ -189,6 +200,9 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
                 child.kill()
                 child.wait()
         self.procs.clear()
+        if self._port_holder is not None:
+            self._port_holder.close()
+            self._port_holder = None
 
     def kill(self, signum: signal.Signals) -> None:
         """Lightning's stop of the children (Ctrl-C, SIGTERM): their ends are then no failure to name."""

@@ -271,7 +271,9 @@ SelectTypeParameters=CR_CPU
 # (e.g. requeued ones whose BeginTime has passed) every second.
 SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1
 MinJobAge=4
-KillWait=2
+# A task stopped with SIGTERM (a requeue, scancel) writes its checkpoint before it exits: SIGKILL comes only after
+# Slurm's default wait, so a slow moment of the machine cannot cut that write short.
+KillWait=30
 Waittime=0
 InactiveLimit=0
 SlurmdTimeout=30
