@@ -29,7 +29,7 @@ from bench import (
 )
 from bench.dataset import find_root, small_copy
 from bench.settings import Settings
-from project.errors import UserError
+from project.engine.errors import UserError
 
 QUICK_SIZES = {"train": 3000, "test": 1000}
 RESULTS = Path(__file__).resolve().parent / "results"

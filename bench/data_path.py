@@ -27,7 +27,7 @@ from torchvision import datasets, transforms
 from bench.settings import Settings
 from bench.timing import paired_ratio
 from bench.training_runs import compose_config, load_datamodule, train_step
-from project.data import InMemoryDataModule
+from project.example.data import InMemoryDataModule
 
 WARMUP_STEPS = 20
 CHUNK_STEPS = 5  # ~10 ms of training per turn on a 2-core CPU: narrower spreads than 25 steps gave

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from project.errors import UserError
+from project.engine.errors import UserError
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 FILES = {

@@ -22,9 +22,9 @@ from torch.utils.data.distributed import DistributedSampler
 from bench.settings import Settings
 from bench.timing import paired_ratio
 from bench.training_runs import compose_config, load_datamodule, train_step
-from project.compare import free_port
-from project.data.in_memory import keep_batch
-from project.data.training_order import EpochShuffleSampler
+from project.engine.peers import reserved_port
+from project.example.data.in_memory import keep_batch
+from project.example.data.training_order import EpochShuffleSampler
 
 WARMUP_STEPS = 5
 
@@ -80,7 +80,9 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         threads = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # for the children, before their torch starts its thread pool
         try:
-            mp.spawn(rank_main, args=(2, free_port(), recipe, str(scratch), str(out)), nprocs=2, join=True)
+            with reserved_port() as holder:
+                port = holder.getsockname()[1]
+                mp.spawn(rank_main, args=(2, port, recipe, str(scratch), str(out)), nprocs=2, join=True)
         finally:
             os.environ.pop("OMP_NUM_THREADS") if threads is None else os.environ.update(OMP_NUM_THREADS=threads)
         for name, seconds in json.loads(out.read_text()).items():

@@ -1,5 +1,5 @@
 """Images read from disk: `data=image_folder` on a folder of Fashion-MNIST PNGs (written by
-`project.data.example_image_folder`), with `experiment=image_folder_cnn`'s CNN.
+`project.optional.image_folder.example`), with `experiment=image_folder_cnn`'s CNN.
 
 Measured, interleaved:
 
@@ -24,7 +24,7 @@ from torchvision.transforms import v2
 from bench.settings import Settings
 from bench.timing import all_units, interleave, paired_ratio
 from bench.training_runs import compose_config, lightning_fit, load_datamodule
-from project.data.example_image_folder import fashion_mnist_splits, write
+from project.optional.image_folder.example import fashion_mnist_splits, write
 
 WORKERS = 2
 PER_CLASS = {"quick": 20, "full": 600}  # training images per class; a quarter of that for validation and test

@@ -5,7 +5,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.module import STAGES, ClassifierModule
+from project.example.module import STAGES, ClassifierModule
 
 
 class PerStepLoggingModule(ClassifierModule):

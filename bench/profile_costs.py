@@ -17,13 +17,16 @@ import lightning as L
 PASSED_ON = ("torch/nn/modules/module.py:__setattr__", "torch/nn/modules/module.py:__getattr__")
 PARTS = (
     ("torch kernels (forward, backward, Adam)", ("~:<method 'run_backward'", "~:<built-in method torch", "TensorBase")),
-    ("data (sampler, batch gather, DataLoader)", ("torch/utils/data/", "project/data/")),
+    ("data (sampler, batch gather, DataLoader)", ("torch/utils/data/", "project/example/data/")),
     ("self.log bookkeeping", ("logger_connector/", "core/module.py:log", "core/module.py:__check")),
     ("progress bar", ("callbacks/progress/", "site-packages/tqdm/")),
-    ("checkpoints", ("model_checkpoint.py", "torch/serialization.py", "project/runs/checkpoints.py", "io/torch_io.py")),
+    (
+        "checkpoints",
+        ("model_checkpoint.py", "torch/serialization.py", "project/engine/checkpoints.py", "io/torch_io.py"),
+    ),
     ("TensorBoard", ("loggers/tensorboard.py", "site-packages/tensorboard/", "torch/utils/tensorboard/")),
     ("torchmetrics updates", ("site-packages/torchmetrics/",)),
-    ("project callbacks (history)", ("project/runs/history.py",)),
+    ("project callbacks (history)", ("project/engine/history.py",)),
     # Lightning's own per-step work, which no Trainer flag turns off (the `bare` variant still pays it):
     ("Lightning: hook dispatch", ("pytorch/trainer/call.py", "pytorch/core/hooks.py", "callbacks/callback.py")),
     ("Lightning: optimizer step and closure", ("loops/optimization/", "core/optimizer.py", "plugins/precision/")),

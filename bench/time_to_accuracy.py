@@ -14,8 +14,8 @@ from torch import nn
 
 from bench.settings import Settings
 from bench.training_runs import compose_config, lightning_fit, load_datamodule
-from project.data import InMemoryDataset
-from project.metrics import ClassificationTotals
+from project.example.data import InMemoryDataset
+from project.example.metrics import ClassificationTotals
 
 TARGETS = (0.85, 0.88)
 QUICK_EPOCHS = 2  # `--quick`: the probe after each epoch, not the recipe's ten

@@ -1,7 +1,7 @@
 """The project's two training paths on one composed config, timed epoch by epoch.
 
 `lightning_fit` builds what `python -m project.train` builds from a config (module, callbacks, loggers, Trainer)
-and fits it; `reference_fit` runs the loop of `python -m project.reference.single`. Both record when each epoch
+and fits it; `reference_fit` runs the loop of `python -m project.optional.reference.single`. Both record when each epoch
 starts and each training step ends, and both take an already loaded datamodule, so that data loading stays out
 of the clock and every run of a suite sees the same tensors.
 """
@@ -23,9 +23,9 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 import project  # noqa: F401  (registers the resolvers conf/ uses)
-from project.data import InMemoryDataModule, InMemoryDataset
-from project.reference.loop import Trainer, build
-from project.runs.history import HistoryCallback, TrainingHistory
+from project.engine.history import HistoryCallback, TrainingHistory
+from project.example.data import InMemoryDataModule, InMemoryDataset
+from project.optional.reference.loop import Trainer, build
 from project.train import build as build_lightning
 
 CONF_DIR = Path(project.__file__).resolve().parents[1] / "conf"
@@ -142,7 +142,7 @@ def lightning_fit(
 
 
 def reference_fit(cfg: DictConfig, datamodule: InMemoryDataModule, device: torch.device) -> FitRecord:
-    """`project.reference.single`'s loop on `device` (network, optimizer and schedule from `build`)."""
+    """`project.optional.reference.single`'s loop on `device` (network, optimizer and schedule from `build`)."""
     _, network, optimizer, scheduler = build(cfg, device)
     trainer = ClockedTrainer(network, optimizer, scheduler, device, TrainingHistory())
     trainer.fit(datamodule.train_dataloader(), datamodule.val_dataloader(), cfg.trainer.max_epochs)

@@ -17,9 +17,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from project.errors import UserError, exit_on_user_error, find_user_error, run_hydra_app
-from project.runs.checkpoints import LAST, load_project_checkpoint
-from project.runs.run_config import CLASS_NAMES, class_names_of
+from project.engine.checkpoints import LAST, load_project_checkpoint
+from project.engine.errors import UserError, exit_on_user_error, find_user_error, run_hydra_app
+from project.engine.run_config import CLASS_NAMES, class_names_of
 
 
 class SameClassesCheck(L.Callback):

@@ -4,10 +4,10 @@ The checkpoint's stored config rebuilds its network and data (as `project.evalua
 Lightning's `predict` runs it over one split with the chosen `trainer=` (under DDP each rank predicts its
 share, `UnrepeatedDistributedSampler`'s samples r, r + N, ..., and rank 0 puts them back in order; `trainer=ddp_spawn`
 is refused: Lightning returns no predictions from spawned workers). Rank 0 writes what `predict_step` returned,
-whatever the module, to `predictions.pt` (and `predictions.csv` where it fits a table: `project.predicted_outputs`).
+whatever the module, to `predictions.pt` (and `predictions.csv` where it fits a table: `project.engine.predictions`).
 Where those are class scores and labels (the classifier's `predict_step`), it writes `predictions.csv`,
 `per_class.csv`, `confusion_matrix.png` and, for image data, `most_confident_mistakes.png` into the run dir
-(`project.predictions`) instead, and prints the per-class table; its accuracy is `evaluate`'s test/acc. A data
+(`project.example.predictions`) instead, and prints the per-class table; its accuracy is `evaluate`'s test/acc. A data
 module of your own needs no `class_names` (the labels then name the classes) and no datasets with the project's
 `image` (then no mistakes are drawn).
 """
@@ -22,11 +22,13 @@ import torch.distributed as dist
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from omegaconf import DictConfig, OmegaConf
 
-from project import predicted_outputs
-from project.errors import UserError, exit_on_user_error, run_hydra_app
+from project.engine import predictions as predicted_outputs
+from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
+from project.engine.job import isolated_job
+from project.engine.run_config import RunConfigCallback
+from project.engine.run_log import capture_logs, report
 from project.evaluate import blamed_on_data_given, rebuild_trained
-from project.job import isolated_job
-from project.predictions import (
+from project.example.predictions import (
     Predictions,
     per_class_table,
     plot_confident_mistakes,
@@ -34,8 +36,6 @@ from project.predictions import (
     write_csv,
     write_per_class,
 )
-from project.runs.run_config import RunConfigCallback
-from project.runs.run_log import capture_logs, report
 from project.train import instantiate_group
 
 SPLITS = ("test", "val", "train")
@@ -43,7 +43,7 @@ SPLITS = ("test", "val", "train")
 
 def predict(cfg: DictConfig) -> tuple[predicted_outputs.Outputs | None, L.LightningDataModule]:
     """What `predict_step` returns for every sample of the split, once, in order, on rank 0 (None on the other
-    ranks), by output name (`project.predicted_outputs`), and the data."""
+    ranks), by output name (`project.engine.predictions`), and the data."""
     if cfg.split not in SPLITS:
         raise UserError(f"split must be one of {' | '.join(SPLITS)}, got {cfg.split!r}")
     datamodule, module, same_classes = rebuild_trained(cfg, "project.predict")
@@ -105,7 +105,7 @@ def write_outputs(
     images: Callable[[int], torch.Tensor] | None,
     run_dir: Path,
 ) -> list[str]:
-    """`predictions.pt` always; for class predictions the files `project.predictions` makes, else
+    """`predictions.pt` always; for class predictions the files `project.example.predictions` makes, else
     `predictions.csv` where the outputs fit a table; the names written, in `run_dir`."""
     torch.save(outputs, run_dir / "predictions.pt")
     written = ["predictions.pt"]

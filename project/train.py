@@ -21,22 +21,21 @@ from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from project.compiled_networks import CompileNetworks
-from project.config_checks import check_config, mistyped_value
-from project.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job, run_hydra_app
-from project.job import isolated_job, stop_if_signalled
-from project.network_hints import give_network_hints
-from project.runs.checkpoints import check_checkpoint_dirs, resume_path
-from project.runs.divergence import DivergenceGuard
-from project.runs.history import TrainingHistory
-from project.runs.hparams import log_to_tensorboard
-from project.runs.mid_epoch_resume import MidEpochResumeCheck
-from project.runs.pruning import trial_pruning
-from project.runs.results import format_results_table, logged_metrics, save_results
-from project.runs.run_config import RunConfigCallback, command_line_overrides, overridden_key
-from project.runs.run_log import capture_logs, report
-from project.runs.schedule_length import ScheduleLengthCheck
-from project.runs.sweep_continuation import finished_results
+from project.engine.checkpoints import check_checkpoint_dirs, resume_path
+from project.engine.checks import check_config, mistyped_value
+from project.engine.divergence import DivergenceGuard
+from project.engine.errors import UserError, exit_on_user_error, find_user_error, in_sweep_job, run_hydra_app
+from project.engine.hints import give_network_hints
+from project.engine.history import TrainingHistory
+from project.engine.hparams import log_to_tensorboard
+from project.engine.job import isolated_job, stop_if_signalled
+from project.engine.networks import CompileNetworks
+from project.engine.results import format_results_table, logged_metrics, save_results
+from project.engine.run_config import RunConfigCallback, command_line_overrides, overridden_key
+from project.engine.run_log import capture_logs, report
+from project.engine.schedules import ScheduleLengthCheck
+from project.engine.sweeps import finished_results
+from project.optional.optuna.pruning import trial_pruning
 
 
 @dataclass
@@ -56,8 +55,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     is resolved here to the file itself (`last`: the run dir's own `last.ckpt`, or the newest earlier run's of the
     same model and data under `outputs_dir`; a sweep's job carries on from its own), so the stored config says which
     file a run resumed from and every rank resumes from the same. Every checkpoint stores the whole config
-    (`RunConfigCallback`), whatever the module, and a resume from inside an epoch needs a data module that restores
-    its position there (`MidEpochResumeCheck`). A checkpoint dir that cannot be written is refused here, before the
+    (`RunConfigCallback`), whatever the module. A checkpoint dir that cannot be written is refused here, before the
     first epoch trains.
     """
     check_config(cfg)
@@ -70,7 +68,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
-    callbacks += [RunConfigCallback(run_config), MidEpochResumeCheck(), ScheduleLengthCheck(), *trial_pruning(cfg)]
+    callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), *trial_pruning(cfg)]
     callbacks += extra_callbacks
     if cfg.get("compile"):
         callbacks.append(CompileNetworks())
@@ -159,7 +157,7 @@ def metrics_of(trainer: L.Trainer) -> dict[str, float]:
 
 def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:
     """TensorBoard's HParams view (and MLflow's runs table): the run's config beside its final metrics, so runs and
-    sweeps compare in one table, which in TensorBoard opens on the keys the run chose (project/runs/hparams.py), the
+    sweeps compare in one table, which in TensorBoard opens on the keys the run chose (project/engine/hparams.py), the
     optimised metric first.
 
     The metrics get an `hp/` prefix: under their own names they would add a point to the per-epoch curves.

@@ -70,8 +70,10 @@ def a_run_dir(case_dir: Path, ckpt: Path) -> None:
 
 
 def a_reference_run(case_dir: Path, ckpt: Path) -> None:
-    """The reference path's own checkpoints/last.pt, as `project.reference.single` writes it."""
-    ran = run_module("project.reference.single", "logger=none", f"hydra.run.dir={case_dir / 'reference'}", cwd=case_dir)
+    """The reference path's own checkpoints/last.pt, as `project.optional.reference.single` writes it."""
+    ran = run_module(
+        "project.optional.reference.single", "logger=none", f"hydra.run.dir={case_dir / 'reference'}", cwd=case_dir
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
 
 
@@ -102,7 +104,7 @@ def a_search_over_a_misspelt_interval(case_dir: Path, ckpt: Path) -> None:
 def a_config_dir_with_broken_yaml(case_dir: Path, ckpt: Path) -> None:
     (case_dir / "conf" / "model").mkdir(parents=True)
     (case_dir / "conf" / "model" / "broken.yaml").write_text(
-        "_target_: project.module.ClassifierModule\nlayers: [1, 2\n"
+        "_target_: project.example.module.ClassifierModule\nlayers: [1, 2\n"
     )
 
 
@@ -135,9 +137,13 @@ BAD_INPUTS = [
     BadInput("predict-without-a-checkpoint", (), ("ckpt_path",), module="project.predict"),
     BadInput("best-results-without-checkpoints", ("results_from=best", "callbacks=none"), ("results_from",)),
     BadInput("unknown-optimized-mode", ("optimized_mode=up",), ("optimized_mode",)),
-    BadInput("checkpoint-every-0-steps", ("mid_epoch_checkpoint.every_n_steps=0",), ("every_n_steps",)),
-    BadInput("checkpoint-every-true-steps", ("mid_epoch_checkpoint.every_n_steps=true",), ("every_n_steps",)),
-    BadInput("checkpoint-every-negative-minutes", ("mid_epoch_checkpoint.every_n_minutes=-1",), ("every_n_minutes",)),
+    BadInput("checkpoint-every-0-steps", ("callbacks.mid_epoch_checkpoint.every_n_steps=0",), ("every_n_steps",)),
+    BadInput("checkpoint-every-true-steps", ("callbacks.mid_epoch_checkpoint.every_n_steps=true",), ("every_n_steps",)),
+    BadInput(
+        "checkpoint-every-negative-minutes",
+        ("callbacks.mid_epoch_checkpoint.every_n_minutes=-1",),
+        ("every_n_minutes",),
+    ),
     # Checkpoints to resume training from.
     BadInput("resume-from-a-missing-file", ("ckpt_path={dir}/no-such.ckpt",), ("{dir}/no-such.ckpt",)),
     BadInput("resume-from-a-directory", ("ckpt_path={dir}/folder.ckpt",), ("{dir}/folder.ckpt",), prepare=a_directory),
@@ -182,7 +188,7 @@ BAD_INPUTS = [
     BadInput(
         "evaluate-the-reference-paths-checkpoint",
         ("ckpt_path={dir}/reference/checkpoints/last.pt",),
-        ("{dir}/reference/checkpoints/last.pt is the reference path's checkpoint", "project.train"),
+        ("{dir}/reference/checkpoints/last.pt is not a checkpoint of this project (it holds network", "project.train"),
         module="project.evaluate",
         prepare=a_reference_run,
     ),
@@ -217,13 +223,13 @@ BAD_INPUTS = [
         "diverging-reference",
         ("model.optimizer.lr=1e6",),
         ("training diverged at step 3", "learning rate (now 1e+06)"),
-        module="project.reference.single",
+        module="project.optional.reference.single",
     ),
     BadInput(
         "diverging-compare",
         ("model.optimizer.lr=1e6",),
         ("the lightning run failed (exit 2): training diverged at step 3",),
-        module="project.compare",
+        module="project.optional.reference.compare",
     ),
 ]
 

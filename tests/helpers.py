@@ -22,8 +22,8 @@ import torch
 import torch.distributed
 import torch.multiprocessing
 
-from project.parity import load_checkpoint, network_weights
-from project.peers import reserved_port
+from project.engine.peers import reserved_port
+from project.optional.reference.parity import load_checkpoint, network_weights
 from tests import preloaded_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ HELD_PORTS: list = []
 
 
 def free_port() -> int:
-    """A port no other process of this machine will take (`project.peers.reserved_port`) while the tests run: the
+    """A port no other process of this machine will take (`project.engine.peers.reserved_port`) while the tests run: the
     server, store or launcher the test starts binds it (with SO_REUSEADDR, as theirs all do)."""
     holder = reserved_port()
     HELD_PORTS.append(holder)
@@ -230,13 +230,14 @@ def torchrun_nodes(
     timeout: float = 300,
 ) -> list[subprocess.CompletedProcess]:
     """Run `module` as a torchrun launch of `nodes` machines on this one: one agent per machine (`python -m
-    project.torchrun`, as on every machine), meeting at a c10d rendezvous on 127.0.0.1, each starting `per_node`
+    project.optional.torchrun.launcher`, as on every machine), meeting at a c10d rendezvous on 127.0.0.1, each starting
+    `per_node`
     processes. The agents all try to serve the rendezvous; the first to bind its port does, as on one host.
     """
     command = [
         python(),
         "-m",
-        "project.torchrun",
+        "project.optional.torchrun.launcher",
         f"--nnodes={nodes}",
         f"--nproc-per-node={per_node}",
         "--rdzv-backend=c10d",

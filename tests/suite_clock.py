@@ -75,7 +75,10 @@ class SuiteClock:
             return
         wall = time.monotonic() - self.started
         cores = len(os.sched_getaffinity(0))
-        cpu = sum(self.worker_cpu) + cpu_seconds()
+        own = os.times()
+        # With xdist, the workers' totals (their servers' children included) and this process's own: its children
+        # are the workers, whose time their totals hold already.
+        cpu = sum(self.worker_cpu) + own.user + own.system if self.worker_cpu else cpu_seconds()
         write = terminalreporter.write_line
         terminalreporter.section("where the suite's time went")
         write(

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.data import MNISTDataModule
-from project.errors import exit_on_user_error
+from project.engine.errors import exit_on_user_error
+from project.example.data import MNISTDataModule
 from tests.helpers import mnist_overrides, run_module
 from tests.idx_files import make_images, write_idx_dataset
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from project.errors import UserError
-from project.runs.checkpoints import AtomicCheckpointIO
+from project.engine.checkpoints import AtomicCheckpointIO
+from project.engine.errors import UserError
 
 
 def test_checkpoint_write_interrupted_midway_leaves_the_previous_file_whole(tmp_path: Path, monkeypatch):

@@ -1,4 +1,4 @@
-"""`python -m project.compare`: the Lightning and reference paths on one config give the same numbers."""
+"""`python -m project.optional.reference.compare`: both paths on one config give the same numbers."""
 
 import math
 from pathlib import Path
@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from project.compare import failure_reason, format_comparison
-from project.parity import max_loss_difference, max_weight_difference, network_weights
-from project.runs.history import TrainingHistory
+from project.engine.history import TrainingHistory
+from project.optional.reference.compare import failure_reason, format_comparison
+from project.optional.reference.parity import max_loss_difference, max_weight_difference, network_weights
 from tests.helpers import REPO, check_ok, read_json, run_module
 
 pytestmark = pytest.mark.slow
@@ -21,7 +21,9 @@ TOLERANCE = 1e-6
 def run_compare(tmp_path: Path, *overrides: str) -> tuple[str, dict, Path]:
     """Run compare as a user would; its stdout, its comparison.json and its run dir."""
     run_dir = tmp_path / "compare"
-    result = check_ok(run_module("project.compare", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path))
+    result = check_ok(
+        run_module("project.optional.reference.compare", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    )
     return result.stdout, read_json(run_dir / "comparison.json"), run_dir
 
 
@@ -29,7 +31,7 @@ def test_toy_default_lightning_and_single_reference_agree_step_by_step(tmp_path:
     stdout, comparison, run_dir = run_compare(tmp_path)
 
     assert "lightning" in stdout and "reference" in stdout and "max |weight diff|" in stdout
-    assert comparison["reference_script"] == "project.reference.single"
+    assert comparison["reference_script"] == "project.optional.reference.single"
     assert comparison["world_size"] == {"lightning": 1, "reference": 1}
     assert comparison["max_step_loss_diff"] <= TOLERANCE
     assert comparison["max_weight_diff"] <= TOLERANCE
@@ -70,7 +72,7 @@ def test_a_convolutional_network_agrees_on_both_paths(tmp_path: Path, mnist_root
 def test_ddp_two_processes_match_torchrun_reference(tmp_path: Path):
     _, comparison, run_dir = run_compare(tmp_path, "trainer=ddp", "trainer.devices=2")
 
-    assert comparison["reference_script"] == "project.reference.ddp"
+    assert comparison["reference_script"] == "project.optional.reference.ddp"
     assert comparison["world_size"] == {"lightning": 2, "reference": 2}
     assert comparison["max_step_loss_diff"] <= TOLERANCE
     assert comparison["max_weight_diff"] <= TOLERANCE
@@ -83,7 +85,7 @@ def test_ddp_two_processes_match_torchrun_reference(tmp_path: Path):
 
 def test_dp_lightning_strategy_matches_dp_reference(tmp_path: Path):
     _, comparison, _ = run_compare(tmp_path, "trainer=dp")
-    assert comparison["reference_script"] == "project.reference.dp"
+    assert comparison["reference_script"] == "project.optional.reference.dp"
     assert comparison["max_step_loss_diff"] <= TOLERANCE
     assert comparison["max_weight_diff"] <= TOLERANCE
 
@@ -91,7 +93,7 @@ def test_dp_lightning_strategy_matches_dp_reference(tmp_path: Path):
 def test_a_failing_side_is_named_with_its_log(tmp_path: Path):
     missing = tmp_path / "no-data-here"
     result = run_module(
-        "project.compare",
+        "project.optional.reference.compare",
         "experiment=mnist",
         f"data.root={missing}",
         "data.download=false",
@@ -158,7 +160,9 @@ def test_a_plateau_schedule_follows_rank_zeros_validation_on_every_ddp_rank(tmp_
 
 
 def test_slurm_is_refused_until_compare_can_simulate_its_nodes(tmp_path: Path):
-    result = run_module("project.compare", "trainer=slurm", f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path)
+    result = run_module(
+        "project.optional.reference.compare", "trainer=slurm", f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path
+    )
     assert result.returncode == 2
     assert "compare does not simulate trainer=slurm yet" in result.stderr
 
@@ -202,16 +206,20 @@ def test_a_nan_loss_or_weight_is_an_infinite_difference_not_an_agreement():
 )
 def test_a_trainer_setting_the_reference_does_not_mirror_is_refused_before_training(tmp_path: Path, setting: str):
     """Clipping, accumulation, another precision: the sides would differ by design, never silently."""
-    result = run_module("project.compare", setting, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path)
+    result = run_module(
+        "project.optional.reference.compare", setting, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     key, value = setting.split("=")
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert line.startswith(f"error: {key}={value} changes what Lightning trains, and project/reference/ has no")
+    assert line.startswith(f"error: {key}={value} changes what Lightning trains, and the reference path has no")
     assert not (tmp_path / "compare" / "lightning").exists(), "neither side was started"
 
 
 def test_a_reference_script_refuses_a_setting_it_would_ignore(tmp_path: Path):
-    result = run_module("project.reference.single", "trainer.max_steps=3", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    result = run_module(
+        "project.optional.reference.single", "trainer.max_steps=3", f"hydra.run.dir={tmp_path}", cwd=tmp_path
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: trainer.max_steps=3 changes what")
 

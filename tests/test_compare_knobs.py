@@ -1,6 +1,6 @@
 """Every Trainer setting of conf/trainer/default.yaml, set away from its default, is either mirrored by the reference
 path (both sides agree to 1e-6, step by step, in the final weights and in every result) or refused before training
-in one line naming it: `project.compare` is never silently wrong.
+in one line naming it: `project.optional.reference.compare` is never silently wrong.
 
 The toy data trains 2 batches an epoch; where that is too few to show a setting, the rows train it in batches of 1
 (5 an epoch), with a per-step schedule sized by `${run_steps:}`.
@@ -13,9 +13,9 @@ import pytest
 import torch
 import yaml
 
-from project.errors import RunStopped
-from project.reference.loop import Checkpointing, Trainer, TrainerSettings, build
-from project.runs.history import TrainingHistory
+from project.engine.errors import RunStopped
+from project.engine.history import TrainingHistory
+from project.optional.reference.loop import Checkpointing, Trainer, TrainerSettings, build
 from tests.helpers import CONF_DIR, check_ok, run_module
 from tests.test_compare import TOLERANCE, run_compare
 from tests.test_parity import reference_cfg
@@ -68,7 +68,9 @@ def assert_agree(comparison: dict) -> None:
 
 
 def assert_refused_naming(tmp_path: Path, key: str, overrides: tuple[str, ...]) -> None:
-    result = run_module("project.compare", *overrides, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path)
+    result = run_module(
+        "project.optional.reference.compare", *overrides, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert f"trainer.{key}=" in line
@@ -99,7 +101,9 @@ def test_accumulation_clipping_and_limits_together_agree_over_two_ddp_ranks(tmp_
 
 @pytest.mark.parametrize("setting", ["callbacks.early_stopping.enabled=true", "results_from=best"])
 def test_a_run_setting_the_reference_does_not_mirror_is_refused_in_one_line(tmp_path: Path, setting: str):
-    result = run_module("project.compare", setting, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path)
+    result = run_module(
+        "project.optional.reference.compare", setting, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {setting} changes what the Lightning run")
 

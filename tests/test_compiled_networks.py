@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torch import nn
 
-from project.compiled_networks import compile_networks
-from project.config_checks import check_config
-from project.errors import UserError
+from project.engine.checks import check_config
+from project.engine.errors import UserError
+from project.engine.networks import compile_networks
 from tests.foreign_modules import RegressionModule
 from tests.helpers import CONF_DIR
 

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.config_checks import check_added_keys, check_config, mistyped_value
-from project.errors import UserError, error_line
-from project.network_hints import give_network_hints
-from project.runs.run_config import command_line_overrides
+from project.engine.checks import check_added_keys, check_config, mistyped_value
+from project.engine.errors import UserError, error_line
+from project.engine.hints import give_network_hints
+from project.engine.run_config import command_line_overrides
 from project.train import build
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
 
@@ -60,7 +60,7 @@ def test_every_option_composes_and_builds(tmp_path: Path, group: str, option: st
 
 def test_experiment_mnist_is_the_tutorial_recipe(tmp_path: Path):
     cfg = compose_train(tmp_path, "experiment=mnist")
-    assert cfg.model.network._target_ == "project.models.DeepNeuralNetwork"
+    assert cfg.model.network._target_ == "project.example.networks.DeepNeuralNetwork"
     assert (cfg.model.network.num_layers, cfg.model.network.input_features) == (4, 784)
     assert (cfg.model.network.num_hidden_features, cfg.model.network.num_classes) == (128, 10)
     assert cfg.model.optimizer._target_ == "torch.optim.Adam" and cfg.data.batch_size == 128
@@ -161,7 +161,9 @@ def test_a_value_of_the_wrong_type_for_the_network_names_the_key_and_the_type_it
 
 
 def test_values_are_judged_by_any_targets_annotations():
-    network = OmegaConf.create({"_target_": "project.models.ConvolutionalNetwork", "in_channels": 1, "num_classes": 10})
+    network = OmegaConf.create(
+        {"_target_": "project.example.networks.ConvolutionalNetwork", "in_channels": 1, "num_classes": 10}
+    )
     assert mistyped_value(network, "model.network") is None
     network.channels = 16.0
     assert mistyped_value(network, "model.network") == (

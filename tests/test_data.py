@@ -5,9 +5,9 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets
 
-from project.data import MNISTDataModule, ToyDataModule
-from project.data.training_order import EpochShuffleSampler
-from project.errors import UserError
+from project.engine.errors import UserError
+from project.example.data import MNISTDataModule, ToyDataModule
+from project.example.data.training_order import EpochShuffleSampler
 from tests.helpers import check_ok, run_module
 from tests.idx_files import write_idx_dataset
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from project.strategies.dp import AutocastDataParallel, under_callers_autocast
+from project.optional.dp.strategy import AutocastDataParallel, under_callers_autocast
 
 
 def in_new_thread(fn: Callable[[], Any]) -> Any:

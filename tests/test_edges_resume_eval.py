@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from project.data.in_memory import InMemoryDataModule, InMemoryDataset
-from project.errors import UserError
+from project.engine.errors import UserError
+from project.example.data.in_memory import InMemoryDataModule, InMemoryDataset
 from tests.helpers import check_ok, free_port, mnist_overrides, read_json, run_module
 
 
@@ -104,7 +104,12 @@ def test_ddp_validation_on_an_odd_set_counts_every_sample_once(tmp_path: Path, m
     launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}")
     check_ok(
         run_module(
-            "project.reference.ddp", *args, f"hydra.run.dir={reference_dir}", cwd=tmp_path, env=env, launcher=launcher
+            "project.optional.reference.ddp",
+            *args,
+            f"hydra.run.dir={reference_dir}",
+            cwd=tmp_path,
+            env=env,
+            launcher=launcher,
         )
     )
     got, expected = read_json(lightning_dir / "results.json"), read_json(reference_dir / "results.json")

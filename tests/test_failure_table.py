@@ -90,7 +90,7 @@ ROWS = [
         ["tests/test_own_modules.py::test_a_module_that_logs_no_metric_is_told_which_it_logs_and_trains_on"],
     ),
     (
-        "`project.compare` with a Trainer setting",
+        "`project.optional.reference.compare` with a Trainer setting",
         "2",
         [
             "tests/test_compare.py::test_a_trainer_setting_the_reference_does_not_mirror_is_refused_before_training",
@@ -98,7 +98,7 @@ ROWS = [
         ],
     ),
     (
-        "`project.compare` or a `project.reference` script on a module",
+        "`project.optional.reference.compare` or a `project.optional.reference` script on a module",
         "2",
         ["tests/test_own_modules.py::test_compare_refuses_a_module_of_your_own_before_training"],
     ),
@@ -181,7 +181,7 @@ ROWS = [
         ["tests/test_waits.py::test_a_stalled_dataloader_worker_ends_the_job_in_one_line_naming_the_data_module"],
     ),
     (
-        "multi-node torchrun (`project.torchrun`",
+        "multi-node torchrun (`project.optional.torchrun.launcher`",
         "2",
         [
             "tests/test_torchrun.py::test_a_node_that_never_joins_ends_the_launch_in_one_line_within_join_timeout",

@@ -14,17 +14,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from project.config_checks import check_config
-from project.errors import UserError
-from project.parity import RunOutputs, load_checkpoint, max_loss_difference, max_weight_difference
-from project.runs.sharded_checkpoints import (
-    new_version_dir,
-    optimizer_state_by_index,
-    optimizer_state_by_name,
-    plain_checkpoint,
-    publish,
-)
-from project.strategies.fsdp import shard_module
+from project.engine.checkpoints import optimizer_state_by_index, plain_checkpoint
+from project.engine.checks import check_config
+from project.engine.errors import UserError
+from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish
+from project.optional.fsdp.strategy import shard_module
+from project.optional.reference.parity import RunOutputs, load_checkpoint, max_loss_difference, max_weight_difference
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import REPO, check_ok, free_port, histories, one_rank_process_group, read_json, run_module
 from tests.test_config import compose_train
@@ -44,16 +39,20 @@ ENV = {"PYTHONPATH": str(REPO)}  # lets a run import tests.crash_callback and te
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`project.compare trainer=fsdp` on the toy: its run dir (the Lightning side in lightning/)."""
+    """`project.optional.reference.compare trainer=fsdp` on the toy: its run dir (the Lightning side in lightning/)."""
     run_dir = tmp_path_factory.mktemp("fsdp") / "compare"
-    check_ok(run_module("project.compare", "trainer=fsdp", *TOY, f"hydra.run.dir={run_dir}", cwd=run_dir.parent))
+    check_ok(
+        run_module(
+            "project.optional.reference.compare", "trainer=fsdp", *TOY, f"hydra.run.dir={run_dir}", cwd=run_dir.parent
+        )
+    )
     return run_dir
 
 
 @pytest.mark.slow
 def test_fsdp_matches_its_reference_and_ddp_step_by_step(tmp_path: Path, compared: Path):
     comparison = read_json(compared / "comparison.json")
-    assert comparison["reference_script"] == "project.reference.fsdp"
+    assert comparison["reference_script"] == "project.optional.reference.fsdp"
     assert comparison["world_size"] == {"lightning": 2, "reference": 2}
     assert comparison["max_step_loss_diff"] <= TOLERANCE and comparison["max_weight_diff"] <= TOLERANCE
 
@@ -138,7 +137,7 @@ def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_on
         "meta.pt",
     ], "one shard per rank, DCP's index, and Lightning's metadata"
     plain = tmp_path / "plain.ckpt"
-    assert check_ok(run_module("project.runs.sharded_checkpoints", str(last), str(plain), cwd=tmp_path)).stdout
+    assert check_ok(run_module("project.optional.fsdp.checkpoints", str(last), str(plain), cwd=tmp_path)).stdout
     written = torch.load(plain, weights_only=True)
     assert written["global_step"] == 5 and written["config"]["trainer"]["devices"] == 2
 
@@ -178,7 +177,7 @@ def test_a_sharded_checkpoint_resumes_at_an_epochs_end_on_another_number_of_proc
 
 @pytest.mark.slow
 def test_the_reference_resumes_its_gathered_checkpoint_into_the_shards_exactly(tmp_path: Path, compared: Path):
-    """project.reference.fsdp writes one whole last.pt (gathered from the shards) at epoch 1's end; resumed from it,
+    """The reference's fsdp writes one whole last.pt (gathered from the shards) at epoch 1's end; resumed from it,
     each rank keeps its shard and the run trains the steps of the reference run never stopped."""
     first, resumed = tmp_path / "first", tmp_path / "resumed"
     for run_dir, more in (
@@ -187,7 +186,7 @@ def test_the_reference_resumes_its_gathered_checkpoint_into_the_shards_exactly(t
     ):
         launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}")
         overrides = ["trainer=fsdp", *TOY, *more, f"hydra.run.dir={run_dir}"]
-        check_ok(run_module("project.reference.fsdp", *overrides, cwd=tmp_path, launcher=launcher))
+        check_ok(run_module("project.optional.reference.fsdp", *overrides, cwd=tmp_path, launcher=launcher))
     for again, once in zip(histories(resumed), histories(compared / "reference"), strict=True):
         assert again["first_step"] == 3 and again["step_losses"] == once["step_losses"][3:]
     weights = torch.load(resumed / "checkpoints" / "model.pt", weights_only=True)

@@ -39,9 +39,13 @@ def test_dp_on_listed_gpu_saves_checkpoint_without_module_prefix(tmp_path: Path)
 def test_lightning_on_gpu_matches_the_single_reference_on_gpu(tmp_path: Path, mnist_root: Path):
     """The MNIST recipe (fused Adam, one-cycle schedule) for 2 epochs on the small test files."""
     overrides = mnist_overrides(mnist_root, "trainer=gpu", "trainer.max_epochs=2")
-    check_ok(run_module("project.compare", *overrides, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path))
+    check_ok(
+        run_module(
+            "project.optional.reference.compare", *overrides, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path
+        )
+    )
     comparison = read_json(tmp_path / "compare" / "comparison.json")
-    assert comparison["reference_script"] == "project.reference.single"
+    assert comparison["reference_script"] == "project.optional.reference.single"
     assert comparison["max_step_loss_diff"] <= GPU_TOLERANCE
     assert comparison["max_weight_diff"] <= GPU_TOLERANCE
     assert comparison["lightning"]["test/acc"] == pytest.approx(comparison["reference"]["test/acc"], abs=0.01)
@@ -59,9 +63,13 @@ def test_fsdp_on_one_gpu_matches_its_reference_on_gpu(
     FSDP takes. tests/test_fsdp.py checks 2 ranks on the CPU; on a 1-GPU machine its runs would ask for 2 GPUs."""
     trainer = ["trainer=fsdp", "trainer.devices=1", f"trainer.precision={precision}", "trainer.max_epochs=2"]
     overrides = mnist_overrides(mnist_root, *trainer)
-    check_ok(run_module("project.compare", *overrides, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path))
+    check_ok(
+        run_module(
+            "project.optional.reference.compare", *overrides, f"hydra.run.dir={tmp_path / 'compare'}", cwd=tmp_path
+        )
+    )
     comparison = read_json(tmp_path / "compare" / "comparison.json")
-    assert comparison["reference_script"] == "project.reference.fsdp"
+    assert comparison["reference_script"] == "project.optional.reference.fsdp"
     assert comparison["world_size"] == {"lightning": 1, "reference": 1}
     assert comparison["max_step_loss_diff"] <= tolerance
     assert comparison["max_weight_diff"] <= tolerance

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata
 
-from project.runs.hparams import log_to_tensorboard
+from project.engine.hparams import log_to_tensorboard
 from tests.helpers import CONF_DIR
 
 

@@ -18,9 +18,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from project.data.example_image_folder import main as write_example
-from project.data.image_folder import EpochTaggedShuffleSampler, ImageFolderDataModule, converted, fitted
-from project.errors import UserError
+from project.engine.errors import UserError
+from project.optional.image_folder.datamodule import EpochTaggedShuffleSampler, ImageFolderDataModule, converted, fitted
+from project.optional.image_folder.example import main as write_example
 from tests.helpers import REPO, check_ok, follow_readme_steps, histories, read_json, readme_section_blocks, run_module
 from tests.test_faults import (
     assert_ends_in_error_line,
@@ -109,7 +109,9 @@ def test_both_paths_agree_with_two_workers_and_random_augmentation(
 ):
     overrides = image_folder(example_images, "data.num_workers=2", "trainer.max_epochs=2", *strategy)
     run_dir = tmp_path / "compare"
-    compare = run_module("project.compare", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV, timeout=900)
+    compare = run_module(
+        "project.optional.reference.compare", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV, timeout=900
+    )
     check_ok(compare)  # both paths, each with its processes and their workers: more processes than this machine's cores
     comparison = read_json(run_dir / "comparison.json")
     print(f"\n{strategy or 'single'}: {comparison['max_step_loss_diff']:.2e} {comparison['max_weight_diff']:.2e}")

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from project.metrics import ClassificationTotals
+from project.example.metrics import ClassificationTotals
 from tests.helpers import results_of_two_ranks
 
 

@@ -101,7 +101,7 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_neve
     resumes_at: int,
 ):
     stopped_dir, resumed_dir = tmp_path / "stopped", tmp_path / "resumed"
-    args = recipe(mnist_root, processes, *([f"mid_epoch_checkpoint.{every}"] if every else []))
+    args = recipe(mnist_root, processes, *([f"callbacks.mid_epoch_checkpoint.{every}"] if every else []))
     stopped = run_module(
         "project.train", *args, *signal_at(signalled_after, sent), f"hydra.run.dir={stopped_dir}", cwd=tmp_path, env=ENV
     )
@@ -207,9 +207,9 @@ def test_the_reference_loop_stopped_mid_epoch_resumes_to_the_lightning_run_never
     check_ok(run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'lightning'}", cwd=tmp_path, env=ENV))
     stopped_dir = tmp_path / "stopped"
     last = stopped_dir / "checkpoints" / "last.pt"
-    args_stopped = [*args, "mid_epoch_checkpoint.every_n_steps=5", f"hydra.run.dir={stopped_dir}"]
+    args_stopped = [*args, "callbacks.mid_epoch_checkpoint.every_n_steps=5", f"hydra.run.dir={stopped_dir}"]
     output = tmp_path / "stopped.out", tmp_path / "stopped.err"
-    proc = start_module("project.reference.single", args_stopped, tmp_path, *output, env=ENV)
+    proc = start_module("project.optional.reference.single", args_stopped, tmp_path, *output, env=ENV)
     deadline = time.monotonic() + 120
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -224,7 +224,7 @@ def test_the_reference_loop_stopped_mid_epoch_resumes_to_the_lightning_run_never
     resumed_dir = tmp_path / "resumed"
     check_ok(
         run_module(
-            "project.reference.single",
+            "project.optional.reference.single",
             *args,
             f"ckpt_path={last}",
             f"hydra.run.dir={resumed_dir}",

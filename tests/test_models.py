@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from project.models import ConvolutionalNetwork, DeepNeuralNetwork, NeuralNetwork
+from project.example.networks import ConvolutionalNetwork, DeepNeuralNetwork, NeuralNetwork
 
 
 def test_toy_network_is_2_30_20_2_with_relu():

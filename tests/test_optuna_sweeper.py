@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import open_study, search_direction, search_space
-from project.errors import UserError
+from project.engine.errors import UserError
 
 
 def test_the_search_space_takes_the_values_hydra_sweeps_and_the_last_word_on_a_key():

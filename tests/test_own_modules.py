@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.errors import UserError
-from project.runs.checkpoints import resume_path
+from project.engine.checkpoints import resume_path
+from project.engine.errors import UserError
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
     REPO,
@@ -227,12 +227,12 @@ def test_dataparallel_replicates_the_network_attribute_it_is_told(user_dir: Path
 
 @pytest.mark.slow
 def test_compare_refuses_a_module_of_your_own_before_training(user_dir: Path, tmp_path: Path):
-    result = train(user_dir, *REGRESSION, f"hydra.run.dir={tmp_path}", module="project.compare")
+    result = train(user_dir, *REGRESSION, f"hydra.run.dir={tmp_path}", module="project.optional.reference.compare")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert error_lines(result.stderr) == [
         "error: model=tests.foreign_modules.RegressionModule is not a ClassifierModule: the reference path "
-        "(project/reference/, and project.compare) re-implements the classifier example only; train your own model "
-        "with python -m project.train, under any trainer="
+        "(project/optional/reference/: its scripts and compare) re-implements the classifier example only; train your "
+        "own model with python -m project.train, under any trainer="
     ]
     assert "log:" not in result.stdout, "neither side was started"
 
@@ -247,7 +247,9 @@ def test_ckpt_path_last_takes_the_newest_run_of_the_same_model_and_data(tmp_path
     """Not the newest run of any kind: that one may be another project's; none of the same kind is one line."""
     outputs = tmp_path / "outputs"
     mine = write_checkpoint(outputs / "mine" / "checkpoints" / "last.ckpt", "my.Module", "my.Data")
-    write_checkpoint(outputs / "other" / "checkpoints" / "last.ckpt", "project.module.ClassifierModule", "my.Data")
+    write_checkpoint(
+        outputs / "other" / "checkpoints" / "last.ckpt", "project.example.module.ClassifierModule", "my.Data"
+    )
     config = {"model": {"_target_": "my.Module"}, "data": {"_target_": "my.Data"}}
     assert resume_path("last", tmp_path / "run", outputs, config) == str(mine)
     with pytest.raises(UserError, match=r"none of the 2 earlier runs .* trained this model \(my.Module\) on this data"):

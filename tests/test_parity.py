@@ -11,10 +11,10 @@ from hydra import compose, initialize_config_dir
 from torch.utils.data.distributed import DistributedSampler
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.parity import max_loss_difference, max_weight_difference, network_weights
-from project.reference.ddp import train_process
-from project.reference.loop import Trainer, build
-from project.runs.history import TrainingHistory
+from project.engine.history import TrainingHistory
+from project.optional.reference.ddp import train_process
+from project.optional.reference.loop import Trainer, build
+from project.optional.reference.parity import max_loss_difference, max_weight_difference, network_weights
 from tests.helpers import (
     CONF_DIR,
     check_ok,
@@ -46,7 +46,7 @@ def torchrun_reference(tmp_path_factory: pytest.TempPathFactory, mnist_root: Pat
     run_dir = tmp_path_factory.mktemp("torchrun") / "run"
     args = mnist_overrides(mnist_root, "trainer.max_epochs=2", f"data.batch_size={BATCH}", f"hydra.run.dir={run_dir}")
     launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}")
-    check_ok(run_module("project.reference.ddp", *args, cwd=run_dir.parent, launcher=launcher))
+    check_ok(run_module("project.optional.reference.ddp", *args, cwd=run_dir.parent, launcher=launcher))
     return run_dir
 
 
@@ -87,7 +87,7 @@ def test_slurm_reference_on_two_simulated_nodes_equals_torchrun(
     args = mnist_overrides(
         mnist_root, "trainer.max_epochs=2", f"data.batch_size={BATCH}", "trainer.devices=1", f"hydra.run.dir={run_dir}"
     )
-    for node in simulated_slurm_nodes("project.reference.slurm", args, cwd=tmp_path):
+    for node in simulated_slurm_nodes("project.optional.reference.slurm", args, cwd=tmp_path):
         check_ok(node)
     assert_same_training(run_dir, torchrun_reference, final_weights(run_dir))
 
@@ -118,7 +118,7 @@ def test_lightning_multi_process_strategies_equal_torchrun(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["project.train", "project.reference.ddp"])
+@pytest.mark.parametrize("module", ["project.train", "project.optional.reference.ddp"])
 def test_torchrun_on_two_nodes_equals_torchrun_on_one(
     tmp_path: Path, mnist_root: Path, torchrun_reference: Path, module: str
 ):
@@ -166,10 +166,13 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path: Path):
 @pytest.mark.parametrize(
     ("module", "expected"),
     [
-        ("project.reference.ddp", "start it as `torchrun --nproc_per_node=N -m project.reference.ddp"),
         (
-            "project.reference.slurm",
-            "start it as `srun --nodes=N --ntasks-per-node=1 python -m project.reference.slurm",
+            "project.optional.reference.ddp",
+            "start it as `torchrun --nproc_per_node=N -m project.optional.reference.ddp",
+        ),
+        (
+            "project.optional.reference.slurm",
+            "start it as `srun --nodes=N --ntasks-per-node=1 python -m project.optional.reference.slurm",
         ),
     ],
 )

@@ -127,7 +127,9 @@ def test_a_data_key_the_checkpoints_data_lacks_ends_in_one_line(tmp_path: Path):
     check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={tmp_path / 'toy'}", cwd=tmp_path, env=ENV))
     toy = tmp_path / "toy" / "checkpoints" / "last.ckpt"
     result = run_module("project.predict", f"ckpt_path={toy}", "data.root=/data", cwd=tmp_path, env=ENV)
-    assert_one_error_line(result, "data.root: the checkpoint's data (project.data.ToyDataModule) has no such key")
+    assert_one_error_line(
+        result, "data.root: the checkpoint's data (project.example.data.ToyDataModule) has no such key"
+    )
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from project.rank_agreement import DeferredAgreement
-from project.reference import loop
-from project.runs import mid_epoch_checkpoint
+from project.engine.rank_agreement import DeferredAgreement
+from project.optional.mid_epoch import checkpoint as mid_epoch_checkpoint
+from project.optional.reference import loop
 from tests.helpers import one_rank_process_group, results_of_two_ranks
 
 # Which rank raises which flag at which call: rank 1 a SIGTERM at call 2, rank 0 its clock at call 3.
@@ -51,7 +51,9 @@ def test_a_clock_checkpoint_is_written_once_each_time_the_clock_falls_due_on_bot
     monkeypatch.setattr(mid_epoch_checkpoint, "time", fake_time)
     monkeypatch.setattr(loop, "time", fake_time)
     callback_writes, reference_writes = [], []
-    trainer = SimpleNamespace(world_size=2, global_step=0, accumulate_grad_batches=1, num_training_batches=1000)
+    trainer = SimpleNamespace(
+        world_size=2, global_step=0, accumulate_grad_batches=1, num_training_batches=1000, ckpt_path=None
+    )
     trainer.save_checkpoint = lambda path: callback_writes.append(trainer.global_step)
     trainer._signal_connector = SimpleNamespace(received_sigterm=False)
     progress = SimpleNamespace(current=SimpleNamespace(processed=0))

@@ -163,10 +163,10 @@ def check_promised_outputs(command: str, result: subprocess.CompletedProcess, cw
         rows = (run_dir / "predictions.csv").read_text().splitlines()
         assert rows[0] == "index,label,predicted,confidence" and len(rows) > 1
         assert (run_dir / "confusion_matrix.png").is_file()
-    elif "project.data.example_image_folder" in words:
+    elif "project.optional.image_folder.example" in words:
         root = cwd / words[-1]
         assert output.startswith("wrote ") and {path.name for path in root.iterdir()} == {"train", "val", "test"}
-    elif "project.compare" in words:
+    elif "project.optional.reference.compare" in words:
         (run_dir,) = printed_run_dirs(output)
         assert (run_dir / "loss_curves.png").is_file() and (run_dir / "comparison.json").is_file()
     else:

@@ -1,4 +1,4 @@
-"""project/schedules.py: any torch schedule from config, its run length filled in, refused in one line where it
+"""project/engine/schedules.py: any torch schedule from config, its run length filled in, refused in one line where it
 cannot be built or stepped as configured (both paths train with these: tests/test_compare.py)."""
 
 import functools
@@ -7,8 +7,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from project.errors import UserError, error_line
-from project.schedules import RUN_EPOCHS, RUN_STEPS, build_schedule, check_resumable, register_resolvers
+from project.engine.errors import UserError, error_line
+from project.engine.schedules import RUN_EPOCHS, RUN_STEPS, build_schedule, check_resumable, register_resolvers
 
 lr_scheduler = torch.optim.lr_scheduler
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from project.runs.sweep_summary import INTERRUPTED_FILE, format_sweep_table, job_rows
+from project.engine.sweeps import INTERRUPTED_FILE, format_sweep_table, job_rows
 from tests.helpers import check_ok, mnist_overrides, run_module, start_module
 
 pytestmark = pytest.mark.slow

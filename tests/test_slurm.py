@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.parity import max_loss_difference, max_weight_difference
+from project.optional.reference.parity import max_loss_difference, max_weight_difference
 from tests.helpers import (
     REPO,
     check_ok,
@@ -144,10 +144,18 @@ def compare_runs(run_dir: Path, expected_dir: Path, weights: dict, expected_weig
 def six_processes_on_one_host(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> Path:
     """What the tutorial's 2 × 3 job must compute: torchrun's 6 reference processes on this one host."""
     run_dir = tmp_path_factory.mktemp("one-host") / "run"
-    launcher = (sys.executable, "-m", "project.torchrun", "--nproc-per-node=6", f"--master-port={free_port()}")
+    launcher = (
+        sys.executable,
+        "-m",
+        "project.optional.torchrun.launcher",
+        "--nproc-per-node=6",
+        f"--master-port={free_port()}",
+    )
     args = small_mnist(mnist_root, *TWO_EPOCHS_OF_25, "trainer.devices=6", "trainer.num_nodes=1")
     check_ok(
-        run_module("project.reference.ddp", *args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, launcher=launcher)
+        run_module(
+            "project.optional.reference.ddp", *args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, launcher=launcher
+        )
     )
     return run_dir
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from project.data import ToyDataModule
-from project.models import NeuralNetwork
-from project.module import ClassifierModule
-from project.schedules import RUN_STEPS
+from project.engine.schedules import RUN_STEPS
+from project.example.data import ToyDataModule
+from project.example.module import ClassifierModule
+from project.example.networks import NeuralNetwork
 
 EPOCHS, EVERY = 4, 3
 

@@ -232,10 +232,10 @@ def test_dp_strategy_fits_validates_tests_and_predicts_in_process(tmp_path: Path
     import lightning as L
     import torch
 
-    from project.data import ToyDataModule
-    from project.models import NeuralNetwork
-    from project.module import ClassifierModule
-    from project.strategies import DataParallelStrategy
+    from project.example.data import ToyDataModule
+    from project.example.module import ClassifierModule
+    from project.example.networks import NeuralNetwork
+    from project.optional.dp.strategy import DataParallelStrategy
 
     L.seed_everything(123)
     datamodule = ToyDataModule(batch_size=2, seed=123, drop_last=True)

@@ -25,12 +25,13 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.data import MNISTDataModule, ToyDataModule
-from project.errors import find_user_error
-from project.models import DeepNeuralNetwork, NeuralNetwork
-from project.runs.history import HistoryCallback
-from project.runs.run_config import run_config_of
-from project.strategies import DataParallelStrategy, HydraDDPStrategy
+from project.engine.ddp import HydraDDPStrategy
+from project.engine.errors import find_user_error
+from project.engine.history import HistoryCallback
+from project.engine.run_config import run_config_of
+from project.example.data import MNISTDataModule, ToyDataModule
+from project.example.networks import DeepNeuralNetwork, NeuralNetwork
+from project.optional.dp.strategy import DataParallelStrategy
 from project.train import build
 from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule
 from tests.helpers import CONF_DIR, REPO, SRUN_TASK_ZERO, check_ok, histories, mnist_overrides, read_json, run_module

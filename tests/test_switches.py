@@ -16,12 +16,11 @@ from hydra import compose, initialize_config_dir
 from lightning.fabric.plugins.environments import LightningEnvironment
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.errors import UserError
-from project.job import isolated_job
-from project.runs import run_dir
-from project.runs.checkpoints import resume_path
-from project.strategies.hydra_ddp import HydraJobLauncher
-from project.strategies.same_config import check_same_config_on_every_rank, differing_keys
+from project.engine import run_dir
+from project.engine.checkpoints import resume_path
+from project.engine.ddp import HydraJobLauncher, check_same_config_on_every_rank, differing_keys
+from project.engine.errors import UserError
+from project.engine.job import isolated_job
 from project.train import build
 from tests.helpers import (
     CONF_DIR,
@@ -118,8 +117,8 @@ def test_workers_of_a_multi_node_torchrun_launch_name_their_directory_after_its_
 def test_a_torchrun_restart_carries_on_from_its_own_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Not from the checkpoint the launch started from (that would redo its progress); another network is refused."""
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "restarted")
-    network = {"_target_": "project.models.NeuralNetwork", "num_inputs": 2, "num_outputs": 2}
-    config = {"model": {"_target_": "project.module.ClassifierModule", "network": network}}
+    network = {"_target_": "project.example.networks.NeuralNetwork", "num_inputs": 2, "num_outputs": 2}
+    config = {"model": {"_target_": "project.example.module.ClassifierModule", "network": network}}
 
     def write_checkpoint(path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +129,9 @@ def test_a_torchrun_restart_carries_on_from_its_own_last_checkpoint(tmp_path: Pa
     assert resume_path(str(given), run, tmp_path, config) == str(given), "first attempt: nothing of its own yet"
     own = write_checkpoint(run / "checkpoints" / "last.ckpt")
     assert resume_path(str(given), run, tmp_path, config) == resume_path(None, run, tmp_path, config) == str(own)
-    other = {"model": {**config["model"], "network": {**network, "_target_": "project.models.DeepNeuralNetwork"}}}
+    other = {
+        "model": {**config["model"], "network": {**network, "_target_": "project.example.networks.DeepNeuralNetwork"}}
+    }
     with pytest.raises(UserError, match="holds another model .*DeepNeuralNetwork.* with a new --rdzv-id"):
         resume_path(None, run, tmp_path, other)
 
@@ -247,7 +248,7 @@ def test_ranks_that_composed_different_configs_stop_with_one_line_naming_the_key
 def test_a_child_that_fails_first_is_noted_not_printed_beside_rank_zeros_own_error(capsys):
     """A user error every rank finds (a bad resume, a config check) ends rank 1 first when it starts faster: its own
     line is the one to read, so rank 0's launcher only notes the death, for the job to name if rank 0 has no error of
-    its own (`project.job`), instead of adding a line of its own between the two ranks' identical ones."""
+    its own (`project.engine.job`), instead of adding a line of its own between the two ranks' identical ones."""
     launcher = HydraJobLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
     launcher.procs.append(subprocess.Popen(["sh", "-c", "exit 2"]))
     watcher = threading.Thread(target=launcher._watch_children)

@@ -1,6 +1,7 @@
 """torchrun beyond one process group's life: elastic restarts that resume, and launches that fail in one line.
 
-Each launch runs `python -m project.torchrun` (torchrun, ending in one line when the launch fails) as a user runs it
+Each launch runs `python -m project.optional.torchrun.launcher` (torchrun, ending in one line when the launch fails) as
+a user runs it
 on every machine; "two machines" are two agents on this one (`tests.helpers.torchrun_nodes`). The same launch on
 two real hosts (network namespaces of the local cluster) is in tests/test_slurm.py.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from project.parity import max_loss_difference, max_weight_difference
+from project.optional.reference.parity import max_loss_difference, max_weight_difference
 from tests.helpers import (
     REPO,
     check_ok,
@@ -112,7 +113,14 @@ def test_a_worker_killed_with_no_restarts_left_ends_the_launch_naming_rank_and_s
 
 def launch_alone(tmp_path: Path, *options: str) -> tuple[float, object]:
     """One agent of a two-node launch, started alone: (seconds it took to end, its result)."""
-    launcher = (sys.executable, "-m", "project.torchrun", "--nnodes=2", "--nproc-per-node=1", *options)
+    launcher = (
+        sys.executable,
+        "-m",
+        "project.optional.torchrun.launcher",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        *options,
+    )
     started = time.monotonic()
     result = run_module(
         "project.train",
@@ -175,7 +183,13 @@ def test_a_rendezvous_endpoint_another_program_holds_ends_the_launch_in_one_line
 
 def test_a_master_port_in_use_ends_the_launch_in_one_line(tmp_path: Path):
     with held_port() as port:
-        launcher = (sys.executable, "-m", "project.torchrun", "--nproc-per-node=2", f"--master-port={port}")
+        launcher = (
+            sys.executable,
+            "-m",
+            "project.optional.torchrun.launcher",
+            "--nproc-per-node=2",
+            f"--master-port={port}",
+        )
         result = run_module("project.train", "trainer=ddp", cwd=tmp_path, launcher=launcher, timeout=START_TIMEOUT)
     line = assert_one_error_line(result)
     assert line == f"error: --master-port={port} is in use on this machine: pick another port"
@@ -190,7 +204,7 @@ def test_a_multi_node_launch_without_a_rendezvous_id_is_refused_in_one_line(tmp_
             [
                 python(),
                 "-m",
-                "project.torchrun",
+                "project.optional.torchrun.launcher",
                 *static,
                 f"--node-rank={node}",
                 "-m",

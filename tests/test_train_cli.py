@@ -22,7 +22,7 @@ def test_default_run_learns_the_toy_problem_and_writes_everything_in_its_run_dir
     run_dir = run_dirs[0]
     assert "Results" in result.stdout and str(run_dir) in result.stdout
     noise = re.findall(r".*(?:\.py:\d+: |warn|💡).*", result.stdout + result.stderr, flags=re.IGNORECASE)
-    assert noise == [], "a first run prints only what its user can act on (project/upstream_noise.py)"
+    assert noise == [], "a first run prints only what its user can act on (project/engine/upstream_noise.py)"
 
     results = read_json(run_dir / "results.json")
     assert results["train/acc"] == 1.0 and results["test/acc"] == 1.0
@@ -41,7 +41,7 @@ def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path)
     import torch
     from hydra.utils import instantiate
 
-    from project.parity import network_weights
+    from project.optional.reference.parity import network_weights
 
     check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)

@@ -3,7 +3,7 @@
 Each case runs the entry point as a user would (a process of its own, with the waits set short), makes one peer
 fail to answer (a port held by a socket of the test's own, a rank stopped by SIGSTOP), and checks the end: exit
 status, the one `error:` line, and no process of the run left. A DataLoader worker that stalls is the one case run
-in-process: the behaviour is the job's end (`project.job.isolated_job`), whatever data module set the timeout.
+in-process: the behaviour is the job's end (`project.engine.job.isolated_job`), whatever data module set the timeout.
 torchrun's own waits are in tests/test_torchrun.py.
 """
 
@@ -22,8 +22,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from project.errors import RunStopped
-from project.job import isolated_job
+from project.engine.errors import RunStopped
+from project.engine.job import isolated_job
 from tests.foreign_modules import RegressionModule, line_points
 from tests.helpers import run_module
 from tests.test_faults import (
@@ -43,7 +43,7 @@ from tests.test_faults import (
 from tests.test_strategies import alive, descendants
 
 pytestmark = pytest.mark.slow  # every case starts the entry point
-ANOTHER_RANK_GONE = 1  # a rank of a running job went away: exit 1, as for a rank that died (project.job)
+ANOTHER_RANK_GONE = 1  # a rank of a running job went away: exit 1, as for a rank that died (project.engine.job)
 # The collective timeout of the silent-rank case: short, yet room for the second rank to start and join.
 SHORT_TIMEOUT = 8
 

@@ -16,9 +16,10 @@ Its study is kept in `storage` (a SQLite file of the sweep dir), so the same com
 - any other trial still marked running was interrupted (its process was killed): it is marked failed, its job
   dir gets an `interrupted.txt` (the sweep summary shows the job as `interrupted`, which does not fail the
   sweep), and its parameters are tried again first, as a new trial; a trial that finished is never run again.
-A trial whose job failed (it returned None, `project.errors`, or raised) is a failed trial of the study and the
-search goes on. A trial its job's pruner stopped (`project.runs.pruning`, which leaves `pruned.txt` in the job dir)
-is a pruned one. The summary table (`project.runs.sweep_summary`) ends the search, also one without a finished trial.
+A trial whose job failed (it returned None, `project.engine.errors`, or raised) is a failed trial of the study and the
+search goes on. A trial its job's pruner stopped (`project.optional.optuna.pruning`, which leaves `pruned.txt` in the
+job dir) is a pruned one. The summary table (`project.engine.sweeps`) ends the search, also one without a finished
+trial.
 A search space, storage or pruner that cannot be used ends the search before its first job, in one `error:` line.
 """
 
@@ -41,9 +42,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from project.errors import UserError
-from project.runs.sweep_continuation import refuse
-from project.runs.sweep_summary import INTERRUPTED_FILE, PRUNED_FILE
+from project.engine.errors import UserError
+from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, refuse
 
 log = logging.getLogger(__name__)
 DIRECTIONS = {"max": "maximize", "min": "minimize"}

@@ -1,0 +1,340 @@
+"""DDP whose extra processes re-run this Hydra *job*, not the command line, so `-m` sweeps stay correct.
+
+Lightning's DDP starts ranks 1..N-1 by re-running `sys.argv` with `hydra.run.dir` appended. Under `-m` (or an
+Optuna search, which is a sweep too) that argv is the whole sweep: every child re-runs the sweep and joins the wrong
+job (or none). `HydraJobLauncher` starts each child as a single run (`hydra.mode=RUN`) of the current job instead:
+the same config source (`--config-dir`, `--config-name`, `hydra.searchpath`), the job's own overrides (one sweep
+point), the checkpoint rank 0 resumes from (so `ckpt_path=last` is resolved once), `hydra.run.dir` = the job's
+output dir, and no `.hydra/` copy. Once the ranks meet, `check_same_config_on_every_rank` proves that every rank
+composed the same config (the ranks torchrun or srun starts compose theirs too).
+
+When the job ends (`project.engine.job.isolated_job` calls `finish`) the children are waited for, or killed if the job
+failed. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0 leaves no orphans stuck in a
+collective; a child that dies is noted at once (`failure`), and the run stops: rank 0 fails in its next collective
+and reports the child's death as its cause, or reports the user error it shares with the child (each rank then says
+that one line once, whichever got there first, or rank 0 alone when it kills the child before the child could).
+
+The launcher subclasses Lightning's private `_SubprocessScriptLauncher` (hence the `lightning<2.7` pin); it can go
+once Lightning starts Hydra children as single runs of the current job.
+"""
+
+import ctypes
+import inspect
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_original_cwd, to_absolute_path
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from omegaconf import OmegaConf
+
+import __main__
+from project.engine.errors import UserError
+from project.engine.lightning_sigterm_broadcast import skip_lightning_sigterm_broadcast
+from project.engine.peers import TIMEOUT_KEY, answers_as_store, port_in_use, reserved_port
+from project.engine.rank_agreement import DeferredAgreement
+from project.engine.run_config import command_line_overrides, config_source_arguments, run_config_of
+
+log = logging.getLogger(__name__)
+# Hydra overrides the child command sets itself (each may appear once).
+CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
+PR_SET_PDEATHSIG = 1
+# After naming a dead child, how long rank 0 gets to fail on its own (its next collective) before the process ends.
+STOP_GRACE_SECONDS = 30.0
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel sends SIGKILL when the parent process ends (Linux only)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _quoted(value: str) -> str:
+    """`value` as one Hydra override value, whatever characters it holds."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def child_command(ckpt_path: str | None = None) -> list[str]:
+    """The command that runs the current Hydra job once more, as a plain run in the same directory.
+
+    The program is started as this one was (`python -m <module>`, or `python <script>`), from the same config
+    source, with the job's own overrides; `ckpt_path` replaces the job's `ckpt_path=` override when given.
+    """
+    hydra = HydraConfig.get()
+    script_mode = __main__.__spec__ is None  # `python project/train.py` rather than `python -m project.train`
+    program = [to_absolute_path(sys.argv[0])] if script_mode else ["-m", __main__.__spec__.name]
+    config_source = config_source_arguments()
+    hydra_overrides = [
+        override
+        for override in OmegaConf.to_container(hydra.overrides.hydra)  # a ${...} in one is its value's, unresolved
+        if not override.startswith(tuple(f"{key}=" for key in CHILD_HYDRA_KEYS))
+    ]
+    job_overrides = [o for o in command_line_overrides() if ckpt_path is None or not o.startswith("ckpt_path=")]
+    if ckpt_path is not None:
+        job_overrides.append(f"ckpt_path={_quoted(ckpt_path)}")
+    return [
+        sys.executable,
+        *program,
+        *config_source,
+        *hydra_overrides,
+        *job_overrides,
+        "hydra.mode=RUN",
+        f"hydra.run.dir={_quoted(hydra.runtime.output_dir)}",
+        f"hydra.job.name={hydra.job.name}",
+        "hydra.output_subdir=null",
+    ]
+
+
+class HydraJobLauncher(_SubprocessScriptLauncher):
+    """Starts local ranks 1..N-1 as single runs of the current Hydra job (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stopping = threading.Event()
+        # The run's MASTER_PORT, held from its choice until the job ends (`peers.reserved_port`).
+        self._port_holder: socket.socket | None = None
+        # The line that named the first child to end badly, and its rank, once one has.
+        self.failure: str | None = None
+        self.failed_rank: int | None = None
+
+    def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
+        """Lightning's `launch`, with this launcher's children and watcher.
+
+        Lightning's own child observer is not started: it outlives the job and, once a child of a finished job has
+        been stopped, SIGKILLs the whole process, and with it the rest of a sweep.
+        """
+        self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            ckpt_path = inspect.signature(function).bind(*args, **kwargs).arguments.get("ckpt_path")
+            self._start_children(None if ckpt_path is None else str(ckpt_path))
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)
+
+    def _start_children(self, ckpt_path: str | None) -> None:
+        self._check_can_spawn_children()
+        if "MASTER_PORT" not in os.environ:  # Lightning would pick a free port and let go of it until rank 0 binds it
+            self._port_holder = reserved_port()
+            os.environ["MASTER_PORT"] = str(self._port_holder.getsockname()[1])
+        os.environ.update(
+            MASTER_ADDR=self.cluster_environment.main_address,
+            MASTER_PORT=str(self.cluster_environment.main_port),
+            NODE_RANK=str(self.cluster_environment.node_rank()),
+            LOCAL_RANK="0",
+            WORLD_SIZE=str(self.num_processes * self.num_nodes),
+        )
+        command = child_command(ckpt_path)
+        die_with_parent = _die_with_parent if sys.platform == "linux" else None
+        for local_rank in range(1, self.num_processes):
+            environment = os.environ | {"LOCAL_RANK": str(local_rank)}
+            child = subprocess.Popen(command, env=environment, cwd=get_original_cwd(), preexec_fn=die_with_parent)
+            self.procs.append(child)
+        threading.Thread(target=self._watch_children, daemon=True, name="child-watcher").start()
+
+    def _watch_children(self) -> None:
+        """Beside training: note the first rank that ended badly (gloo's own error names only an address).
+
+        Rank 0 then fails in its next collective, and its job names that rank (`engine.job`). Should it still run
+        `STOP_GRACE_SECONDS` later, it is blocked where Python cannot interrupt it (waiting for the dead rank to join
+        the process group): the process then ends at once, with the other children and that line last.
+        """
+        while not self._stopping.is_set():
+            if self._note_failed_child():
+                if not self._stopping.wait(STOP_GRACE_SECONDS):
+                    for child in self.procs:
+                        child.kill()
+                    print(f"error: {self.failure}", file=sys.stderr, flush=True)
+                    os._exit(1)
+                return
+            if all(child.returncode == 0 for child in self.procs):
+                return
+            self._stopping.wait(0.2)
+
+    def _note_failed_child(self) -> bool:
+        """Note (`failure`) the first child that has ended with an error; whether there was one."""
+        first_rank = self.cluster_environment.node_rank() * self.num_processes
+        for local_rank, child in enumerate(self.procs, start=1):
+            code = child.poll()
+            if code and not self._stopping.is_set():
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                self.failed_rank = first_rank + local_rank
+                self.failure = f"rank {self.failed_rank} (pid {child.pid}) {how}: the run stops"
+                return True
+        return False
+
+    def note_dead_child(self, wait: float) -> None:
+        """Note the first child that has died (`failure`), or dies within `wait` s, then stop noting: a child that
+        ends after this is the consequence of this rank's end, not its cause."""
+        deadline = time.monotonic() + wait
+        while self.failure is None and not self._stopping.is_set() and not self._note_failed_child():
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        self._stopping.set()
+
+    def finish(self, failed: bool, timeout: float = 60.0) -> None:
+        """End the children, once: a later call finds none left (a failed job's end calls this twice).
+
+        After a success, wait for them (up to `timeout` s). After a failure, kill them: they would otherwise sit in a
+        collective until gloo's 30-minute timeout (`note_dead_child` first, to name a child whose death was the cause).
+        """
+        self._stopping.set()
+        for child in self.procs:
+            if failed:
+                child.kill()
+            try:
+                child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        self.procs.clear()
+        if self._port_holder is not None:
+            self._port_holder.close()
+            self._port_holder = None
+
+    def kill(self, signum: signal.Signals) -> None:
+        """Lightning's stop of the children (Ctrl-C, SIGTERM): their ends are then no failure to name."""
+        self._stopping.set()
+        super().kill(signum)
+
+
+class HydraJobRanks:
+    """What a multi-process strategy of this project adds to Lightning's: `HydraJobLauncher` for the processes it
+    starts itself, and SIGTERM that stops every rank at one same step. Mixed in before the Lightning strategy
+    (`HydraDDPStrategy`, and `project.optional.fsdp.strategy.HydraFSDPStrategy`).
+
+    Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
+    MASTER_ADDR) end with one line saying so, instead of torch's store error, and so does a MASTER_PORT that another
+    program holds (rank 0 cannot serve there; the other ranks would wait on it without end); ranks that met but
+    composed different configs end in one line too.
+    """
+
+    # Set by the SIGTERM handler (`_note_sigterm_without_collectives`); kept through fit and test.
+    sigterm_pending = False
+    # The ranks' SIGTERM agreement, on a CPU group of its own; made once the ranks have met.
+    sigterm_agreement: DeferredAgreement | None = None
+
+    def setup_environment(self) -> None:
+        self._note_sigterm_without_collectives()
+        try:
+            super().setup_environment()
+        except dist.DistError as error:
+            address = f"{self.cluster_environment.main_address}:{self.cluster_environment.main_port}"
+            port = port_in_use(error)
+            if port is not None:  # rank 0 could not serve the run's store there
+                raise UserError(
+                    f"port {port} is in use on {self.cluster_environment.main_address} (another program or run holds "
+                    "it): pick another MASTER_PORT"
+                ) from None
+            reason = " ".join(str(error).split()[:40])
+            raise UserError(
+                f"the {self.world_size} processes of this run did not all meet at {address} within {self._timeout} "
+                f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
+                f"allow more time with {TIMEOUT_KEY}"
+            ) from None
+        check_same_config_on_every_rank(run_config_of(self.lightning_module.trainer))
+        self.sigterm_agreement = DeferredAgreement(size=1)
+        skip_lightning_sigterm_broadcast(self.lightning_module.trainer)
+
+    def set_world_ranks(self) -> None:
+        """Lightning's, then, on a rank that is to join the run's store rather than serve it, a check that what
+        listens at MASTER_ADDR:MASTER_PORT is that store: against another program torch would wait past `timeout`."""
+        super().set_world_ranks()
+        serves_the_store = self.global_rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        if serves_the_store:
+            return
+        address, port = self.cluster_environment.main_address, self.cluster_environment.main_port
+        seconds = self._timeout.total_seconds() if self._timeout else 1800.0
+        if answers_as_store(address, port, seconds) is False:
+            raise UserError(
+                f"nothing at {address}:{port} answers as this run's store within {seconds:g} s (another program holds "
+                "that port): MASTER_ADDR and MASTER_PORT must be rank 0's address and a port no other program uses "
+                f"({TIMEOUT_KEY} sets the wait)"
+            )
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if isinstance(self._launcher, _SubprocessScriptLauncher):
+            self._launcher = HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    def _note_sigterm_without_collectives(self) -> None:
+        """On SIGTERM, only forward it to the children and note it; the ranks then agree, and stop at one same point.
+
+        Lightning's own SIGTERM handler broadcasts to the other ranks from inside the signal handler, which can run
+        on top of another collective (a metric's sync) while the other ranks are elsewhere: the run then hangs until
+        the process group's timeout. And Lightning's loops stop wherever a rank sees its flag (after a step, after an
+        epoch, in validation), so ranks signalled a moment apart stop at different points, and the SIGTERM checkpoint
+        (`project.optional.mid_epoch.checkpoint`), which all ranks write together, would hang too. So the handler only
+        notes the signal (`sigterm_pending`); the ranks agree on it between training batches (`on_train_batch_start`),
+        and Lightning's flag is set there, on every rank at once: all stop after the same batch. Between fit and test,
+        and after test, `project.engine.job.stop_if_signalled` asks once more. (The handler
+        is replaced on the Trainer's private signal connector before the Trainer registers it; see the
+        `lightning<2.7` pin.)
+        """
+        connector = self.lightning_module.trainer._signal_connector
+
+        def note_sigterm(signum: int, frame: object) -> None:
+            log.info(f"[rank: {self.global_rank}] Received SIGTERM: stopping after the next step")
+            if not self.sigterm_pending and self.launcher is not None:
+                self.launcher.kill(signum)
+            self.sigterm_pending = True
+
+        connector._sigterm_notifier_fn = note_sigterm
+
+    def sigterm_on_any_rank(self) -> bool:
+        """Whether SIGTERM reached any rank by now (every rank must ask at the same point)."""
+        (sigterm,) = self.sigterm_agreement.now([self.sigterm_pending])
+        return sigterm
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Read the agreement started at the previous batch, and start this batch's: where SIGTERM reached any rank
+        before that one, every rank stops after this batch.
+
+        The all-reduce runs beside the step, on the CPU group, so no rank waits for it on the training device; the
+        price is one step: a SIGTERM that arrives during step k stops every rank after step k + 2.
+        """
+        super().on_train_batch_start(batch, batch_idx)
+        (sigterm,) = self.sigterm_agreement.exchange([self.sigterm_pending])
+        if sigterm:
+            self.lightning_module.trainer._signal_connector.received_sigterm = True
+
+
+class HydraDDPStrategy(HydraJobRanks, DDPStrategy):
+    """Lightning's DDP, its ranks started and stopped as `HydraJobRanks` says."""
+
+
+def check_same_config_on_every_rank(config: dict | None) -> None:
+    """Stops a distributed run, in one line on every rank, when its ranks did not compose the same config.
+
+    Each torchrun worker, Slurm task and DDP child composes the config itself; a different config dir, config
+    name or override on one rank would otherwise train different things silently under one run. Called by every
+    rank once the process group is up (`HydraDDPStrategy.setup_environment`).
+    """
+    configs: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(configs, config)
+    for rank, other in enumerate(configs):
+        keys = differing_keys(configs[0], other)
+        if keys:
+            raise UserError(
+                f"rank {rank} composed a different config than rank 0 (at {', '.join(keys[:5])}): start every "
+                "rank with the same --config-dir, --config-name and overrides"
+            )
+
+
+def differing_keys(first: object, second: object, prefix: str = "") -> list[str]:
+    """The dotted keys at which two plain configs (nested dicts and lists) differ."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        keys = sorted(set(first) | set(second), key=str)
+        return [key for k in keys for key in differing_keys(first.get(k), second.get(k), f"{prefix}{k}.")]
+    return [] if first == second else [prefix.rstrip(".") or "<root>"]

@@ -1,0 +1,257 @@
+"""The exceptions for runs that end early through no bug, and the entry points' way of reporting any failure.
+
+Entry points wrap their work in `exit_on_user_error`:
+- a `UserError` (or Lightning's own misconfiguration error), even when Hydra's `instantiate` has wrapped it,
+  becomes one `error: ...` line on stderr (and in the run's log file) and exit status 2; a `RunStopped` (a signal,
+  Ctrl-C) likewise, with its own status. Anything else is a bug and keeps its traceback.
+- inside a sweep (`-m`, an Optuna search, the jobs of `hydra/launcher=slurm`) one failing job must not end the
+  sweep: the job reports its error the same way (a bug's traceback first), writes the error line to `error.txt`
+  in its directory and returns None, which Optuna records as a failed trial; the sweep's summary lists the job as
+  failed, and the sweep exits non-zero (`project.engine.sweeps`). Only a stop (`RunStopped`) ends the sweep.
+They call their `@hydra.main` function through `run_hydra_app`, so that a config file Hydra cannot even read is one
+such line too.
+"""
+
+import errno
+import functools
+import logging
+import os
+import re
+import shutil
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+
+from project.engine.run_dir import process_rank
+from project.engine.run_log import DISK_ERRORS, report, to_log_file
+from project.engine.sweeps import ERROR_FILE
+
+P = ParamSpec("P")
+# Less free space than this is a full disk (torch.save's own report of one carries no errno).
+FULL_BELOW_BYTES = 1 << 20
+R = TypeVar("R")
+
+
+class UserError(Exception):
+    """A problem in the user's input or environment; its message says what to change."""
+
+    exit_status = 2
+
+
+class RunStopped(UserError):
+    """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume.
+
+    `on_every_rank`: a stop all ranks agreed on (a signal), met by each at the same step; where rank 0 started the
+    other ranks it alone prints its line, the others write theirs to their log files (each rank's line would be the
+    same, or a single run's hint where rank 0's is the sweep's)."""
+
+    def __init__(self, message: str, exit_status: int, on_every_rank: bool = False) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+        self.on_every_rank = on_every_rank
+
+
+def find_user_error(error: BaseException | None) -> BaseException | None:
+    """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains; a disk that
+    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so is a config
+    value whose `${...}` cannot be resolved."""
+    while error is not None:
+        if isinstance(error, (UserError, MisconfigurationException)):
+            return error
+        if isinstance(error, InterpolationResolutionError):
+            return resolvers_refusal(error) or unresolved(error)
+        if isinstance(error, OSError) and error.errno in DISK_ERRORS:
+            return disk_error(error)
+        if is_out_of_memory(error):
+            return out_of_memory(error)
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's allocators (the CPU's, CUDA's) and Python's own, out of memory."""
+    message = str(error)
+    return isinstance(error, MemoryError) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message)
+    )
+
+
+# Where in a run memory ran out, by the function that was running (Lightning's Trainer, Hydra's instantiate).
+STAGES = {
+    "_call_target": "while building the run",
+    "_fit_impl": "while training",
+    "_validate_impl": "while validating",
+    "_test_impl": "while testing",
+    "_predict_impl": "while predicting",
+}
+
+
+def out_of_memory(error: BaseException) -> UserError:
+    """The one line for memory running out: where, how much was asked for, and what to make smaller."""
+    functions = {frame.name for frame in traceback.extract_tb(error.__traceback__)}
+    stage = next((stage for function, stage in STAGES.items() if function in functions), "")
+    asked = re.search(r"[Tt]ried to allocate ([\d.]+(?: bytes| ?[KMGT]i?B)?)", str(error))
+    amount = asked.group(1).removesuffix(" bytes") if asked else ""
+    size = f"{int(amount) / 2**30:.3g} GiB" if amount.isdigit() else amount
+    return UserError(
+        " ".join(part for part in ("out of memory", stage) if part)
+        + (f" ({size} asked for)" if size else "")
+        + ": lower the batch size or the model's size, or run where there is more memory"
+    )
+
+
+def disk_error(error: OSError) -> UserError:
+    """The one line for a disk that cannot take the run's files, whichever writer met it first (a log, TensorBoard, a
+    checkpoint): `unwritable`'s."""
+    where = error.filename or (HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "the run dir")
+    return unwritable(Path(where), error.errno)
+
+
+def unwritable(path: Path, error_number: int | None, detail: str = "") -> UserError:
+    """The line for a file the disk would not take: the folder and why (full, over its quota, read-only, or `detail`
+    where the disk is none of those), what to do, and which checkpoints are kept (a write never touches them).
+
+    The same whichever write met the disk first: a checkpoint, the run's log, TensorBoard's events.
+    """
+    directory = nearest_existing(path)
+    free = shutil.disk_usage(directory).free
+    if error_number == errno.ENOSPC or free < FULL_BELOW_BYTES:
+        why, fix = f"no space left on the disk of {directory} ({free} bytes free)", "make room there, or"
+    elif error_number == errno.EDQUOT:
+        why, fix = f"the disk quota of {directory} is used up", "make room there, or"
+    elif error_number == errno.EROFS or not os.access(directory, os.W_OK):
+        why, fix = f"{directory} cannot be written (a read-only disk, or no permission)", "make it writable, or"
+    else:
+        why, fix = " ".join(detail.split()) or f"{directory} refused it", ""
+    return UserError(f"could not write {path}: {why}: {fix} write the run elsewhere (hydra.run.dir); {kept(path)}")
+
+
+def disk_refuses(path: Path) -> bool:
+    """Whether the disk of `path` is full, or its folder cannot be written."""
+    directory = nearest_existing(path)
+    return shutil.disk_usage(directory).free < FULL_BELOW_BYTES or not os.access(directory, os.W_OK)
+
+
+def kept(path: Path) -> str:
+    """ "kept: <the checkpoint files>" of the checkpoints folder of a run that failed to write `path`: the folder of
+    the checkpoint that failed, or else of the run dir."""
+    folder = path.parent
+    if path.suffix != ".ckpt" and HydraConfig.initialized():
+        folder = Path(HydraConfig.get().runtime.output_dir) / "checkpoints"
+    written = sorted(file.name for file in folder.glob("*.ckpt")) if folder.is_dir() else []
+    return f"kept: {', '.join(written)}" if written else "no checkpoint was written there before it"
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`'s nearest folder that exists: the one a write there needs to be allowed in."""
+    return next(folder for folder in path.parents if folder.exists())
+
+
+def resolvers_refusal(error: BaseException | None) -> UserError | None:
+    """The `UserError` a resolver raised (`${run_steps:2}`), worded already, behind OmegaConf's errors, if any."""
+    while error is not None and not isinstance(error, UserError):
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def unresolved(error: InterpolationResolutionError) -> UserError:
+    """The one line for a `${...}` in the config (the command line's or a YAML file's) that names nothing there."""
+    where, problem = error.full_key or "a ${...} of the config", str(error).splitlines()[0]
+    return UserError(
+        f"{where}: {problem}: point the ${{...}} at a key the config has (--cfg job prints the config unresolved), "
+        "or give the value itself"
+    )
+
+
+def in_sweep_job() -> bool:
+    """Whether this process runs one job of a Hydra sweep (its extra DDP ranks run as single runs)."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def error_line(error: BaseException) -> str:
+    """The one line that reports `error`: its message, whitespace folded."""
+    user_error = find_user_error(error)
+    if user_error is not None:
+        message = str(user_error)
+        if "Original Traceback" in message:  # raised in a DataLoader worker, re-raised here with its traceback
+            message = message.rstrip().rsplit(f"{type(user_error).__name__}: ", 1)[-1]
+        return "error: " + " ".join(message.split())
+    return "error: " + " ".join(traceback.format_exception_only(error)[-1].split())
+
+
+def record_failed_job(line: str) -> None:
+    """Leave the error line in the sweep job's directory, where the sweep summary finds it."""
+    if process_rank() == 0:
+        Path(HydraConfig.get().runtime.output_dir, ERROR_FILE).write_text(line + "\n")
+
+
+def started_by_rank_zero() -> bool:
+    """Whether this process is a rank that rank 0 itself started (Lightning's own DDP launcher), which then reports
+    for it. Ranks srun or torchrun start each report: a signal may end rank 0 before it can (Slurm's requeue)."""
+    launched = "SLURM_PROCID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+    return process_rank() != 0 and not launched
+
+
+def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
+    """Run `function`; report a failure as the module docstring says."""
+
+    @functools.wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except Exception as error:
+            user_error = find_user_error(error)
+            sweep_job = in_sweep_job() and not isinstance(user_error, RunStopped)
+            if user_error is None:  # a bug: its traceback, in the log file too
+                to_log_file("".join(traceback.format_exception(error)), logging.ERROR)
+                if not sweep_job:
+                    raise
+                traceback.print_exc()
+            line = error_line(error)
+            if getattr(user_error, "on_every_rank", False) and started_by_rank_zero():
+                to_log_file(line, logging.ERROR)
+            else:
+                report(line, sys.stderr, logging.ERROR)
+            if sweep_job:
+                record_failed_job(line)
+                return None
+            sys.exit(getattr(user_error, "exit_status", 2))
+
+    return wrapper
+
+
+def run_hydra_app(main: Callable[[], object]) -> None:
+    """Call an entry point's `@hydra.main` function so that a config file that is not valid YAML (in conf/ or a
+    `hydra.searchpath` dir) ends in one `error:` line naming the file and the place, exit 2, as any user error does.
+
+    Hydra reads the files inside its own error report (`run_and_report`), which shows a parse error as a traceback;
+    with HYDRA_FULL_ERROR=1, a setting it documents, it leaves every error to its caller, here. Its own messages
+    (a key or option it does not know) are then printed as Hydra prints them, exit 1, and a bug keeps its traceback.
+    A user who set HYDRA_FULL_ERROR gets Hydra's full tracebacks, as asked.
+    """
+    asked_for_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+        problem = ": ".join(part for part in (error.context, error.problem) if part)
+        print(f"error: {where} is not valid YAML ({problem}): correct the file", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except CompactHydraException as error:
+        if asked_for_tracebacks:
+            raise
+        print(error, file=sys.stderr)
+        if isinstance(error.__cause__, OmegaConfBaseException):
+            print(error.__cause__, file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,110 @@
+"""What the console shows of a run also goes to its log file (`<run dir>/train.log`, `train.rank<N>.log`).
+
+Hydra sets up logging (console and that file) when the job starts. Lightning, imported before, gave its logger a
+console handler of its own and cut it off from the root logger, so none of its messages reached the file; Python's
+warnings and `print` never did. `capture_logs` reconnects Lightning and the warnings to Hydra's handlers, and
+`report` prints a text (the config, the results table, an error line) and writes it to the file too, so a failed
+run leaves in its directory what its user saw. A console that goes away mid-run (`python -m project.train | head`)
+does not end the run: its output goes on to the file only (`ClosableConsole`).
+"""
+
+import errno
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import TextIO
+
+LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+# What a full or read-only disk raises (project.engine.errors reports it in one line).
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def capture_logs() -> None:
+    """Send Lightning's messages and Python's warnings through Hydra's console and file handlers.
+
+    A log file that can no longer be written (a full or read-only disk) is left silent: Python's logging would print
+    a traceback on the console for every line, where the run's one error line says what happened. So is a writer
+    thread's failure on such a disk (TensorBoard's): the run meets the same error in its own thread and reports it.
+    Standard output and error become `ClosableConsole`s, for every writer (print, logging, the progress bar).
+    """
+    if not isinstance(sys.stdout, ClosableConsole):
+        sys.stdout, sys.stderr = ClosableConsole(sys.stdout), ClosableConsole(sys.stderr)
+    logging.captureWarnings(True)
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = lambda record: None
+        elif isinstance(handler, logging.StreamHandler):
+            handler.setStream(next((s for s in (sys.stdout, sys.stderr) if s.stream is handler.stream), handler.stream))
+    threading.excepthook = quiet_about_disks(threading.excepthook)
+
+
+def quiet_about_disks(hook: Callable) -> Callable:
+    """`hook`, silent for a thread that failed on a full or read-only disk."""
+
+    def excepthook(arguments: threading.ExceptHookArgs) -> None:
+        if not (isinstance(arguments.exc_value, OSError) and arguments.exc_value.errno in DISK_ERRORS):
+            hook(arguments)
+
+    return excepthook
+
+
+class ClosableConsole:
+    """A console stream that outlives its reader: the first write a closed pipe refuses (`| head` has read its lines)
+    points the descriptor at /dev/null, says so (on stderr, where that is still open, and in the log file), and the
+    run goes on, its log file keeping everything.
+
+    Python ignores SIGPIPE, so without this the next `print` or progress bar update raised BrokenPipeError and
+    ended a run its user only wanted the first lines of.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.closed_by_reader()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.closed_by_reader()
+
+    def closed_by_reader(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+        files = [
+            handler.baseFilename for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)
+        ]
+        note = f"the run goes on; its output is in {', '.join(files)}" if files else "the run goes on without it"
+        line = f"{'stdout' if self is sys.stdout else 'stderr'} was closed by its reader: {note}"
+        print(line, file=sys.stderr, flush=True)
+        to_log_file(line, logging.WARNING)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def to_log_file(text: str, level: int = logging.INFO) -> None:
+    """Write `text` to the run's log file(s) only: the console already shows it."""
+    record = logging.LogRecord("project", level, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def report(text: str, stream: TextIO | None = None, level: int = logging.INFO) -> None:
+    """Print `text` (to stdout unless `stream` is given) and write it to the run's log file."""
+    print(text, file=stream or sys.stdout, flush=True)
+    to_log_file(text, level)

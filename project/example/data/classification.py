@@ -1,0 +1,134 @@
+"""The LightningDataModule base both kinds of data share: the seeded training order, resumable mid-epoch, and
+evaluation that counts every sample once under every strategy. Subclasses load the splits (`setup`) and say how
+batches are made (`loader`): in memory (`project.example.data.in_memory`), or from disk (an image folder's).
+"""
+
+from dataclasses import asdict
+
+import lightning as L
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from project.engine.errors import UserError
+from project.example.data.training_order import EpochShuffleSampler, TrainingPosition, labels_checksum
+
+
+class ClassificationDataModule(L.LightningDataModule):
+    """Serves `train_set`, `val_set` and `test_set` (set by a subclass's `setup`, each with a `targets` tensor of
+    labels) in batches, through the subclass's `loader`.
+
+    The training order comes from `seed` and the epoch (`EpochShuffleSampler`), not from the global RNG, so the
+    Lightning path and the reference path see the same batches whatever else consumed random numbers. Where training
+    stands in it is saved in every checkpoint (`state_dict`), so a mid-epoch checkpoint resumes at the next batch.
+    Validation and test count every sample exactly once under every strategy (`evaluation_loader`).
+    """
+
+    train_set: Dataset
+    val_set: Dataset
+    test_set: Dataset
+    # The training sampler: an `EpochShuffleSampler` (a subclass may hand its dataset more than the index).
+    train_sampler_class = EpochShuffleSampler
+    # Each class's name, by label.
+    class_names: tuple[str, ...]
+
+    def __init__(self, batch_size: int, seed: int, drop_last: bool = False) -> None:
+        super().__init__()
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise UserError(f"data.batch_size must be a positive integer, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.drop_last = drop_last
+        self.predict_split = "test"
+        # Where a resumed checkpoint left the training order (`load_state_dict`); None: from the start.
+        self.resume_at: TrainingPosition | None = None
+
+    def loader(self, dataset: Dataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
+        """A loader over `dataset`; `train` drops the last partial batch when configured to (`data.drop_last`)."""
+        raise NotImplementedError  # each kind of data loads its own way (in memory, from disk)
+
+    def processes(self) -> tuple[int, int]:
+        """(processes sharing each epoch, this one's rank): (1, 0) alone, under `dp` and on the reference path."""
+        share = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        return (share["num_replicas"], share["rank"]) if share else (1, 0)
+
+    def train_dataloader(self) -> DataLoader:
+        """This process's training batches in the seeded order, from where a resumed checkpoint left it.
+
+        Refused when `drop_last` would leave no batch at all.
+        """
+        processes, rank = self.processes()
+        samples = -(-len(self.train_set) // processes)  # each process's share, as DistributedSampler pads it
+        if self.drop_last and samples < self.batch_size:
+            raise UserError(
+                f"data.batch_size={self.batch_size} is more than the {samples} training samples each of the "
+                f"{processes} process(es) gets, and data.drop_last=true drops that incomplete batch, so no training "
+                f"step would run: use data.batch_size <= {samples} (or data.drop_last=false)"
+            )
+        sampler = self.train_sampler_class(self.train_set, self.seed, processes, rank)
+        if self.resume_at is not None:
+            sampler.start_part_way(self.resume_at.epoch, self.resume_at.batches_done * self.batch_size)
+        return self.loader(self.train_set, sampler, train=True)
+
+    def position(self, epoch: int, batches_done: int, processes: int) -> TrainingPosition:
+        """`batches_done` batches of epoch `epoch` trained by each of `processes` processes, in this data's order."""
+        return TrainingPosition(
+            epoch,
+            batches_done,
+            self.batch_size,
+            processes,
+            self.seed,
+            len(self.train_set),
+            labels_checksum(self.train_set.targets),
+        )
+
+    def state_dict(self) -> dict:
+        """Where training stands in its order, which Lightning saves in every checkpoint it writes while fitting.
+
+        Lightning's count of batches trained in this epoch, not the loader's: it fetches one batch ahead.
+        """
+        trainer = self.trainer
+        if trainer is None or not hasattr(self, "train_set"):
+            return {}
+        epoch, done = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if done >= trainer.num_training_batches:  # the epoch is over: the next one starts from its beginning
+            epoch, done = epoch + 1, 0
+        return asdict(self.position(epoch, done, self.processes()[0]))
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the training order at the checkpoint's position; a mid-epoch one must mean the same samples."""
+        saved = TrainingPosition(**state)
+        saved.check_resumable_as(self.position(saved.epoch, saved.batches_done, self.processes()[0]))
+        self.resume_at = saved
+
+    def evaluation_loader(self, dataset: Dataset, name: str) -> DataLoader:
+        """A loader over all of `dataset`, or over this process's share when a multi-process Trainer runs it.
+
+        Lightning would otherwise give each process a `DistributedSampler`, which repeats samples to even out the
+        shares, so a set the processes cannot split evenly would count some samples twice. Lightning leaves a
+        `DistributedSampler` it finds in place; `UnrepeatedDistributedSampler` is one that gives process r the
+        samples r, r + N, r + 2N, ... and nothing twice. The shares may differ by a batch: the metric sums them once
+        per epoch. Without a Trainer (the reference path) the loader covers the whole set.
+        """
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return self.loader(dataset)
+        if len(dataset) < trainer.world_size:
+            # A process without a sample would skip the epoch's sum over processes and leave the others waiting.
+            raise UserError(
+                f"the {name} set has {len(dataset)} samples, fewer than the {trainer.world_size} processes: "
+                "run on fewer devices or use a larger set"
+            )
+        sampler = UnrepeatedDistributedSampler(
+            dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
+        )
+        return self.loader(dataset, sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.evaluation_loader(self.val_set, "validation")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.evaluation_loader(self.test_set, "test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """The split named by `predict_split` (`project.predict`'s `split=`), every sample once, in order."""
+        return self.evaluation_loader(getattr(self, f"{self.predict_split}_set"), self.predict_split)

@@ -1,0 +1,1 @@
+"""`trainer=dp`: DataParallel, one process splitting each batch over the GPUs."""

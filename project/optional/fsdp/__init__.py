@@ -1,0 +1,1 @@
+"""`trainer=fsdp`: FSDP2 sharding for any LightningModule, and its sharded checkpoints."""

@@ -1,0 +1,153 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) for any LightningModule, its ranks started as `trainer=ddp` starts them.
+
+Lightning's `FSDPStrategy` refuses CPUs and wraps with FSDP1; its `ModelParallelStrategy` runs FSDP2 on any device
+type (gloo on CPUs, NCCL on GPUs) but asks the LightningModule to shard itself in `configure_model`. This strategy
+shards a module that does not, in `shard_module`: every submodule of one of `layer_classes` becomes its own FSDP
+unit (its parameters all-gathered just before its forward and freed after), then each child of the LightningModule
+that holds parameters becomes a root unit, which gathers what its layers left over. The children, not the
+LightningModule, are the roots because FSDP2 names as root the first unit whose forward runs, and Lightning calls
+`training_step`, not `forward`: a module's steps call its children (`self.network(x)`), so a child always runs
+first. A module that implements `configure_model` shards itself there, as Lightning documents, and is left as it is.
+
+Each rank holds 1/world_size of every parameter, gradient and optimizer state; the data is split over the ranks as
+under DDP (one data-parallel mesh dimension of world_size ranks), so the same global batch gives the same steps.
+"""
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import get_class
+from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from project.engine.checkpoints import is_sharded
+from project.engine.ddp import HydraJobRanks
+from project.engine.errors import UserError
+from project.engine.networks import networks_of
+from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish, remove
+
+# Trainer precisions FSDP2 trains in here; project.engine.checks refuses the others before training.
+FSDP_PRECISIONS = ("32-true", "32", "bf16-mixed")
+
+
+def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
+    """bf16-mixed: parameters all-gathered in bfloat16 for the forward and backward (half the traffic), gradients
+    reduced and stored in float32 beside float32 master weights; Lightning's autocast still runs the step, so the
+    loss is computed in float32 as under DDP. 32-true: everything in float32."""
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard_module(
+    module: nn.Module, layer_classes: tuple[type[nn.Module], ...], mesh: DeviceMesh, policy: MixedPrecisionPolicy
+) -> None:
+    """Shard `module` (a LightningModule) in place: each layer of `layer_classes`, innermost first, then each of its
+    networks (`project.engine.networks.networks_of`: the children that hold parameters; see the module docstring).
+
+    Parameters of `module`'s own (not in a child) would train unsharded and unreduced: refused in one line.
+    """
+    own = [name for name, _ in module.named_parameters(recurse=False)]
+    if own:
+        raise UserError(
+            f"trainer=fsdp shards the submodules of {type(module).__name__}, which holds parameters of its own "
+            f"({', '.join(own)}): move them into a submodule, or shard the module yourself in its configure_model"
+        )
+    shard_layers(module, layer_classes, mesh, policy)
+    for network in networks_of(module).values():
+        if not isinstance(network, FSDPModule):
+            fully_shard(network, mesh=mesh, mp_policy=policy)
+
+
+def shard_layers(
+    module: nn.Module, layer_classes: tuple[type[nn.Module], ...], mesh: DeviceMesh, policy: MixedPrecisionPolicy
+) -> None:
+    """Make each submodule of `module` of one of `layer_classes` an FSDP unit of its own, innermost first (a unit's
+    parameters are those its units inside it leave over); `module` itself is the caller's to shard, or not."""
+    for layer in reversed(list(module.modules())):  # children before their parents
+        if layer is not module and isinstance(layer, layer_classes) and not isinstance(layer, FSDPModule):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+
+
+class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
+    """FSDP2 over all ranks (`data_parallel` mesh dimension = world size, no tensor parallelism).
+
+    Checkpoints are sharded, written by every rank at once with `torch.distributed.checkpoint`, and atomic:
+    `project.optional.fsdp.checkpoints` says how.
+
+    `layer_classes`: import paths of the submodule classes that each become an FSDP unit (a transformer's block
+    class, say); the config's default is every Linear and Conv2d layer.
+    """
+
+    def __init__(self, layer_classes: list[str], timeout: timedelta | None = None, **kwargs: Any) -> None:
+        super().__init__(timeout=timeout, **kwargs)
+        self.layer_classes = tuple(get_class(path) for path in layer_classes)
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
+        super().setup_environment()
+
+    def setup(self, trainer: L.Trainer) -> None:
+        """Lightning's, with the sharding done here for a module that has no `configure_model`.
+
+        `ModelParallelStrategy.setup` refuses such a module, so its base's setup (precision, device, optimizers:
+        built on the sharded parameters, so each rank's optimizer state is its shard's) runs after the sharding.
+        The test and predict that follow a fit find the module sharded already.
+        """
+        module = self.lightning_module
+        if is_overridden("configure_model", module):
+            super().setup(trainer)
+            return
+        if not any(isinstance(submodule, FSDPModule) for submodule in module.modules()):
+            policy = mixed_precision_policy(str(self.precision_plugin.precision))
+            module.to(self.root_device)
+            shard_module(module, self.layer_classes, self.device_mesh["data_parallel"], policy)
+        ParallelStrategy.setup(self, trainer)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
+        """Lightning's sharded save (every rank its shard, rank 0 the rest in `meta.pt`) into a new directory, which
+        then replaces the checkpoint at once (`sharded_checkpoints.publish`)."""
+        path = Path(self.broadcast(str(filepath)))
+        directory = self.broadcast(new_version_dir(path) if self.is_global_zero else None)
+        super().save_checkpoint(checkpoint, directory, storage_options)
+        self.barrier()  # every shard and meta.pt on disk
+        if self.is_global_zero:
+            publish(Path(directory), path)
+        self.barrier()  # no rank reads the checkpoint before it is in place
+
+    def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Lightning's for a sharded checkpoint. A single file (written under ddp or on one device, or by the
+        converter) every rank reads whole, keeping its shard of each tensor; Lightning's own reading of one renumbers
+        the optimizer's state with FSDP1's helper, which fails for an optimizer that keeps none (plain SGD)."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if is_sharded(path):
+            return super().load_checkpoint(path, weights_only)
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+        whole = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=whole)
+        optimizer_states = checkpoint.pop("optimizer_states", [])
+        if self.lightning_module.trainer.state.fn != TrainerFn.FITTING:
+            return checkpoint  # a test or prediction after a fit still holds its optimizers, which it does not use
+        # As torch's own Optimizer.load_state_dict (what ddp resumes with), a parameter without state is no error: one
+        # that never had a gradient, or was frozen when the file was written. (torch starts its state at zeros, as
+        # Adam would, but counts one step for it.)
+        lenient = StateDictOptions(full_state_dict=True, strict=False)
+        for optimizer, state in zip(self.optimizers, optimizer_states, strict=False):  # as Lightning zips them
+            if state["state"]:
+                by_name = optimizer_state_by_name(state, optimizer, self.model)
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=by_name, options=lenient)
+            else:  # no tensor to shard (torch's sharded loading needs one): the groups' settings alone
+                optimizer.load_state_dict(state)
+        return checkpoint
+
+    def remove_checkpoint(self, filepath: str | Path) -> None:
+        if self.is_global_zero:
+            remove(Path(filepath))

@@ -1,0 +1,1 @@
+"""Multi-node launches without Slurm: torchrun, ending a failed launch in one line."""
