@@ -59,7 +59,7 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
     if status != STOPPED_BY_SIGTERM:
         raise RuntimeError(f"the run was to stop on SIGTERM (exit {STOPPED_BY_SIGTERM}), it exited {status}")
     checkpoint = torch.load(last, map_location="cpu", weights_only=True)
-    position = next(value for key, value in checkpoint.items() if key.endswith("DataModule"))
+    position = next(value for key, value in checkpoint.items() if key.endswith("DataModule"))["position"]
 
     resumed = train([*overrides, f"ckpt_path={last}"], resumed_dir)
     if resumed.wait(timeout=1200) != 0:

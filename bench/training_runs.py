@@ -23,10 +23,10 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 import project  # noqa: F401  (registers the resolvers conf/ uses)
+from project.engine.build import build as build_lightning
 from project.engine.history import HistoryCallback, TrainingHistory
 from project.example.data import InMemoryDataModule, InMemoryDataset
 from project.optional.reference.loop import Trainer, build
-from project.train import build as build_lightning
 
 CONF_DIR = Path(project.__file__).resolve().parents[1] / "conf"
 
@@ -132,7 +132,7 @@ def load_datamodule(cfg: DictConfig, device: torch.device | None = None) -> InMe
 def lightning_fit(
     cfg: DictConfig, datamodule: InMemoryDataModule, extra_callbacks: list[L.Callback] = ()
 ) -> tuple[FitRecord, L.Trainer]:
-    """`trainer.fit` of what `project.train.build` makes of `cfg`, plus a clock, on the already loaded `datamodule`."""
+    """`trainer.fit` of what `project.engine.build.build` makes of `cfg`, plus a clock, on the loaded `datamodule`."""
     clock = EpochClock()
     with quiet():
         setup = build_lightning(cfg, Path(cfg.run_dir).parent, [*extra_callbacks, clock])

@@ -48,13 +48,6 @@ def test_a_module_whose_parameters_are_not_in_submodules_is_refused_in_one_line(
         compile_networks(BareParameters())
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (("compile=yes",), "compile must be true or false, got 'yes'"),
-        (("compile=true", "trainer=dp"), "compile=true with trainer=dp: DataParallel copies the network"),
-    ],
-)
-def test_compile_is_a_switch_and_not_taken_with_data_parallel(tmp_path: Path, overrides: tuple, message: str):
-    with pytest.raises(UserError, match=message):
-        check_config(compose_train(tmp_path, *overrides))
+def test_compile_is_a_switch(tmp_path: Path):
+    with pytest.raises(UserError, match="compile must be true or false, got 'yes'"):
+        check_config(compose_train(tmp_path, "compile=yes"))

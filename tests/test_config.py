@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
+from project.engine.build import build
 from project.engine.checks import check_added_keys, check_config, mistyped_value
 from project.engine.errors import UserError, error_line
-from project.engine.hints import give_network_hints
+from project.engine.hints import give_hints
 from project.engine.run_config import command_line_overrides
-from project.train import build
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
 
 GROUPS = sorted(path.name for path in CONF_DIR.iterdir() if path.is_dir() and path.name != "hydra")
@@ -199,13 +199,12 @@ def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(tmp_
             "experiment=image_folder_cnn",
             "model.network._target_=torchvision.models.resnet18",
             "model.network.num_classes=2",
-            "network_hints={}",
             *kept_in(tmp_path),
         ]
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
     try:
-        give_network_hints(cfg)
+        give_hints(cfg)
     finally:
         HydraConfig.instance().cfg = None
     assert OmegaConf.to_container(cfg.model.network) == {"_target_": "torchvision.models.resnet18", "num_classes": 2}
@@ -222,7 +221,7 @@ def test_optimizer_arguments_need_no_plus_and_a_swapped_optimizer_gets_only_thos
     assert instantiate(momentum.model.optimizer)(parameters).defaults["momentum"] == 0.9
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
     try:
-        give_network_hints(cfg)
+        give_hints(cfg)
     finally:
         HydraConfig.instance().cfg = None
     adamw = instantiate(cfg.model.optimizer)(parameters)

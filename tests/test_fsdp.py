@@ -14,8 +14,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from project.engine.build import build
 from project.engine.checkpoints import optimizer_state_by_index, plain_checkpoint
-from project.engine.checks import check_config
 from project.engine.errors import UserError
 from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish
 from project.optional.fsdp.strategy import shard_module
@@ -100,10 +100,10 @@ def test_a_module_that_shards_itself_in_configure_model_is_left_as_it_sharded_it
     assert read_json(run_dir / "results.json")["world_size"] == 2
 
 
-def test_fsdp_refuses_a_precision_other_than_32_true_and_bf16_mixed(tmp_path: Path):
-    check_config(compose_train(tmp_path, "trainer=fsdp", "trainer.precision=bf16-mixed"))
+def test_fsdp_refuses_a_precision_other_than_32_true_and_bf16_mixed_as_the_trainer_is_built(tmp_path: Path):
+    build(compose_train(tmp_path, "trainer=fsdp", "trainer.precision=bf16-mixed"), tmp_path / "outputs")
     with pytest.raises(UserError, match=r"trainer=fsdp trains in 32-true or bf16-mixed .* trainer.precision=bf16-true"):
-        check_config(compose_train(tmp_path, "trainer=fsdp", "trainer.precision=bf16-true"))
+        build(compose_train(tmp_path, "trainer=fsdp", "trainer.precision=bf16-true"), tmp_path / "outputs")
 
 
 def test_parameters_outside_any_submodule_are_refused_before_sharding():

@@ -320,7 +320,7 @@ def test_the_readme_steps_add_data_and_train_on_it_under_ddp(tmp_path: Path):
     assert summary["world_size"] == 2 and summary["test/acc"] >= 0.9, summary  # half the points are inside
     checkpoint = torch.load(results.parent / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["config"]["data"]["_target_"] == "my_data.CircleDataModule"
-    half = checkpoint["CircleDataModule"]["train_samples"] // 2  # the data module's saved place in its order
+    half = checkpoint["CircleDataModule"]["position"]["train_samples"] // 2  # the data module's place in its order
     rank0, rank1 = histories(results.parent)
     assert (rank0["rank"], rank1["rank"]) == (0, 1)
     assert rank0["epoch_samples"] == rank1["epoch_samples"] == [half] * summary["epochs"]

@@ -118,7 +118,7 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_neve
     checkpoint = torch.load(last, map_location="cpu", weights_only=True)
     steps_per_epoch = 14 // processes
     assert checkpoint["global_step"] == resumes_at
-    position = checkpoint["MNISTDataModule"]
+    position = checkpoint["MNISTDataModule"]["position"]
     assert (position["epoch"], position["batches_done"]) == (1, resumes_at - steps_per_epoch)
 
     check_ok(
@@ -150,7 +150,7 @@ def test_a_sigterm_in_an_epochs_closing_validation_keeps_that_epochs_training(
     last = stopped_dir / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == stopped_after
-    position = checkpoint["MNISTDataModule"]
+    position = checkpoint["MNISTDataModule"]["position"]
     assert (position["epoch"], position["batches_done"]) == (2, 0), "epoch 1 trained whole, epoch 2 next"
 
     resumed = run_module(

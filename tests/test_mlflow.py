@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from project.train import build
+from project.engine.build import build
 from tests.helpers import CONF_DIR, REPO, check_ok, free_port, read_json, run_module
 
 LOST_SERVER_WARNING = re.compile(r"^MLflow: \S+ failed; no more logging there, training goes on: ", re.MULTILINE)

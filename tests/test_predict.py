@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets
 
-from project.predict import as_class_predictions, gathered_shares, predict, split_images, write_outputs
+from project.example.predictions import Predictions, class_names
+from project.predict import gathered_shares, predict, write_predictions
 from tests.helpers import CONF_DIR, check_ok, mnist_overrides, one_rank_process_group, run_module
 
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -167,9 +168,10 @@ def test_a_data_module_of_your_own_gets_its_labels_as_class_names_and_no_mistake
             "predict", overrides=[f"ckpt_path={tmp_path / 'user.ckpt'}", "trainer=cpu", f"run_dir={tmp_path}"]
         )
 
-    outputs, datamodule = predict(cfg)
-    predictions = as_class_predictions(outputs, datamodule)
-    written = write_outputs(outputs, predictions, split_images(datamodule, cfg.split), tmp_path)
+    outputs, module, datamodule = predict(cfg)
+    written = write_predictions(outputs, module, datamodule, tmp_path)
+    probabilities, labels = outputs["0"], outputs["1"]
+    predictions = Predictions(labels, probabilities, class_names(datamodule, probabilities.shape[1]))
     assert predictions.labels.tolist() == [0, 1, 0, 1, 0, 1, 0, 1, 0]
     assert predictions.class_names == ("0", "1")
     assert [row["class"] for row in read_rows(tmp_path / "per_class.csv")] == ["0", "1"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
+    SRUN_TASK_ZERO,
     check_ok,
     histories,
     mnist_overrides,
@@ -212,8 +213,8 @@ def test_a_killed_rank_stops_the_whole_run(tmp_path: Path, mnist_root: Path, vic
         (["trainer=dp", "trainer.num_nodes=2"], {}, "trainer=dp runs in one process on one machine"),
         (
             ["trainer=slurm", "trainer.devices=2"],
-            {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train"},
-            "set trainer.devices=1",
+            SRUN_TASK_ZERO,  # a task of a two-node job, one task per node
+            "HINT: Set `devices=1`. (trainer.devices, trainer.num_nodes)",
         ),
         (["trainer.strategy=warp_drive"], {}, "trainer.strategy='warp_drive' is not a known strategy"),
     ],
@@ -259,3 +260,20 @@ def test_dp_strategy_fits_validates_tests_and_predicts_in_process(tmp_path: Path
     ]
     saved = trainer.strategy.lightning_module_state_dict()
     assert "network.layers.0.weight" in saved and not any(".module." in key for key in saved)
+
+
+def test_dp_refuses_compile_before_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """DataParallel's per-step copies of a network compiled in place would all run the original's compiled code."""
+    from hydra import compose, initialize_config_dir
+
+    from project.engine.build import build
+    from project.engine.errors import UserError
+    from tests.helpers import CONF_DIR
+
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # build seeds; later tests in this process must not inherit it
+        monkeypatch.setenv(name, "0")
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["trainer=dp", "compile=true", "logger=none", f"run_dir={tmp_path}"])
+    setup = build(cfg, tmp_path / "outputs")
+    with pytest.raises(UserError, match="compile=true with trainer=dp: DataParallel copies the network"):
+        setup.trainer.fit(setup.module, datamodule=setup.datamodule)

@@ -1,7 +1,7 @@
 """Switches that combine: every pair of config choices either builds a run or refuses in one `error:` line.
 
 (a) The switch axes below, composed pairwise (every value pair of every two axes in at least one combination, from
-a small greedy all-pairs generator), each built by `project.train.build` without training: fast.
+a small greedy all-pairs generator), each built by `project.engine.build.build` without training: fast.
 (b) The pairs where two features act only at run time (a strategy with a sweep, a resume, a precision or a config
 source; a schedule with a resume) trained as tiny runs, checking what they leave behind: slow.
 """
@@ -25,6 +25,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
+from project.engine.build import build
 from project.engine.ddp import HydraDDPStrategy
 from project.engine.errors import find_user_error
 from project.engine.history import HistoryCallback
@@ -32,7 +33,6 @@ from project.engine.run_config import run_config_of
 from project.example.data import MNISTDataModule, ToyDataModule
 from project.example.networks import DeepNeuralNetwork, NeuralNetwork
 from project.optional.dp.strategy import DataParallelStrategy
-from project.train import build
 from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule
 from tests.helpers import CONF_DIR, REPO, SRUN_TASK_ZERO, check_ok, histories, mnist_overrides, read_json, run_module
 

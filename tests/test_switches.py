@@ -17,11 +17,11 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine import run_dir
+from project.engine.build import build
 from project.engine.checkpoints import resume_path
 from project.engine.ddp import HydraJobLauncher, check_same_config_on_every_rank, differing_keys
 from project.engine.errors import UserError
 from project.engine.job import isolated_job
-from project.train import build
 from tests.helpers import (
     CONF_DIR,
     REPO,
@@ -157,8 +157,8 @@ def test_runs_typed_in_an_interactive_slurm_shell_do_not_share_the_jobs_director
 
 
 DP_UNDER_SLURM_ERROR = (
-    "error: trainer=dp runs one process per node but Slurm runs 2 task(s) per node: submit with "
-    "--ntasks-per-node=1 (or use trainer=slurm for one process per device)"
+    "error: trainer=dp runs in one process, but its launcher started 2: start one (under Slurm, --ntasks-per-node=1 on "
+    "one node), or use trainer=ddp (trainer=slurm) for one process per device"
 )
 
 

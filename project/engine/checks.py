@@ -1,7 +1,11 @@
-"""Checks of config values that would otherwise fail deep inside Lightning with an unclear message."""
+"""Checks of the engine's config values that would otherwise fail deep inside Lightning with an unclear message.
+
+What a module, a data module or a strategy takes is checked by each in its own constructor (the classifier's learning
+rate, MNIST's `val_size`, DataParallel's one process, FSDP's precision); `mistyped_value` names a value of the wrong
+type for any class, once its constructor has failed.
+"""
 
 import inspect
-import os
 import types
 import typing
 
@@ -13,8 +17,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.engine.errors import UserError
 from project.engine.run_config import command_line_overrides
-from project.optional.dp.strategy import DataParallelStrategy
-from project.optional.fsdp.strategy import FSDP_PRECISIONS, HydraFSDPStrategy
 
 
 def _is_int(value: object) -> bool:
@@ -32,14 +34,6 @@ def check_config(cfg: DictConfig) -> None:
     devices = cfg.trainer.get("devices")
     if _is_int(devices) and devices < 1 and devices != -1:
         raise UserError(f"trainer.devices must be a positive number of devices (or -1 for all), got {devices!r}")
-    learning_rate = cfg.model.get("optimizer", {}).get("lr")
-    if learning_rate is not None and not (isinstance(learning_rate, (int, float)) and learning_rate > 0):
-        raise UserError(f"model.optimizer.lr must be a number > 0, got {learning_rate!r}")
-    val_size = cfg.data.get("val_size")
-    if val_size is not None and not (_is_int(val_size) and val_size >= 0):
-        raise UserError(
-            f"data.val_size must be a whole number of images >= 0 (0: validate on the test set), got {val_size!r}"
-        )
     if str(cfg.trainer.get("precision")) in ("16-mixed", "16") and not torch.cuda.is_available():
         raise UserError(
             f"trainer.precision={cfg.trainer.precision} is float16 autocast, which needs a CUDA GPU (Lightning would "
@@ -48,17 +42,15 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.optimized_mode not in ("min", "max"):
         raise UserError(f"optimized_mode must be min or max, got {cfg.optimized_mode!r}")
     check_results_from(cfg)
-    check_compile(cfg)
-    check_fsdp_precision(cfg)
+    if not isinstance(cfg.get("compile", False), bool):
+        raise UserError(f"compile must be true or false, got {cfg.compile!r}")
     strategy = cfg.trainer.get("strategy", "auto")
     if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
         raise UserError(
-            f"trainer.strategy={strategy!r} is not a known strategy: pick a trainer config "
-            "(trainer=default|cpu|gpu|dp|ddp|ddp_spawn|fsdp|slurm) or one of Lightning's strategy names"
+            f"trainer.strategy={strategy!r} is not a known strategy: pick a trainer config (conf/trainer/) or one of "
+            "Lightning's strategy names"
         )
     check_added_keys()
-    check_multi_node_launch(cfg)
-    check_slurm_allocation(cfg)
 
 
 def check_added_keys() -> None:
@@ -75,16 +67,6 @@ def check_added_keys() -> None:
             )
 
 
-def under_srun() -> bool:
-    """Whether `srun` runs this process as one of a job's tasks (not a shell of `salloc` or `srun --pty bash`)."""
-    return "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
-
-
-def launched_on_every_node() -> bool:
-    """Whether a launcher that starts processes on every node (srun, torchrun) started this one."""
-    return under_srun() or "TORCHELASTIC_RUN_ID" in os.environ
-
-
 def targets_subclass_of(node: object, expected: type) -> bool:
     """Whether config `node` has a `_target_` naming `expected` or a subclass of it.
 
@@ -96,48 +78,6 @@ def targets_subclass_of(node: object, expected: type) -> bool:
         return issubclass(get_class(node._target_), expected)
     except (ImportError, ValueError):
         return False
-
-
-def is_data_parallel(cfg: DictConfig) -> bool:
-    """Whether `cfg.trainer` is DataParallel (`trainer=dp`): one process, whatever `devices` says."""
-    return targets_subclass_of(cfg.trainer.get("strategy"), DataParallelStrategy)
-
-
-def check_fsdp_precision(cfg: DictConfig) -> None:
-    """FSDP2 mixes precision by its own policy (trainer=fsdp's strategy), which is written for these two; Lightning
-    would accept others (bf16-true, 16-true) and train with weights that sharding does not expect."""
-    precision = str(cfg.trainer.get("precision"))
-    if targets_subclass_of(cfg.trainer.get("strategy"), HydraFSDPStrategy) and precision not in FSDP_PRECISIONS:
-        raise UserError(
-            f"trainer=fsdp trains in 32-true or bf16-mixed (FSDP2's mixed-precision policy), not "
-            f"trainer.precision={precision}: set trainer.precision=32-true or bf16-mixed"
-        )
-
-
-def check_multi_node_launch(cfg: DictConfig) -> None:
-    """More than one node needs each node's processes started there; otherwise rank 0 would wait for them forever."""
-    if is_data_parallel(cfg):
-        return  # one process on one machine: DataParallelStrategy refuses num_nodes > 1 itself, saying so
-    num_nodes = cfg.trainer.get("num_nodes", 1)
-    if _is_int(num_nodes) and num_nodes > 1 and not launched_on_every_node():
-        raise UserError(
-            f"trainer.num_nodes={num_nodes} but nothing starts the other nodes' processes: submit with "
-            "scripts/slurm/train.sbatch (srun, trainer=slurm), or run scripts/torchrun/train.sh on every node; "
-            "on this machine alone use trainer.num_nodes=1"
-        )
-
-
-def check_compile(cfg: DictConfig) -> None:
-    """`compile` is a switch, and DataParallel cannot take a network compiled in place: its per-step copies of the
-    network would all run the original's compiled code (`project.engine.networks`)."""
-    compiled = cfg.get("compile", False)
-    if not isinstance(compiled, bool):
-        raise UserError(f"compile must be true or false, got {compiled!r}")
-    if compiled and is_data_parallel(cfg):
-        raise UserError(
-            "compile=true with trainer=dp: DataParallel copies the network onto every GPU at each step, and the "
-            "copies would run the original's compiled code; use trainer=ddp with compile=true, or compile=false"
-        )
 
 
 def check_results_from(cfg: DictConfig) -> None:
@@ -158,31 +98,15 @@ def check_results_from(cfg: DictConfig) -> None:
         )
 
 
-def check_slurm_allocation(cfg: DictConfig) -> None:
-    """Under `srun`, the job's shape must be the config's: Lightning trusts Slurm for ranks and would hang or fail.
-
-    DataParallel (`trainer=dp`) is one process whatever its `devices`, so it needs one task per node.
-    """
-    if not under_srun():
-        return
-    tasks_per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-    if is_data_parallel(cfg):
-        if tasks_per_node.isdigit() and int(tasks_per_node) != 1:
-            raise UserError(
-                f"trainer=dp runs one process per node but Slurm runs {tasks_per_node} task(s) per node: "
-                "submit with --ntasks-per-node=1 (or use trainer=slurm for one process per device)"
-            )
-    elif tasks_per_node.isdigit() and int(tasks_per_node) != cfg.trainer.devices:
+def check_launched_on_every_node(trainer) -> None:
+    """More than one node needs each node's processes started there (srun, torchrun), or rank 0 would wait for them
+    forever. Asked of the built Trainer, whatever its strategy (the launcher is its cluster environment's to know)."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if trainer.num_nodes > 1 and not (environment is not None and environment.creates_processes_externally):
         raise UserError(
-            f"Slurm runs {tasks_per_node} task(s) per node (--ntasks-per-node) but trainer.devices="
-            f"{cfg.trainer.devices}: set trainer.devices={tasks_per_node} or submit with "
-            f"--ntasks-per-node={cfg.trainer.devices}"
-        )
-    nodes = os.environ.get("SLURM_NNODES", "")
-    if nodes.isdigit() and int(nodes) != cfg.trainer.num_nodes:
-        raise UserError(
-            f"Slurm gave the job {nodes} node(s) (--nodes) but trainer.num_nodes={cfg.trainer.num_nodes}: "
-            f"set trainer.num_nodes={nodes} or submit with --nodes={cfg.trainer.num_nodes}"
+            f"trainer.num_nodes={trainer.num_nodes} but nothing starts the other nodes' processes: start the run on "
+            "every node with a launcher that does (srun with trainer=slurm, torchrun), or use trainer.num_nodes=1 on "
+            "this machine alone"
         )
 
 

@@ -115,7 +115,10 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         Lightning's own child observer is not started: it outlives the job and, once a child of a finished job has
         been stopped, SIGKILLs the whole process, and with it the rest of a sweep.
         """
-        self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        try:  # the processes a launcher started (srun's tasks, torchrun's workers) against devices and num_nodes
+            self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        except ValueError as error:
+            raise UserError(f"{' '.join(str(error).split())} (trainer.devices, trainer.num_nodes)") from None
         if not self.cluster_environment.creates_processes_externally:
             ckpt_path = inspect.signature(function).bind(*args, **kwargs).arguments.get("ckpt_path")
             self._start_children(None if ckpt_path is None else str(ckpt_path))

@@ -9,7 +9,7 @@ last finite one. Gradients are read after DDP has averaged them, and under DDP t
 small all-gather there, none per step), so all stop together at the same step. The run then ends in one line (exit
 status 2) naming the step, its loss, and what to change.
 
-Both paths use it: the Lightning path through `DivergenceGuard` (added by `project.train.build`), the reference
+Both paths use it: the Lightning path through `DivergenceGuard` (added by `project.engine.build.build`), the reference
 loop directly; `stop_when_diverged=false` (conf/train.yaml) turns it off. Under float16 autocast with a gradient
 scaler, infinite gradients are the scaler's business (it skips the step and lowers the scale): only the loss counts.
 """

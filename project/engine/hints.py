@@ -1,50 +1,61 @@
-"""What a recipe knows of the data that a network may take (`network_hints`), given to the network only where its
-constructor names that argument.
+"""Config values a recipe offers a constructor only where it takes them (`hints`), and what a replaced `_target_`
+leaves out.
 
-A recipe such as experiment=image_folder_cnn knows the images' channels and size and counts the class folders, but
-`model=` may be any network: the project's CNN takes all three, torchvision's `ResNet` only `num_classes`, a network
-of your own perhaps none. Set as `model.network.<argument>`, each would fail a network without that argument
-("unexpected keyword argument"); listed under `network_hints`, each is given to the network whose constructor names
-it, over the model's YAML, unless the command line sets that argument itself (`model.network.num_classes=7`).
-Both paths build the network from the config this leaves (`project.train.build`, the reference loop's `build`), and
-the checkpoint stores it, so evaluation rebuilds the same network.
+`hints:` mirrors the config: each value under it is given to the `_target_` of the node at the same place, but only
+where that target's constructor names the argument, and unless the command line sets it itself. A recipe that knows
+the data (its channels, image size, number of classes) so fits any network: `experiment=image_folder_cnn` hints
+`model.network` with all three; the project's CNN takes them all, a torchvision ResNet swapped in by its `_target_`
+only `num_classes`, a network of your own perhaps none. Set on the network itself, each would fail a network without
+that argument ("unexpected keyword argument").
+
+A `_target_` replaced on the command line (`model.network._target_=torchvision.models.resnet18`,
+`model.optimizer._target_=torch.optim.AdamW`) keeps the other keys its node had, written for what it replaces (the
+CNN's `in_channels`, SGD's `momentum`): those the new target does not name are left out, and the run says which.
+Keys typed on the command line are kept.
+
+Every path that builds from the config applies these first (`project.engine.build`), and checkpoints store the
+config they leave, so evaluation rebuilds the same objects.
 """
 
 import inspect
+from pathlib import Path
 
 from hydra.utils import get_object
 from lightning.pytorch.utilities import rank_zero_info
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from project.engine.run_config import command_line_overrides, overridden_key
 
 
-def give_network_hints(cfg: DictConfig) -> None:
-    """Set `cfg.model.network.<name>` from `cfg.network_hints` for each name its `_target_`'s signature has, after
-    leaving out what the model's YAML gave a network or optimizer the command line replaced
-    (`leave_out_replaced_arguments`)."""
+def give_hints(cfg: DictConfig) -> None:
+    """Leave out what replaced `_target_`s do not take, then give each of `cfg.hints` where its target takes it."""
     typed = {overridden_key(override) for override in command_line_overrides()}
-    for part in ("optimizer", "network"):
-        node = cfg.model.get(part)
+    for key in sorted(typed):
+        path = key.removesuffix("._target_")
+        node = OmegaConf.select(cfg, path) if path != key else None
         if isinstance(node, DictConfig) and isinstance(node.get("_target_"), str):
-            leave_out_replaced_arguments(node, f"model.{part}", typed)
-    network = cfg.model.get("network")
-    if not isinstance(network, DictConfig) or not isinstance(network.get("_target_"), str):
-        return
-    taken = taken_arguments(get_object(network._target_))
-    with open_dict(network):
-        for name, value in (cfg.get("network_hints") or {}).items():
-            if name in taken and f"model.network.{name}" not in typed:
-                network[name] = value
+            leave_out_replaced_arguments(node, path, typed)
+    hints = cfg.get("hints")
+    if isinstance(hints, DictConfig):
+        give(cfg, hints, "", typed)
+
+
+def give(node: DictConfig, hints: DictConfig, path: str, typed: set[str]) -> None:
+    """Set, in `node` (at `path`), each of `hints` its `_target_` takes; nested hints go to nested nodes."""
+    target = node.get("_target_")
+    taken = taken_arguments(get_object(target)) if isinstance(target, str) else set()
+    for name, value in hints.items():
+        inner = node.get(name)
+        if isinstance(value, DictConfig) and isinstance(inner, DictConfig):
+            give(inner, value, f"{path}{name}.", typed)
+        elif name in taken and f"{path}{name}" not in typed:
+            with open_dict(node):
+                node[name] = value
 
 
 def leave_out_replaced_arguments(node: DictConfig, path: str, typed: set[str]) -> None:
-    """`model.network._target_=torchvision.models.resnet18` (or `model.optimizer._target_=torch.optim.AdamW`) keeps
-    the model YAML's other keys, written for what it replaces (the CNN's `in_channels`, SGD's `momentum`): those the
-    new class does not name are left out, and said so, rather than passed to it ("unexpected keyword argument").
-    Keys typed on the command line are kept."""
-    if f"{path}._target_" not in typed:
-        return
+    """The keys of `node` (whose `_target_` the command line replaced) that the new target does not name, left out
+    and said so (see the module docstring)."""
     kept = taken_arguments(get_object(node._target_)) | {"_target_", "_partial_"}
     kept |= {key.removeprefix(f"{path}.") for key in typed}
     replaced = [key for key in node if key not in kept]
@@ -53,8 +64,8 @@ def leave_out_replaced_arguments(node: DictConfig, path: str, typed: set[str]) -
             del node[key]
     if replaced:
         rank_zero_info(
-            f"{path}: {node._target_} names no {', '.join(replaced)} (set in the model's YAML for the one it "
-            f"replaces): left out; {path}.<key>=<value> gives it one"
+            f"{path}: {node._target_} names no {', '.join(replaced)} (set in the YAML for the one it replaces): left "
+            f"out; {path}.<key>=<value> gives it one"
         )
 
 
@@ -65,3 +76,14 @@ def taken_arguments(target: object) -> set[str]:
     except (TypeError, ValueError):  # a builtin without a signature
         return set()
     return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def subfolders(directory: str) -> int:
+    """`${subfolders:<dir>}`: the folders in `directory`; 0 where it does not exist yet (whatever reads it then says
+    so in one line)."""
+    folder = Path(directory)
+    return sum(path.is_dir() for path in folder.iterdir()) if folder.is_dir() else 0
+
+
+def register_resolvers() -> None:
+    OmegaConf.register_new_resolver("subfolders", subfolders, replace=True)

@@ -133,3 +133,11 @@ def first_dimensions(batch: object) -> Iterator[int]:
     elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         for item in dataclasses.fields(batch):
             yield from first_dimensions(getattr(batch, item.name))
+
+
+def summarise_history(run_dir: str, world_size: int) -> dict:
+    """Epochs, time and speed from rank 0's history file (written by every strategy, spawned workers included)."""
+    history_file = Path(run_dir) / "history.rank0.json"
+    if not history_file.is_file():  # callbacks=none: no history recorded
+        return TrainingHistory(world_size=world_size, fit_seconds=float("nan")).run_summary(run_dir)
+    return TrainingHistory.load(history_file).run_summary(run_dir)

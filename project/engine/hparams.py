@@ -13,14 +13,17 @@ values would put them first.
 
 from collections.abc import Iterable
 
+import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from torch.utils.tensorboard.summary import hparams
 from torch.utils.tensorboard.writer import FileWriter
 
 from project.engine.errors import in_sweep_job
+from project.engine.results import logged_metrics
 from project.engine.run_config import command_line_overrides, overridden_key
 
 
@@ -76,3 +79,28 @@ def names_under(keys: Iterable[str], names: Iterable[str]) -> set[str]:
     `model=cnn`) every name under `model/`; a choice with no key of its own (`experiment`) none."""
     prefixes = [key.replace(".", "/") for key in keys]
     return {name for name in names if any(name == prefix or name.startswith(f"{prefix}/") for prefix in prefixes)}
+
+
+def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:
+    """Every logger's table of runs (TensorBoard's HParams view, a tracker's runs table): the run's config beside its
+    final metrics, so runs and sweeps compare in one table, which in TensorBoard opens on the keys the run chose, the
+    optimised metric first.
+
+    The metrics get an `hp/` prefix: under their own names they would add a point to the per-epoch curves.
+    """
+    params = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("run_dir", "callbacks", "logger"):
+        params.pop(key, None)
+    metrics = {
+        f"hp/{name.replace('/', '_')}": value
+        for name, value in logged_metrics(results).items()
+        if isinstance(value, (int, float))
+    }
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            first = f"hp/{cfg.optimized_metric.replace('/', '_')}"
+            log_to_tensorboard(logger, params, metrics, first)
+        else:  # a tracker's runs table: the config as params, the results as metrics
+            logger.log_hyperparams({**params, "world_size": trainer.world_size})
+            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.save()

@@ -4,10 +4,6 @@
 named (`output`; `0`, `1`, ...; the dict's keys) and its batches are joined along the first dimension, so every
 output has one row per sample of the split. `predictions.pt` holds them all; `predictions.csv` one row per sample
 where every output is 1-D or 2-D (a column per value).
-
-Class scores are recognised as the classifier returns them: `(probabilities, labels)`, or a dict with
-`probabilities` and `labels`, a float `[N, classes]` and an integer `[N]`. `project.example.predictions` then adds the
-per-class table, the confusion matrix and the mistakes picture.
 """
 
 import csv
@@ -59,23 +55,6 @@ def interleave(shares: list[Outputs]) -> Outputs:
             joined_output[rank::ranks] = share[name]
         result[name] = joined_output
     return result
-
-
-def class_scores(outputs: Outputs) -> tuple[Tensor, Tensor] | None:
-    """(probabilities [N, classes], labels [N]) where the outputs are the classifier's kind, else None."""
-    for scores, labels in (("0", "1"), ("probabilities", "labels")):
-        if set(outputs) != {scores, labels}:
-            continue
-        probabilities, targets = outputs[scores], outputs[labels]
-        if (
-            probabilities.ndim == 2
-            and probabilities.is_floating_point()
-            and targets.ndim == 1
-            and not targets.is_floating_point()
-            and len(targets) == len(probabilities)
-        ):
-            return probabilities, targets
-    return None
 
 
 def write_table(outputs: Outputs, path: Path) -> bool:

@@ -10,28 +10,15 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-# The checkpoint's key for the names of the classes its network was trained to score, by label.
-CLASS_NAMES = "class_names"
-
 
 class RunConfigCallback(L.Callback):
-    """Writes `config` into every checkpoint as `checkpoint["config"]`, and the data's class names, where its data
-    module names them (`class_names`), as `checkpoint["class_names"]`: data given later to the checkpoint must name
-    the same classes in the same order (`project.evaluate`)."""
+    """Writes `config` into every checkpoint as `checkpoint["config"]`."""
 
     def __init__(self, config: dict) -> None:
         self.config = config
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint["config"] = self.config
-        names = class_names_of(trainer.datamodule)
-        if names:
-            checkpoint[CLASS_NAMES] = names
-
-
-def class_names_of(datamodule: object) -> list[str]:
-    """The data's class names, by label, as text; none where its data module names none (a user's own may not)."""
-    return [str(name) for name in getattr(datamodule, "class_names", None) or ()]
 
 
 def run_config_of(trainer: L.Trainer) -> dict | None:

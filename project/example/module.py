@@ -7,12 +7,14 @@ all processes when an epoch's numbers are computed, under every strategy.
 """
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import lightning as L
 import torch
 from torch import Tensor, nn
 
 from project.engine.errors import UserError
+from project.engine.predictions import Outputs
 from project.engine.schedules import build_schedule, check_resumable
 from project.example.metrics import ClassificationTotals
 
@@ -32,6 +34,9 @@ class ClassifierModule(L.LightningModule):
         scheduler: SchedulerFactory | None = None,
     ) -> None:
         super().__init__()
+        learning_rate = getattr(optimizer, "keywords", {}).get("lr")  # a partial's: torch checks it only when built
+        if learning_rate is not None and not (isinstance(learning_rate, (int, float)) and learning_rate > 0):
+            raise UserError(f"model.optimizer.lr must be a number > 0, got {learning_rate!r}")
         # No `save_hyperparameters()`: the entry point saves the whole Hydra config (which builds the network and
         # the partials) in every checkpoint (`project.engine.run_config`), and logs it to TensorBoard's HParams view.
         self.network = network
@@ -137,6 +142,13 @@ class ClassifierModule(L.LightningModule):
         """(class probabilities, labels) of one batch: what `project.predict` writes and draws."""
         inputs, labels = batch
         return torch.softmax(self(inputs).float(), dim=1), labels
+
+    def write_predictions(self, outputs: Outputs, datamodule: L.LightningDataModule, directory: Path) -> list[str]:
+        """`project.predict`'s files of a classifier: every sample's prediction, a per-class table, the confusion
+        matrix and, for images, the mistakes it was surest of (`project.example.predictions`); their names."""
+        from project.example.predictions import write_class_predictions  # (matplotlib: imported to predict only)
+
+        return write_class_predictions(outputs, datamodule, directory)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Remember the resumed run's schedule, for `configure_optimizers` to check that it fits this run.

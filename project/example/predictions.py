@@ -1,4 +1,5 @@
-"""What a set of predictions shows, written into a run dir: `project.predict` makes them, this writes them.
+"""What a classifier's predictions show, written into `project.predict`'s run dir (`ClassifierModule`'s
+`write_predictions`):
 
 - `predictions.csv`: one row per sample, in the split's order: index, label, predicted class, its probability;
 - `per_class.csv` and the table `per_class_table` prints: samples, correct and accuracy of every class;
@@ -12,9 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import torch
 from matplotlib.figure import Figure  # no pyplot: files only, no display needed (a cluster node has none)
 from torch import Tensor
+
+from project.engine.predictions import Outputs, write_table
+from project.engine.run_log import report
 
 MISTAKES_SHOWN = 16
 
@@ -128,3 +133,58 @@ def plot_confident_mistakes(predictions: Predictions, images: Callable[[int], Te
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     return len(shown)
+
+
+def class_scores(outputs: Outputs) -> tuple[Tensor, Tensor] | None:
+    """(probabilities [N, classes], labels [N]): `predict_step`'s `(probabilities, labels)`, or a dict with
+    `probabilities` and `labels` (a float `[N, classes]` and an integer `[N]`); None for outputs of another kind."""
+    for scores, labels in (("0", "1"), ("probabilities", "labels")):
+        if set(outputs) != {scores, labels}:
+            continue
+        probabilities, targets = outputs[scores], outputs[labels]
+        if (
+            probabilities.ndim == 2
+            and probabilities.is_floating_point()
+            and targets.ndim == 1
+            and not targets.is_floating_point()
+            and len(targets) == len(probabilities)
+        ):
+            return probabilities, targets
+    return None
+
+
+def write_class_predictions(outputs: Outputs, datamodule: L.LightningDataModule, directory: Path) -> list[str]:
+    """The files above for `predict_step`'s class scores and labels, in `directory`, and the per-class table printed;
+    their names. Outputs of another kind get the engine's table of them."""
+    scores = class_scores(outputs)
+    if scores is None:
+        return ["predictions.csv"] if write_table(outputs, directory / "predictions.csv") else []
+    probabilities, labels = scores
+    predictions = Predictions(labels, probabilities, class_names(datamodule, probabilities.shape[1]))
+    write_csv(predictions, directory / "predictions.csv")
+    write_per_class(predictions, directory / "per_class.csv")
+    plot_confusion_matrix(predictions, directory / "confusion_matrix.png")
+    written = ["predictions.csv", "per_class.csv", "confusion_matrix.png"]
+    split = getattr(datamodule, "predict_split", "test")
+    images = split_images(datamodule, split)
+    if images is not None and plot_confident_mistakes(predictions, images, directory / "most_confident_mistakes.png"):
+        written.append("most_confident_mistakes.png")
+    report(f"{split} split\n{per_class_table(predictions)}")
+    return written
+
+
+def class_names(datamodule: L.LightningDataModule, classes: int) -> tuple[str, ...]:
+    """The data module's names of its classes, or the labels as strings ("0", "1", ...) where it names none."""
+    names = getattr(datamodule, "class_names", ())  # a user's own data module may not name its classes
+    return tuple(str(name) for name in names) if names else tuple(str(label) for label in range(classes))
+
+
+def split_images(datamodule: L.LightningDataModule, split: str) -> Callable[[int], Tensor] | None:
+    """The split's image at an index, in [0, 1] for drawing (read when drawn: an image folder may not fit in
+    memory), or None when the data are no images: the toy points, or a dataset without an `image` method (uint8
+    `[channels, height, width]` at an index), as a user's own may be."""
+    dataset = getattr(datamodule, f"{split}_set", None)
+    image = getattr(dataset, "image", None)
+    if image is None or image(0) is None:
+        return None
+    return lambda index: image(index).float() / 255

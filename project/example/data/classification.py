@@ -41,6 +41,8 @@ class ClassificationDataModule(L.LightningDataModule):
         self.predict_split = "test"
         # Where a resumed checkpoint left the training order (`load_state_dict`); None: from the start.
         self.resume_at: TrainingPosition | None = None
+        # The class names of the checkpoint these data are given to (`load_state_dict`); None: not known.
+        self.trained_class_names: list[str] | None = None
 
     def loader(self, dataset: Dataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
         """A loader over `dataset`; `train` drops the last partial batch when configured to (`data.drop_last`)."""
@@ -54,8 +56,10 @@ class ClassificationDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """This process's training batches in the seeded order, from where a resumed checkpoint left it.
 
-        Refused when `drop_last` would leave no batch at all.
+        Refused when `drop_last` would leave no batch at all, and where a resumed checkpoint stopped part-way through
+        an epoch of another order.
         """
+        self.check_classes()
         processes, rank = self.processes()
         samples = -(-len(self.train_set) // processes)  # each process's share, as DistributedSampler pads it
         if self.drop_last and samples < self.batch_size:
@@ -66,7 +70,9 @@ class ClassificationDataModule(L.LightningDataModule):
             )
         sampler = self.train_sampler_class(self.train_set, self.seed, processes, rank)
         if self.resume_at is not None:
-            sampler.start_part_way(self.resume_at.epoch, self.resume_at.batches_done * self.batch_size)
+            saved = self.resume_at
+            saved.check_resumable_as(self.position(saved.epoch, saved.batches_done, processes))
+            sampler.start_part_way(saved.epoch, saved.batches_done * self.batch_size)
         return self.loader(self.train_set, sampler, train=True)
 
     def position(self, epoch: int, batches_done: int, processes: int) -> TrainingPosition:
@@ -82,23 +88,36 @@ class ClassificationDataModule(L.LightningDataModule):
         )
 
     def state_dict(self) -> dict:
-        """Where training stands in its order, which Lightning saves in every checkpoint it writes while fitting.
-
-        Lightning's count of batches trained in this epoch, not the loader's: it fetches one batch ahead.
-        """
+        """What every checkpoint keeps of the data (Lightning saves it): the names of its classes, which data given to
+        the checkpoint later must have, in the same order (labels are positions in that list); and, while fitting,
+        where training stands in its order: Lightning's count of the batches trained in this epoch, not the loader's
+        (it fetches one batch ahead)."""
+        state = {"class_names": [str(name) for name in self.class_names]} if getattr(self, "class_names", ()) else {}
         trainer = self.trainer
         if trainer is None or not hasattr(self, "train_set"):
-            return {}
+            return state
         epoch, done = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
         if done >= trainer.num_training_batches:  # the epoch is over: the next one starts from its beginning
             epoch, done = epoch + 1, 0
-        return asdict(self.position(epoch, done, self.processes()[0]))
+        return state | {"position": asdict(self.position(epoch, done, self.processes()[0]))}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume the training order at the checkpoint's position; a mid-epoch one must mean the same samples."""
-        saved = TrainingPosition(**state)
-        saved.check_resumable_as(self.position(saved.epoch, saved.batches_done, self.processes()[0]))
-        self.resume_at = saved
+        """Take a checkpoint's class names, and the training order's position to resume from (both checked as the
+        loaders are made: data of other classes, or a mid-epoch position in another order, is refused)."""
+        self.trained_class_names = state.get("class_names")
+        position = state.get("position")
+        self.resume_at = TrainingPosition(**position) if position else None
+
+    def check_classes(self) -> None:
+        """Refuse, before the first batch, data of other classes than the checkpoint it is given to was trained on:
+        labels are positions in that list, so a folder with other, fewer or renamed classes would be scored against
+        the wrong names, and the accuracy would be silently wrong."""
+        names = [str(name) for name in getattr(self, "class_names", ())]
+        if self.trained_class_names and names and names != self.trained_class_names:
+            raise UserError(
+                f"the data has the classes {names}, but the checkpoint was trained on {self.trained_class_names} "
+                "(labels are positions in that list): give data with the same classes"
+            )
 
     def evaluation_loader(self, dataset: Dataset, name: str) -> DataLoader:
         """A loader over all of `dataset`, or over this process's share when a multi-process Trainer runs it.
@@ -109,6 +128,7 @@ class ClassificationDataModule(L.LightningDataModule):
         samples r, r + N, r + 2N, ... and nothing twice. The shares may differ by a batch: the metric sums them once
         per epoch. Without a Trainer (the reference path) the loader covers the whole set.
         """
+        self.check_classes()
         trainer = self.trainer
         if trainer is None or trainer.world_size == 1:
             return self.loader(dataset)

@@ -132,6 +132,10 @@ class MNISTDataModule(InMemoryDataModule):
         drop_last: bool = False,
     ) -> None:
         super().__init__(batch_size=batch_size, seed=seed, drop_last=drop_last)
+        if not (isinstance(val_size, int) and not isinstance(val_size, bool) and val_size >= 0):
+            raise UserError(
+                f"data.val_size must be a whole number of images >= 0 (0: validate on the test set), got {val_size!r}"
+            )
         if name not in DATASETS:
             raise UserError(f"data.name={name!r} is not one of {', '.join(DATASETS)}")
         self.dataset_class, self.mean, self.std = DATASETS[name]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
@@ -22,6 +23,7 @@ from torch import Tensor
 from torch.nn import DataParallel, Module
 
 from project.engine.errors import UserError
+from project.engine.networks import CompileNetworks
 
 
 def under_callers_autocast(module: Callable[..., Any], device_type: str) -> Callable[..., Any]:
@@ -71,6 +73,28 @@ class DataParallelStrategy(ParallelStrategy):
                 f"trainer=dp runs in one process on one machine, so trainer.num_nodes must be 1 (got {num_nodes}); "
                 "for several nodes use trainer=slurm (or trainer=ddp)"
             )
+
+    def setup_environment(self) -> None:
+        """Refuses a launch of several processes (srun with more than one task): each would run DataParallel over
+        the same GPUs, and train the whole data on its own."""
+        environment = self.cluster_environment
+        processes = environment.world_size() if environment and environment.creates_processes_externally else 1
+        if processes != 1:
+            raise UserError(
+                f"trainer=dp runs in one process, but its launcher started {processes}: start one (under Slurm, "
+                "--ntasks-per-node=1 on one node), or use trainer=ddp (trainer=slurm) for one process per device"
+            )
+        super().setup_environment()
+
+    def setup(self, trainer: L.Trainer) -> None:
+        """Refuses `compile=true`: DataParallel copies the network onto every GPU at each step, and the copies would
+        run the original's compiled code (`project.engine.networks`)."""
+        if any(isinstance(callback, CompileNetworks) for callback in trainer.callbacks):
+            raise UserError(
+                "compile=true with trainer=dp: DataParallel copies the network onto every GPU at each step, and the "
+                "copies would run the original's compiled code; use trainer=ddp with compile=true, or compile=false"
+            )
+        super().setup(trainer)
 
     @property
     def root_device(self) -> torch.device:

@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import get_class
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -34,7 +35,7 @@ from project.engine.errors import UserError
 from project.engine.networks import networks_of
 from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish, remove
 
-# Trainer precisions FSDP2 trains in here; project.engine.checks refuses the others before training.
+# Trainer precisions FSDP2 trains in here; the others are refused as the Trainer is built.
 FSDP_PRECISIONS = ("32-true", "32", "bf16-mixed")
 
 
@@ -90,6 +91,19 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
     def __init__(self, layer_classes: list[str], timeout: timedelta | None = None, **kwargs: Any) -> None:
         super().__init__(timeout=timeout, **kwargs)
         self.layer_classes = tuple(get_class(path) for path in layer_classes)
+
+    @ModelParallelStrategy.precision_plugin.setter
+    def precision_plugin(self, precision_plugin: Precision | None) -> None:
+        """Refuses, as the Trainer is built, a precision other than those FSDP2's mixed-precision policy is written
+        for here (`mixed_precision_policy`): Lightning would take bf16-true or 16-true and train with weights that
+        sharding does not expect."""
+        precision = None if precision_plugin is None else str(precision_plugin.precision)
+        if precision is not None and precision not in FSDP_PRECISIONS:
+            raise UserError(
+                f"trainer=fsdp trains in 32-true or bf16-mixed (FSDP2's mixed-precision policy), not "
+                f"trainer.precision={precision}: set trainer.precision=32-true or bf16-mixed"
+            )
+        ModelParallelStrategy.precision_plugin.fset(self, precision_plugin)
 
     def setup_environment(self) -> None:
         self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1

@@ -20,7 +20,7 @@ reach that point with their RNGs in other states.) The training sampler hands ea
 (`EpochTaggedShuffleSampler`), since persistent workers keep their own copy of the dataset.
 
 Bad input ends in one line naming the file or folder: a split or class folder that is missing or empty, splits whose
-classes differ, an image that does not decode. `${class_folders:<root>}` counts the classes, for the network.
+classes differ, an image that does not decode. `${subfolders:<root>/train}` counts the classes, for the network.
 """
 
 from collections.abc import Callable, Iterator
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -42,19 +41,6 @@ from project.example.data.training_order import EpochShuffleSampler
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 # PIL's modes of more than 8 bits per grey pixel, which its own conversion to 8 bits clips instead of scaling.
 WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
-
-
-def register_resolvers() -> None:
-    """`${class_folders:<root>}`: the number of class folders in `<root>/train` (every entry point composes conf/
-    after importing `project`), so an image folder's network gets its number of classes from the folders."""
-    OmegaConf.register_new_resolver("class_folders", count_class_folders, replace=True)
-
-
-def count_class_folders(root: str) -> int:
-    """The class folders of `<root>/train`; 0 where there is no such folder yet (the data module then says so in
-    one line, when it sets up)."""
-    train = Path(root) / "train"
-    return sum(path.is_dir() for path in train.iterdir()) if train.is_dir() else 0
 
 
 def converted(image: Image.Image, mode: str) -> Image.Image:

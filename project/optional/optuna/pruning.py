@@ -1,9 +1,10 @@
 """Pruning a trial of an Optuna search from inside its training job, for any LightningModule.
 
 With `hydra.sweeper.pruner` set (conf/hparams_search/, hydra_plugins/resumable_optuna_sweeper/), each trial's job
-reports its `optimized_metric` to the study after every validation, and stops where the pruner says so. The job may
-run in another process than the sweeper (a Slurm job), so it goes through the study's storage, the trial found by
-its number, which is the job's number. Step N of the report is the trial's N-th validation (0 first), whatever the
+reports its `optimized_metric` to the study after every validation, and stops where the pruner says so, through
+`TrialPruning`, a callback the search's config adds (`callbacks.trial_pruning`). The job may run in another process
+than the sweeper (a Slurm job), so it goes through the study's storage, the trial found by its number, which is the
+job's number. Step N of the report is the trial's N-th validation (0 first), whatever the
 batch size, so trials of different batch sizes are compared at the same point: a pruner's `n_warmup_steps` counts
 validations.
 
@@ -14,42 +15,43 @@ Under DDP only rank 0 talks to the study; its decision is broadcast, so every ra
 """
 
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import optuna
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.trainer.states import TrainerFn
-from omegaconf import DictConfig
 
 from project.engine.errors import in_sweep_job
 from project.engine.sweeps import PRUNED_FILE
 
 
 class TrialPruning(L.Callback):
-    """Report `metric` to trial `trial_number` of the stored study at each validation end; stop where it is pruned.
+    """Reports `metric` to this job's trial of the stored study at each validation end, and stops the run where the
+    search's pruner (`hydra.sweeper.pruner`) says so; does nothing outside a search with a pruner.
 
-    `trial_number` is None on the ranks that rank 0 started (they only hear its decision); `run_dir` gets the mark."""
+    The ranks that rank 0 started (single runs of its job) only hear its decision; `run_dir` gets the mark."""
 
-    def __init__(
-        self, storage: str, study_name: str, pruner: Any, trial_number: int | None, metric: str, run_dir: str
-    ) -> None:
-        self.storage, self.study_name, self.pruner = storage, study_name, pruner
-        self.trial_number, self.metric, self.run_dir = trial_number, metric, run_dir
+    def __init__(self, metric: str, run_dir: str) -> None:
+        self.metric, self.run_dir = metric, run_dir
+        sweeper = HydraConfig.get().sweeper if HydraConfig.initialized() else {}
+        self.active = sweeper.get("pruner") is not None
+        self.sweeper = sweeper
         self.validations = 0
         self.trial: optuna.Trial | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit" or not trainer.is_global_zero or self.trial_number is None:
+        if stage != "fit" or not self.active or not trainer.is_global_zero or not in_sweep_job():
             return
-        storage = optuna.storages.RDBStorage(self.storage)
-        study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=instantiate(self.pruner))
-        study_id = storage.get_study_id_from_name(self.study_name)
-        self.trial = optuna.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, self.trial_number))
+        storage = optuna.storages.RDBStorage(self.sweeper.storage)
+        study_name = self.sweeper.study_name
+        study = optuna.load_study(study_name=study_name, storage=storage, pruner=instantiate(self.sweeper.pruner))
+        study_id = storage.get_study_id_from_name(study_name)
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, HydraConfig.get().job.num)
+        self.trial = optuna.Trial(study, trial_id)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:  # not `validate` after fit
+        if not self.active or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:  # not `validate`
             return
         pruned = False
         value = trainer.callback_metrics.get(self.metric)
@@ -72,18 +74,3 @@ class TrialPruning(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         self.validations = state_dict["validations"]
-
-
-def trial_pruning(cfg: DictConfig) -> list[L.Callback]:
-    """The pruning callback where this run is (a rank of) a trial of a search with a pruner; none otherwise."""
-    if not HydraConfig.initialized():
-        return []
-    sweeper = HydraConfig.get().sweeper
-    if sweeper.get("pruner") is None:
-        return []
-    trial_number = HydraConfig.get().job.num if in_sweep_job() else None
-    return [
-        TrialPruning(
-            sweeper.storage, sweeper.study_name, sweeper.pruner, trial_number, cfg.optimized_metric, cfg.run_dir
-        )
-    ]

@@ -169,6 +169,11 @@ def main(cfg: DictConfig) -> None:
         f"project.optional.reference.{script}",
     ]
     check_config(cfg)
+    if cfg.trainer.get("num_nodes", 1) != 1:
+        raise UserError(
+            f"trainer.num_nodes={cfg.trainer.num_nodes}: compare runs both sides on this one machine; compare with "
+            "trainer.num_nodes=1 (and trainer.devices processes)"
+        )
     require_the_classifier(cfg)
     require_what_the_reference_mirrors(cfg)
     require_history_and_checkpoint(cfg)

@@ -34,7 +34,7 @@ from torch.utils.tensorboard import SummaryWriter
 from project.engine.checks import targets_subclass_of
 from project.engine.divergence import DivergenceWatch, first_learning_rate
 from project.engine.errors import RunStopped, UserError
-from project.engine.hints import give_network_hints
+from project.engine.hints import give_hints
 from project.engine.history import TrainingHistory
 from project.engine.rank_agreement import DeferredAgreement
 from project.engine.results import format_results_table, save_results
@@ -211,7 +211,7 @@ def build(
     parameters, which sharding replaces."""
     require_the_classifier(cfg)
     require_what_the_reference_mirrors(cfg)
-    give_network_hints(cfg)
+    give_hints(cfg)
     torch.manual_seed(cfg.seed)
     datamodule: ClassificationDataModule = instantiate(cfg.data)
     datamodule.prepare_data()
