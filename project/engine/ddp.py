@@ -215,7 +215,7 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
 class HydraJobRanks:
     """What a multi-process strategy of this project adds to Lightning's: `HydraJobLauncher` for the processes it
     starts itself, and SIGTERM that stops every rank at one same step. Mixed in before the Lightning strategy
-    (`HydraDDPStrategy`, and `project.optional.fsdp.strategy.HydraFSDPStrategy`).
+    (`HydraDDPStrategy`, and trainer=fsdp's).
 
     Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
     MASTER_ADDR) end with one line saying so, instead of torch's store error, and so does a MASTER_PORT that another
@@ -277,8 +277,8 @@ class HydraJobRanks:
         Lightning's own SIGTERM handler broadcasts to the other ranks from inside the signal handler, which can run
         on top of another collective (a metric's sync) while the other ranks are elsewhere: the run then hangs until
         the process group's timeout. And Lightning's loops stop wherever a rank sees its flag (after a step, after an
-        epoch, in validation), so ranks signalled a moment apart stop at different points, and the SIGTERM checkpoint
-        (`project.optional.mid_epoch.checkpoint`), which all ranks write together, would hang too. So the handler only
+        epoch, in validation), so ranks signalled a moment apart stop at different points, and a SIGTERM checkpoint
+        (callbacks.mid_epoch_checkpoint), which all ranks write together, would hang too. So the handler only
         notes the signal (`sigterm_pending`); the ranks agree on it between training batches (`on_train_batch_start`),
         and Lightning's flag is set there, on every rank at once: all stop after the same batch. Between fit and test,
         and after test, `project.engine.job.stop_if_signalled` asks once more. (The handler

@@ -7,13 +7,13 @@ are put back as they were.
 
 A job that ends early is reported by what happened first, in one line (`project.engine.errors`):
 - SIGTERM (what Slurm, Kubernetes and `timeout` send): Lightning stops after the step it is in and raises its
-  `SIGTERMException`, a `SystemExit` that would end the process with status 0; `last.ckpt` is written at that step
-  (`project.optional.mid_epoch.checkpoint`), and here it is a `RunStopped`, exit 143, naming the file to resume from.
+  `SIGTERMException`, a `SystemExit` that would end the process with status 0 (a mid-epoch checkpoint callback writes
+  `last.ckpt` at that step); here it is a `RunStopped`, exit 143, naming the file to resume from.
 - Ctrl-C: Lightning stops the run and calls `sys.exit(1)`; here it is a `RunStopped`, exit 130, naming it too.
 - a DDP child that died first: rank 0's own error (a broken collective) is its consequence, so the child's death
   is the line reported, unless rank 0 has a user error of its own to report (the same one the child died of).
 - another rank lost mid-run where a launcher started the ranks (torchrun, srun): the broken collective is one line
-  here, exit 1; the launcher, which saw the rank end, names it (project.optional.torchrun.launcher does).
+  here, exit 1; the launcher, which saw the rank end, names it.
 - a rank that went silent (stopped, hung) for the whole `trainer.strategy.timeout`: the other ranks' collective
   times out, and each names the silent rank (`project.engine.peers`) and the key that sets the wait, exit 1.
 - a DataLoader worker process that died (killed, or out of memory): torch's line, with how to resume, exit 1.

@@ -4,9 +4,9 @@ A flag one rank sets (its SIGTERM, its clock) must change what every rank does a
 ways and the next collective hangs. An all-reduce of the flags on the training device at every step would agree, but
 on GPUs it makes the CPU wait for the device each step, which then idles while the next step is queued. So the flags
 travel on a small gloo (CPU) group of their own, asynchronously: the all-reduce a rank starts at one step is read at
-its next, and the ranks act one step later than a synchronous agreement would, all at the same step. Both paths use
-it: the Lightning strategies (`project.engine.ddp`), `project.optional.mid_epoch.checkpoint` and the reference
-loop (`project.optional.reference.loop`).
+its next, and the ranks act one step later than a synchronous agreement would, all at the same step. The Lightning
+strategies agree on SIGTERM with it (`project.engine.ddp`); a mid-epoch checkpoint's clock, and a hand-written loop,
+can use it too.
 """
 
 from collections.abc import Sequence

@@ -3,6 +3,7 @@
 A first run should show the config, the progress and the results: a warning a user can do nothing about teaches
 them to skip warnings, and the one that matters is then missed. Each entry names where it comes from and what ends
 it upstream, so that it goes when the pins in pyproject.toml move past that. Anything not listed here still prints.
+An optional part silences what only it causes, with `DropMessages`, where it is imported.
 """
 
 import logging
@@ -41,14 +42,6 @@ LOG_MESSAGES = (
         r"No CUDA runtime is found, using CUDA_HOME=",
         "printed by torch.compile's C++ compiler set-up (compile=true) on every machine without a GPU",
         "torch/utils/cpp_extension.py, any version so far",
-    ),
-    (
-        "urllib3.connectionpool",
-        # "Retrying (Retry(total=1, ...)) after connection broken by '...': /api/2.0/mlflow/runs/log-batch"
-        r"Retrying \(.*: /api/[\d.]+/mlflow",
-        "a line per retry of a request to an MLflow server (logger=mlflow), which ends in the one warning of "
-        "project/optional/mlflow/logger.py or in nothing when a retry got through",
-        "urllib3/connectionpool.py, any version so far",
     ),
 )
 

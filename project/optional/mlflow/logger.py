@@ -4,8 +4,8 @@ Lightning's logger raises on the first request that fails, and MLflow's HTTP cli
 backoff for minutes first (7 retries, a 120 s timeout each): a tracking server lost mid-run would stall, then stop,
 the training. Here the client gives up after `request_max_retries` retries of at most `request_timeout` seconds, and
 the first failure ends this logger's logging with one warning: training, checkpoints and results go on as without it.
-urllib3's own line per retry of an MLflow request is dropped (`project.engine.upstream_noise`): the retries end in that
-warning, or in nothing when one of them got through.
+urllib3's own line per retry of an MLflow request is dropped: the retries end in that warning, or in nothing when one
+of them got through.
 """
 
 import logging
@@ -22,8 +22,12 @@ from lightning.pytorch.utilities import rank_zero_only
 from mlflow.exceptions import MlflowException
 
 from project.engine.errors import UserError, in_sweep_job
+from project.engine.upstream_noise import DropMessages
 
 log = logging.getLogger(__name__)
+# "Retrying (Retry(total=1, ...)) after connection broken by '...': /api/2.0/mlflow/runs/log-batch", a line per retry
+# (urllib3/connectionpool.py, any version so far).
+logging.getLogger("urllib3.connectionpool").addFilter(DropMessages([r"Retrying \(.*: /api/[\d.]+/mlflow"]))
 LOCAL_STORE_PREFIX = "sqlite:///"
 
 
