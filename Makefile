@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-fast coverage bench lint tensorboard system-deps slurm-up slurm-down data-fashion-mnist clean
+.PHONY: train test test-fast coverage bench lint tensorboard remove-part system-deps data-fashion-mnist clean
 
 # The venv is rebuilt when pyproject.toml changes. torch/torchvision are pinned to a pair known to import together.
 $(STAMP): pyproject.toml
@@ -37,14 +37,11 @@ lint: $(STAMP)
 tensorboard: $(STAMP)  ## serve every run under outputs/ on http://127.0.0.1:6006
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port 6006
 
+remove-part: $(STAMP)  ## delete an optional part and all its files: PART=<name> (project/optional/parts.yaml lists them)
+	$(BIN)/python scripts/remove_part.py $(PART)
+
 system-deps:  ## root only: Debian's Fashion-MNIST, Slurm and Chromium packages (real-data, Slurm and browser tests)
 	bash scripts/system-deps.sh
-
-slurm-up:  ## root only: a local two-node Slurm cluster for the Slurm tests (then: source /tmp/project-local-slurm/env)
-	bash scripts/slurm/local_cluster.sh up 2
-
-slurm-down:  ## root only: stop the local Slurm cluster and remove everything it set up
-	bash scripts/slurm/local_cluster.sh down
 
 data-fashion-mnist:  ## link Debian's Fashion-MNIST into data/ so `data=fashion_mnist` finds it offline
 	@test -d $(FASHION_MNIST_DEBIAN) || { echo "$(FASHION_MNIST_DEBIAN) is missing: run 'make system-deps' as root"; exit 1; }
@@ -53,3 +50,6 @@ data-fashion-mnist:  ## link Debian's Fashion-MNIST into data/ so `data=fashion_
 
 clean:  ## remove the venv (runs under outputs/ are kept)
 	rm -rf $(VENV)
+
+# The optional Slurm part's targets (slurm-up, slurm-down), gone with it.
+-include scripts/slurm/slurm.mk

@@ -15,6 +15,7 @@ chunks of 25 steps gave the same medians within the noise (0.91, 0.93, 0.96 in t
 """
 
 import random
+import statistics
 import time
 from collections.abc import Callable, Iterable
 
@@ -24,6 +25,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets, transforms
 
+from bench.plots import Panel
+from bench.report import Row, ratio_cell
 from bench.settings import Settings
 from bench.timing import paired_ratio
 from bench.training_runs import compose_config, load_datamodule, train_step
@@ -108,3 +111,18 @@ def run(settings: Settings, recipe: list[str], scratch) -> dict:
             name: paired_ratio(seconds["compute only"], times).as_dict() for name, times in seconds.items()
         },
     }
+
+
+def rows(result: dict) -> list[Row]:
+    table = []
+    for path, spread in result["throughput_vs_limit"].items():
+        if path != "compute only":
+            rate = statistics.median(result["samples_per_second"][path])
+            goal = ", goal >= 0.90" if path.startswith("datamodule") else ""
+            table.append((f"data: {path} / compute-only limit", ratio_cell(spread), f"{rate:,.0f} samples/s{goal}"))
+    return table
+
+
+def panels(result: dict) -> list[Panel]:
+    """The throughput figure's panel of the data paths (training steps only)."""
+    return [Panel("Data paths: one training epoch", "samples / s", result["samples_per_second"])]

@@ -8,6 +8,7 @@ preceded by a few untimed warm-up steps.
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -15,10 +16,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from hydra.utils import instantiate
+from matplotlib.figure import Figure
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from bench.plots import bars
+from bench.report import Row, ratio_cell
 from bench.settings import Settings
 from bench.timing import paired_ratio
 from bench.training_runs import compose_config, load_datamodule, train_step
@@ -95,3 +99,23 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         },
         "two_vs_one": {name: paired_ratio(one, times).as_dict() for name, times in two.items()},
     }
+
+
+def rows(result: dict) -> list[Row]:
+    return [
+        (f"DDP: 2 processes / 1, {name}", ratio_cell(spread), "gloo, 1 thread per rank")
+        for name, spread in result["two_vs_one"].items()
+    ]
+
+
+def draw(result: dict, out: Path, stem: str) -> list[Path]:
+    """`<stem>-ddp-scaling.png`: samples/s of each configuration, against twice one process's."""
+    rates = result["samples_per_second"]
+    figure = Figure(figsize=(7, 3.5), layout="constrained")
+    axes = figure.subplots()
+    bars(axes, list(rates), list(rates.values()), "gloo DDP on the CPU (one epoch)", "samples / s (all ranks)")
+    axes.axvline(2 * statistics.median(rates["1 process"]), color="grey", linestyle="--", label="2 × one process")
+    axes.legend(loc="lower right")
+    path = out / f"{stem}-ddp-scaling.png"
+    figure.savefig(path)
+    return [path]

@@ -21,6 +21,7 @@ import lightning as L
 import torch
 from torch.distributed.tensor import DTensor
 
+from bench.report import Row
 from bench.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,3 +126,25 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         "bytes_per_rank": bytes_per_rank,
         "samples_per_second": samples_per_second,
     }
+
+
+def rows(result: dict) -> list[Row]:
+    mb = {
+        strategy: [{part: n / 2**20 for part, n in rank.items()} for rank in ranks]
+        for strategy, ranks in result["bytes_per_rank"].items()
+    }
+    width = result["width"]
+    table = []
+    for part in ("weights", "gradients", "optimizer"):
+        ddp, sharded = (mb[strategy][0][part] for strategy in ("ddp", "fsdp"))
+        note = f"rank 0, 2 processes, MLP 784-{width}-{width}-{width}-10; ddp {ddp:.1f} MB"
+        table.append((f"fsdp / ddp: per-rank {part}", f"{sharded / ddp:.2f}", f"{sharded:.1f} MB; {note}"))
+    peaks = {strategy: [rank["peak_resident"] for rank in ranks] for strategy, ranks in mb.items()}
+    ddp, sharded = max(peaks["ddp"]), max(peaks["fsdp"])
+    note = "ranks 0, 1: " + "; ".join(f"{s} {a:.0f}, {b:.0f} MB" for s, (a, b) in peaks.items()) + " (Linux VmHWM)"
+    table.append(("fsdp / ddp: per-rank peak resident memory", f"{sharded / ddp:.2f}", note))
+    rate = result["samples_per_second"]
+    steps = f"2 ranks, steps timed after warm-up: {result['timed_steps']}"
+    note = f"fsdp {rate['fsdp']:,.0f}, ddp {rate['ddp']:,.0f} samples/s; {steps}"
+    table.append(("fsdp / ddp: training samples/s", f"{rate['fsdp'] / rate['ddp']:.2f}", note))
+    return table

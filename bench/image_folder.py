@@ -13,6 +13,7 @@ The loader keeps ahead of the CNN when its samples/s alone exceed the training's
 (`loader_vs_training` > 1); `datamodule_vs_plain` is what the data module's own work costs on top of decoding.
 """
 
+import statistics
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
+from bench.report import Row, ratio_cell
 from bench.settings import Settings
 from bench.timing import all_units, interleave, paired_ratio
 from bench.training_runs import compose_config, lightning_fit, load_datamodule
@@ -98,3 +100,27 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         "loader_vs_training": paired_ratio(training[WORKERS], seconds["data module"]).as_dict(),
         "two_workers_vs_none": paired_ratio(training[0], training[WORKERS]).as_dict(),
     }
+
+
+def rows(result: dict) -> list[Row]:
+    rate = {name: statistics.median(values) for name, values in result["samples_per_second"].items()}
+    workers = result["workers"]
+    training = f"training, {workers} workers"
+    return [
+        (
+            f"image folder: data module / plain decode, {workers} workers",
+            ratio_cell(result["datamodule_vs_plain"]),
+            f"{rate['data module']:,.0f} vs {rate['plain decode']:,.0f} samples/s",
+        ),
+        (
+            f"image folder: loader / CNN training, {workers} workers",
+            ratio_cell(result["loader_vs_training"]),
+            f"CNN trains {rate[training]:,.0f} samples/s; > 1: the loader keeps ahead",
+        ),
+        (
+            f"image folder: CNN training, {workers} workers / 0",
+            ratio_cell(result["two_workers_vs_none"]),
+            f"epoch's steps {result['seconds'][training]['median']:.1f} s vs "
+            f"{result['seconds']['training, 0 workers']['median']:.1f} s ({result['training_images']:,} images)",
+        ),
+    ]

@@ -19,11 +19,15 @@ import statistics
 from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure
 
+from bench.plots import Panel
 from bench.profile_costs import ProfileTraining
+from bench.reference_runs import reference_fit
+from bench.report import Row, ratio_cell
 from bench.settings import Settings
 from bench.timing import all_units, interleave, paired_ratio
-from bench.training_runs import FitRecord, compose_config, lightning_fit, load_datamodule, reference_fit
+from bench.training_runs import FitRecord, compose_config, lightning_fit, load_datamodule
 
 LARGER_BATCH = 512
 VARIANTS = {
@@ -112,3 +116,64 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         "profile_ms_per_step": profiler.milliseconds_per_step(steps),
         "hook_calls_per_step": profiler.hook_calls_per_step(steps),
     }
+
+
+def comparison_rows(result: dict, label: str) -> list[Row]:
+    """The rows of `compare_to_reference`'s result, each variant's named `<label> <variant>`."""
+    table = []
+    for variant, spread in result["throughput_vs_reference"].items():
+        goal = ", goal >= 0.90" if variant == "default" else ""
+        note = f"{result['extra_ms_per_step'][variant]:+.2f} ms per step{goal}"
+        table.append((f"{label} {variant} / reference", ratio_cell(spread), note))
+    if "default_vs_bare" in result:
+        table.append((f"{label} default / bare", ratio_cell(result["default_vs_bare"]), "goal >= 0.95"))
+    for key, larger in result.items():
+        if key.startswith("batch_"):
+            note = f"{larger['steps_per_epoch']} steps per epoch"
+            spread = larger["throughput_vs_reference"]["default"]
+            table.append((f"{label} default / reference, {key.replace('_', ' ')}", ratio_cell(spread), note))
+    return table
+
+
+def comparison_panel(result: dict, label: str, title: str) -> Panel:
+    """The throughput figure's panel of `compare_to_reference`'s result: training steps/s of whole epochs."""
+    steps = result["steps_per_epoch"]
+    rates = {
+        name if name == "reference" else f"{label} {name}": [steps / seconds for seconds in times["samples"]]
+        for name, times in result["epoch_seconds"].items()
+    }
+    return Panel(title, "training steps / s", rates)
+
+
+def rows(result: dict) -> list[Row]:
+    return comparison_rows(result, "Lightning")
+
+
+def details(result: dict) -> list[str]:
+    """Under the table: the profiled epoch's self time per training step, part by part, and the hooks per step."""
+    costs = result["profile_ms_per_step"]
+    total = sum(costs.values())
+    lines = ["Lightning default, one profiled epoch, self time per training step (cProfile):"]
+    lines += [f"  {part:<54}{ms:6.2f} ms  {ms / total:4.0%}" for part, ms in costs.items()]
+    lines += [f"  calls per step: {label} {count:.1f}" for label, count in result["hook_calls_per_step"].items()]
+    return lines
+
+
+def panels(result: dict) -> list[Panel]:
+    return [comparison_panel(result, "Lightning", "Training paths: epochs with validation")]
+
+
+def draw(result: dict, out: Path, stem: str) -> list[Path]:
+    """`<stem>-loss-vs-time.png`: the training loss of Lightning's default path and of the reference loop."""
+    curves = result["loss_curves"]
+    if not curves["lightning"]["loss"]:
+        return []
+    figure = Figure(figsize=(7, 4), layout="constrained")
+    axes = figure.subplots()
+    axes.plot(curves["lightning"]["seconds"], curves["lightning"]["loss"], label="Lightning (default)", alpha=0.7)
+    axes.plot(curves["reference"]["seconds"], curves["reference"]["loss"], label="reference loop", alpha=0.7)
+    axes.set(xlabel="seconds since training started", ylabel="training loss per step", title="Same steps, two paths")
+    axes.legend()
+    path = out / f"{stem}-loss-vs-time.png"
+    figure.savefig(path)
+    return [path]

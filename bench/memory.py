@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.report import Row
 from bench.settings import Settings
 from bench.startup import BARE_IMPORTS
 from bench.training_runs import compose_config, load_datamodule
@@ -59,3 +60,12 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         "images": sum(len(split) for split in splits),
         "images_mb": {"uint8": pixels / 2**20, "float32": 4 * pixels / 2**20},
     }
+
+
+def rows(result: dict) -> list[Row]:
+    peak, images = result["peak_rss_mb"], result["images_mb"]
+    note = (
+        f"{result['samples_per_second']:,.0f} samples/s; bare imports {peak['imports']:.0f} MB; "
+        f"{result['images']:,} images held in {images['uint8']:.0f} MB (float32: {images['float32']:.0f} MB)"
+    )
+    return [("memory: peak RSS, recipe 1 epoch", f"{peak['train']:6.0f} MB", note)]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from bench.report import Row
 from bench.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,3 +83,20 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         "seconds_per_step": seconds_per_step,
         "seconds_trained_again_with_epoch_end_checkpoints_only": position["batches_done"] * seconds_per_step,
     }
+
+
+def rows(result: dict) -> list[Row]:
+    where = (
+        f"step {result['stopped_after_step']}: epoch {result['epoch']}, batch {result['batches_done']} "
+        f"of {result['steps_per_epoch']}; last.ckpt {result['checkpoint_mb']:.1f} MB"
+    )
+    again = result["steps_trained_again_with_epoch_end_checkpoints_only"]
+    seconds = result["seconds_trained_again_with_epoch_end_checkpoints_only"]
+    return [
+        ("preemption: SIGTERM to exit, checkpoint written", f"{result['stop_seconds']:6.2f} s", where),
+        (
+            "preemption: steps the resumed run trains again",
+            f"{result['steps_trained_again']:6d}",
+            f"with epoch-end checkpoints only: {again} ({seconds:.1f} s)",
+        ),
+    ]

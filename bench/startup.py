@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.report import Row, ratio_cell
 from bench.settings import Settings
 from bench.timing import all_units, interleave, paired_ratio
 
@@ -22,7 +23,8 @@ def timed(command: list[str]) -> list[float]:
     return [time.perf_counter() - start]
 
 
-def run(settings: Settings, scratch: Path) -> dict:
+def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
+    """(The toy default: `recipe` is not used.)"""
     run_dirs = (scratch / f"run{number}" for number in range(settings.repeats))
     seconds = interleave(
         {
@@ -35,3 +37,9 @@ def run(settings: Settings, scratch: Path) -> dict:
         "seconds": {name: all_units(times).as_dict() for name, times in seconds.items()},
         "train_vs_imports": paired_ratio(seconds["train"], seconds["imports"]).as_dict(),
     }
+
+
+def rows(result: dict) -> list[Row]:
+    seconds = result["seconds"]
+    note = f"train {seconds['train']['median']:.1f} s, imports {seconds['imports']['median']:.1f} s, goal <= 1.5"
+    return [("start-up: project.train toy / bare imports", ratio_cell(result["train_vs_imports"]), note)]

@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from bench.report import Row
 from bench.settings import Settings
 from bench.training_runs import compose_config, lightning_fit, load_datamodule
 from project.example.data import InMemoryDataset
@@ -77,3 +78,13 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         **{f"to_{round(target * 100)}": first_reaching(probe.points, target) for target in TARGETS},
         "best": best,
     }
+
+
+def rows(result: dict) -> list[Row]:
+    table = []
+    for key, what in (("to_85", "85 %"), ("to_88", "88 %"), ("best", "best")):
+        point = result[key]
+        cell = "not reached" if point is None else f"{point['test_acc'] * 100:6.2f} %"
+        note = "" if point is None else f"epoch {point['epoch']}, {point['seconds']:.1f} s of training"
+        table.append((f"accuracy: {what} (test, {result['max_epochs']} epochs)", cell, note))
+    return table

@@ -1,9 +1,9 @@
-"""The project's two training paths on one composed config, timed epoch by epoch.
+"""The Lightning path on a composed config, timed epoch by epoch, and what every suite shares to run it.
 
 `lightning_fit` builds what `python -m project.train` builds from a config (module, callbacks, loggers, Trainer)
-and fits it; `reference_fit` runs the loop of `python -m project.optional.reference.single`. Both record when each epoch
-starts and each training step ends, and both take an already loaded datamodule, so that data loading stays out
-of the clock and every run of a suite sees the same tensors.
+and fits it, recording when each epoch starts and each training step ends (a `Clock`, which another loop can fill
+too). It takes an already loaded datamodule, so that data loading stays out of the clock and every run of a suite
+sees the same tensors.
 """
 
 import logging
@@ -24,9 +24,8 @@ from torch import Tensor, nn
 
 import project  # noqa: F401  (registers the resolvers conf/ uses)
 from project.engine.build import build as build_lightning
-from project.engine.history import HistoryCallback, TrainingHistory
+from project.engine.history import HistoryCallback
 from project.example.data import InMemoryDataModule, InMemoryDataset
-from project.optional.reference.loop import Trainer, build
 
 CONF_DIR = Path(project.__file__).resolve().parents[1] / "conf"
 
@@ -77,25 +76,6 @@ class EpochClock(L.Callback):
         self.clock.end = time.perf_counter()
 
 
-class ClockedTrainer(Trainer):
-    """The reference loop, unchanged, with the same timestamps as `EpochClock`."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.clock = Clock()
-
-    def _run_epoch(self, loader) -> dict[str, float]:
-        self.clock.epoch_starts.append(time.perf_counter())
-        return super()._run_epoch(loader)
-
-    def _run_batch(
-        self, inputs: torch.Tensor, labels: torch.Tensor, batch_index: int, steps: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        result = super()._run_batch(inputs, labels, batch_index, steps)
-        self.clock.step_ends.append(time.perf_counter())
-        return result
-
-
 @dataclass
 class FitRecord:
     """One timed fit: its clock and per-step training losses (empty where no history was recorded)."""
@@ -139,12 +119,3 @@ def lightning_fit(
         setup.trainer.fit(setup.module, datamodule=datamodule)
     histories = [callback.history for callback in setup.trainer.callbacks if isinstance(callback, HistoryCallback)]
     return FitRecord(clock.clock, histories[0].step_losses if histories else []), setup.trainer
-
-
-def reference_fit(cfg: DictConfig, datamodule: InMemoryDataModule, device: torch.device) -> FitRecord:
-    """`project.optional.reference.single`'s loop on `device` (network, optimizer and schedule from `build`)."""
-    _, network, optimizer, scheduler = build(cfg, device)
-    trainer = ClockedTrainer(network, optimizer, scheduler, device, TrainingHistory())
-    trainer.fit(datamodule.train_dataloader(), datamodule.val_dataloader(), cfg.trainer.max_epochs)
-    trainer.clock.end = time.perf_counter()
-    return FitRecord(trainer.clock, trainer.history.step_losses)

@@ -66,3 +66,11 @@ class CollectivesPerStep(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = self.run_dir / f"collectives.rank{trainer.global_rank}.json"
         path.write_text(json.dumps(self.steps))
+
+
+def count_collectives(run_dir: Path) -> list[str]:
+    """The overrides that add `CollectivesPerStep` to a run writing into `run_dir`."""
+    return [
+        "+callbacks.count._target_=tests.collective_counter.CollectivesPerStep",
+        f"+callbacks.count.run_dir={run_dir}",
+    ]

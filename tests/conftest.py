@@ -1,14 +1,18 @@
 """Fixtures and the skips of what this machine cannot run; plain helpers live in tests/helpers.py."""
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import CHROMEDRIVER, CHROMIUM, FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY
+from tests.faults import BAD_INPUT_TEST, ENV, run_bad_input
+from tests.foreign_modules import FOREIGN_CONF
+from tests.helpers import CHROMEDRIVER, CHROMIUM, FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY, check_ok, run_module
 from tests.idx_files import write_idx_dataset
 
 # Prints, at the end of every run, the CPU the suite used against its wall time and the tests that waited longest.
@@ -120,3 +124,43 @@ def mnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's working directory, with the config files of their own modules in my_conf/ (`helpers.train_own`)."""
+    cwd = tmp_path_factory.mktemp("own-modules")
+    shutil.copytree(FOREIGN_CONF, cwd / "my_conf")
+    return cwd
+
+
+@pytest.fixture(scope="module")
+def finished_toy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last.ckpt of a toy run that trained to its end (3 epochs)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={run_dir}", cwd=run_dir.parent, env=ENV))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    mnist_root: Path,
+    finished_toy_run: Path,
+) -> Iterator[dict[str, tuple[Path, Future]]]:
+    """Every selected bad-input case of the module (tests.faults.bad_input_test), started side by side (one per
+    core) when the first is needed: each is mostly Python and Lightning starting up, so in parallel they take a
+    fraction of the time."""
+    selected = [
+        item
+        for item in request.session.items
+        if getattr(item, "originalname", None) == BAD_INPUT_TEST and item.module is request.module
+    ]
+    cases = [item.callspec.params["case"] for item in selected]
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        runs = {}
+        for case in cases:
+            case_dir = tmp_path_factory.mktemp(case.id)
+            runs[case.id] = case_dir, pool.submit(run_bad_input, case, case_dir, mnist_root, finished_toy_run)
+        yield runs

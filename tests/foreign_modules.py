@@ -27,11 +27,12 @@ def line_points(count: int, generator: torch.Generator) -> TensorDataset:
 
 
 class RegressionData(L.LightningDataModule):
-    """`nan_at`: the index of a training point whose input is NaN (data gone bad), if any."""
+    """`nan_at`: the index of a training point whose input is NaN (data gone bad), if any; `num_workers`: the
+    training loader's worker processes."""
 
-    def __init__(self, batch_size: int = 8, seed: int = 0, nan_at: int | None = None) -> None:
+    def __init__(self, batch_size: int = 8, seed: int = 0, nan_at: int | None = None, num_workers: int = 0) -> None:
         super().__init__()
-        self.batch_size, self.seed, self.nan_at = batch_size, seed, nan_at
+        self.batch_size, self.seed, self.nan_at, self.num_workers = batch_size, seed, nan_at, num_workers
 
     def setup(self, stage: str) -> None:
         generator = torch.Generator().manual_seed(self.seed)
@@ -42,7 +43,13 @@ class RegressionData(L.LightningDataModule):
             self.splits["train"].tensors[0][self.nan_at] = float("nan")
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits["train"], batch_size=self.batch_size, shuffle=True)
+        return DataLoader(
+            self.splits["train"],
+            batch_size=self.batch_size,
+            shuffle=True,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.splits["val"], batch_size=self.batch_size)

@@ -5,11 +5,12 @@ torchrun, a shell) is then skipped at that point, which leaves the suite's in-pr
 """
 
 import json
+import math
 import multiprocessing
 import multiprocessing.spawn
 import os
-import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,9 +22,10 @@ import pytest
 import torch
 import torch.distributed
 import torch.multiprocessing
+import yaml
 
+from project.engine.checkpoints import is_sharded, plain_checkpoint
 from project.engine.peers import reserved_port
-from project.optional.reference.parity import load_checkpoint, network_weights
 from tests import preloaded_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +59,15 @@ def free_port() -> int:
     holder = reserved_port()
     HELD_PORTS.append(holder)
     return holder.getsockname()[1]
+
+
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that a socket of the test listens on, and never answers from, while this lasts."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
 
 
 def python() -> str:
@@ -218,51 +229,67 @@ def simulated_slurm_nodes(
     return results
 
 
-def torchrun_nodes(
-    module: str,
-    args: list[str],
-    cwd: Path,
-    run_id: str,
-    nodes: int = 2,
-    per_node: int = 1,
-    options: tuple[str, ...] = (),
-    env: dict | None = None,
-    timeout: float = 300,
-) -> list[subprocess.CompletedProcess]:
-    """Run `module` as a torchrun launch of `nodes` machines on this one: one agent per machine (`python -m
-    project.optional.torchrun.launcher`, as on every machine), meeting at a c10d rendezvous on 127.0.0.1, each starting
-    `per_node`
-    processes. The agents all try to serve the rendezvous; the first to bind its port does, as on one host.
-    """
-    command = [
-        python(),
-        "-m",
-        "project.optional.torchrun.launcher",
-        f"--nnodes={nodes}",
-        f"--nproc-per-node={per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        f"--rdzv-id={run_id}",
-        *options,
-        "-m",
-        module,
-        *args,
-    ]
-    full_env = environment(env)
-    agents = [
-        subprocess.Popen(command, cwd=cwd, env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for _ in range(nodes)
-    ]
-    results = []
-    for agent in agents:
-        stdout, stderr = agent.communicate(timeout=timeout)
-        results.append(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
-    return results
-
-
 def last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The network's weights in a run's `checkpoints/last.ckpt`, a file or a sharded (trainer=fsdp) directory."""
-    return network_weights(load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"])
+    """The classifier's network weights in a run's `checkpoints/last.ckpt` (a file, or a sharded directory), named
+    as in the bare network's own `state_dict`."""
+    path = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = plain_checkpoint(path) if is_sharded(path) else torch.load(path, map_location="cpu", weights_only=True)
+    prefix = "network."
+    state = checkpoint["state_dict"]
+    return {key.removeprefix(prefix): value for key, value in state.items() if key.startswith(prefix)}
+
+
+def loss_gap(first: list[float], second: list[float]) -> float:
+    """The largest per-step loss difference of two runs of the same length (a NaN counts as an infinite one)."""
+    assert len(first) == len(second), f"{len(first)} steps against {len(second)}"
+    gaps = (torch.tensor(first, dtype=torch.float64) - torch.tensor(second, dtype=torch.float64)).abs()
+    return torch.nan_to_num(gaps, nan=math.inf).max().item() if gaps.numel() else 0.0
+
+
+def weight_gap(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    """The largest difference of two networks' weights, tensor by tensor (a NaN counts as an infinite one)."""
+    assert first.keys() == second.keys(), sorted(first.keys() ^ second.keys())
+    gaps = [torch.nan_to_num((first[k].double() - second[k].double()).abs(), nan=math.inf) for k in first]
+    return max((gap.max().item() for gap in gaps if gap.numel()), default=0.0)
+
+
+STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
+
+
+def signal_at(step: int, name: str) -> list[str]:
+    """The overrides by which rank 0 of a run signals itself once optimizer step `step` has finished
+    (tests/crash_callback.py)."""
+    return [
+        "+callbacks.crash._target_=tests.crash_callback.SignalAtStep",
+        f"+callbacks.crash.step={step}",
+        f"+callbacks.crash.signal={name}",
+    ]
+
+
+def assert_resumed_exactly(resumed: Path, whole: Path, first_step: int, epochs: int = 3) -> None:
+    """Every rank's losses after `first_step`, and the final weights, bitwise those of the run never stopped."""
+    for again, once in zip(histories(resumed), histories(whole), strict=True):
+        assert again["first_step"] == first_step
+        assert again["step_losses"] == once["step_losses"][first_step:], "the resumed run trained other batches"
+    expected, weights = last_weights(whole), last_weights(resumed)
+    assert expected and weights.keys() == expected.keys()
+    assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items()), "weights differ"
+    assert read_json(resumed / "results.json")["epochs"] == epochs
+
+
+# The optional parts (project/optional/parts.yaml): a test of one that needs another skips where that one is deleted.
+PARTS = yaml.safe_load((REPO / "project" / "optional" / "parts.yaml").read_text())
+
+
+def part_present(name: str) -> bool:
+    """Whether the optional part `name` is still here: its own place, the first of its paths."""
+    return name in PARTS and (REPO / PARTS[name]["paths"][0]).exists()
+
+
+def requires(*names: str) -> pytest.MarkDecorator:
+    """Skips a test where one of the optional parts `names` was deleted."""
+    missing = [name for name in names if not part_present(name)]
+    return pytest.mark.skipif(bool(missing), reason=f"needs the optional part(s) {', '.join(missing)}, deleted here")
 
 
 def histories(run_dir: Path) -> list[dict]:
@@ -278,23 +305,28 @@ def shell_environment(env: dict | None = None) -> dict[str, str]:
     return {**full_env, "PATH": path}
 
 
-def readme_section_blocks(title: str) -> list[tuple[str, str]]:
-    """(language, text) of each fenced block under the README's `## <title>`."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^```(\w+)\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+# A user's own modules (tests/foreign_modules.py), from their YAML files in a directory of theirs (`user_dir`).
+REGRESSION = ["model=regression", "data=regression", "optimized_metric=val/mse", "optimized_mode=min"]
 
 
-def follow_readme_steps(steps: list[tuple[str, str]], cwd: Path, extra_env: dict[str, str]) -> Path:
-    """The classes and YAML files into the files their first lines name, then the commands (the last block), as a
-    user would in `cwd`; the results.json of the one run they make."""
-    for _, text in steps[:-1]:
-        path = cwd / re.match(r"# ([\w/.]+\.\w+)", text).group(1)  # the file its first line names
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    for command in steps[-1][1].strip().splitlines():
-        env = shell_environment(extra_env)
-        result = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
-        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
-    [results] = list(cwd.glob("outputs/*/*/results.json"))
-    return results
+def assert_each_rank_trained_its_half(cwd: Path, first_epoch: int) -> None:
+    """The one run under `cwd`'s outputs/ (REGRESSION, 4 epochs) trained on two ranks, each its half (24 of 48
+    points) of every epoch from `first_epoch` on (where a restarted launch resumed)."""
+    (run_dir,) = [path.parent for path in (cwd / "outputs").rglob("results.json")]
+    ranks = histories(run_dir)
+    assert [(h["rank"], h["world_size"], h["first_epoch"]) for h in ranks] == [(0, 2, first_epoch), (1, 2, first_epoch)]
+    assert all(h["epoch_samples"] == [24] * (4 - first_epoch) for h in ranks)
+    results = read_json(run_dir / "results.json")
+    assert results["epochs"] == 4 and math.isfinite(results["val/mse"])
+
+
+def train_own(cwd: Path, *args: str, module: str = "project.train") -> subprocess.CompletedProcess:
+    """`python -m <module> <flags> hydra.searchpath=[file://<cwd>/my_conf] <overrides>` in the user's directory."""
+    flags = [arg for arg in args if arg.startswith("-")]
+    overrides = [arg for arg in args if not arg.startswith("-")]
+    searchpath = f"hydra.searchpath=[file://{cwd / 'my_conf'}]"
+    return run_module(module, *flags, searchpath, *overrides, cwd=cwd, env={"PYTHONPATH": str(REPO)})
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]

@@ -30,6 +30,7 @@ signal that killed it, as `subprocess` reports it).
 import contextlib
 import ctypes
 import gc
+import importlib
 import json
 import os
 import random
@@ -87,16 +88,18 @@ def send_request(socket_path: str, request: dict, descriptors: list[int]) -> soc
 def serve(socket_path: str) -> tuple[dict, list[int], int] | None:
     """Accept runs until stdin closes (the test process is gone); in a forked child, return its request, the
     descriptors that came with it and the pid of the process that asked."""
-    import alembic.migration  # noqa: F401  (with sqlalchemy.orm: the study storage every Optuna search opens)
     import hydra  # noqa: F401
     import lightning.pytorch  # noqa: F401
-    import mlflow.tracking  # noqa: F401  (logger=mlflow)
-    import optuna  # noqa: F401  (the project's Optuna sweeper imports it as Hydra looks for plugins)
-    import sqlalchemy.orm  # noqa: F401
     import torch  # noqa: F401
     import torch.distributed.run  # noqa: F401  (torchrun's agents)
     import torchmetrics  # noqa: F401
     import torchvision  # noqa: F401
+
+    # What the optional parts import, where their packages are still installed: logger=mlflow's client, and the study
+    # storage of every Optuna search (the project's sweeper imports optuna as Hydra looks for plugins).
+    for optional in ("mlflow.tracking", "optuna", "alembic.migration", "sqlalchemy.orm"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(optional)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)

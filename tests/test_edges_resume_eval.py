@@ -10,7 +10,7 @@ import torch
 
 from project.engine.errors import UserError
 from project.example.data.in_memory import InMemoryDataModule, InMemoryDataset
-from tests.helpers import check_ok, free_port, mnist_overrides, read_json, run_module
+from tests.helpers import check_ok, free_port, mnist_overrides, read_json, requires, run_module
 
 
 def last_checkpoint(run_dir: Path) -> dict:
@@ -85,6 +85,7 @@ def test_evaluation_loaders_give_each_process_its_own_samples_and_no_trainer_all
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_ddp_validation_on_an_odd_set_counts_every_sample_once(tmp_path: Path, mnist_root: Path):
     """51 validation images on 2 ranks: the numbers equal the torchrun reference, whose rank 0 evaluates alone."""
     args = mnist_overrides(mnist_root, "data.val_size=51", "data.batch_size=25", "trainer.max_epochs=1")

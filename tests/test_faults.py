@@ -1,10 +1,9 @@
 """Faults and bad input: nothing hangs, nothing exits 0 on failure, every user error is one line, sweeps survive a
 failing job, and nothing is left half-written or running.
 
-Every case runs the entry point as a user would, in a process of its own, and checks four things: the exit status;
-the last line of stderr (`error: ...` naming what to fix, no traceback anywhere); what is on disk (no `.partial`
-file, every checkpoint loads); and that no process of the run is left. The bad-input cases are listed in
-tests/fault_cases.py.
+Every case runs the entry point as a user would, in a process of its own, and checks what tests/faults.py says: the
+exit status, one last `error:` line, nothing half-written, no process left. The core's bad-input cases are listed in
+tests/fault_cases.py; the optional parts' in their own test folders.
 """
 
 import errno
@@ -15,194 +14,51 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.fault_cases import BAD_INPUTS, BadInput
+from tests.fault_cases import BAD_INPUTS
+from tests.faults import (
+    DDP,
+    ENV,
+    INTERRUPTED,
+    LONG_TOY_RUN,
+    START_TIMEOUT,
+    SWEEP_FAILED,
+    TESTS_IMPORTABLE,
+    USER_ERROR,
+    alive,
+    assert_ends_in_error_line,
+    assert_no_process_left,
+    assert_nothing_half_written,
+    background_run,
+    bad_input_test,
+    descendants,
+    end_of,
+    last_line,
+    output_of,
+    wait_for_file,
+)
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
-    REPO,
+    STOPPED_BY_SIGTERM,
     check_ok,
     free_port,
     histories,
-    mnist_overrides,
     read_json,
     run_module,
     start_module,
 )
-from tests.test_strategies import alive, descendants
 
 pytestmark = pytest.mark.slow  # every case starts the entry point (seconds each), most train
-USER_ERROR, SWEEP_FAILED = 2, 1
-STOPPED_BY_SIGTERM, INTERRUPTED = 128 + signal.SIGTERM, 128 + signal.SIGINT
-# A run that fails at start takes a Python and Lightning start-up (seconds; more on a loaded machine): longer is a hang.
-START_TIMEOUT = 120
-ENV = {"OMP_NUM_THREADS": "1"}  # DDP ranks share the 2 cores of a small machine
-# Runs that load a test-only module (tests/crash_callback.py, tests/foreign_modules.py) find it.
-TESTS_IMPORTABLE = {**ENV, "PYTHONPATH": str(REPO)}
-LONG_TOY_RUN = ("logger=none", "trainer.max_epochs=100000")  # runs until it is stopped, a checkpoint every epoch
-DDP = ("trainer=ddp", "trainer.devices=2")
-
-
-def last_line(stderr: str) -> str:
-    lines = stderr.rstrip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def assert_ends_in_error_line(
-    status: int, stdout: str, stderr: str, expected: int, *names: str, only_line: bool = True
-) -> str:
-    """Exit status `expected`, no traceback, and stderr's last line `error: ...` naming `names`; that line."""
-    shown = f"exit {status}; stderr ends:\n{stderr[-3000:]}"
-    assert status == expected, shown
-    assert "Traceback" not in stderr + stdout, shown
-    line = last_line(stderr)
-    assert line.startswith("error: "), shown
-    if only_line:
-        assert [text for text in stderr.splitlines() if text.startswith("error:")] == [line], shown
-    for name in names:
-        assert name in line, f"{name!r} not named in: {line}"
-    return line
-
-
-def assert_nothing_half_written(directory: Path) -> None:
-    """No checkpoint's temporary file is left, and every checkpoint loads whole."""
-    assert sorted(directory.rglob("*.partial")) == []
-    for path in directory.rglob("checkpoints/*.ckpt"):
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-        assert "state_dict" in checkpoint and "config" in checkpoint, path
-
-
-def processes_in(directory: Path) -> list[int]:
-    """Live processes working in `directory` or below: every process of a run started there (its ranks too)."""
-    found = []
-    for cwd in Path("/proc").glob("[0-9]*/cwd"):
-        try:
-            target = Path(os.readlink(cwd))
-        except OSError:
-            continue
-        if (target == directory or directory in target.parents) and alive(int(cwd.parent.name)):
-            found.append(int(cwd.parent.name))
-    return found
-
-
-def assert_no_process_left(directory: Path, grace: float = 10.0) -> None:
-    """None of the run's processes outlives it (after `grace` seconds to exit); any that does is killed."""
-    deadline = time.monotonic() + grace
-    while (left := processes_in(directory)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert left == [], f"processes of the run outlived it: {left}"
-
-
-@contextmanager
-def background_run(
-    args: list[str], cwd: Path, new_session: bool = False, env: dict | None = None
-) -> Iterator[subprocess.Popen]:
-    """`python -m project.train <args>` in the background, its output in files in `cwd` (`output_of` reads them).
-    Whatever is still running when the test ends is killed.
-    """
-    proc = start_module(
-        "project.train", args, cwd, cwd / "stdout.txt", cwd / "stderr.txt", env=env, new_session=new_session
-    )
-    try:
-        yield proc
-    finally:
-        for pid in [*descendants(proc.pid), proc.pid]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait()
-
-
-def wait_for_file(path: Path, proc: subprocess.Popen, cwd: Path, timeout: float = 180) -> None:
-    """Until `path` exists, while the `background_run` in `cwd` goes on."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended (exit {proc.returncode}) before {path} existed:\n{output_of(cwd)[1][-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {path} after {timeout} s")
-        time.sleep(0.2)
-
-
-def end_of(proc: subprocess.Popen, cwd: Path, timeout: float = 60) -> int:
-    """The exit status of the `background_run` in `cwd`, due within `timeout` s: a stopped run must not hang."""
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the run did not end within {timeout} s; its stderr ends:\n{output_of(cwd)[1][-3000:]}")
-
-
-def output_of(cwd: Path) -> tuple[str, str]:
-    """The stdout and stderr of the `background_run` in `cwd`."""
-    return (cwd / "stdout.txt").read_text(), (cwd / "stderr.txt").read_text()
 
 
 # Bad input: exit 2 at once, in one line.
 
-
-@pytest.fixture(scope="module")
-def finished_toy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The last.ckpt of a toy run that trained to its end (3 epochs)."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={run_dir}", cwd=run_dir.parent, env=ENV))
-    return run_dir / "checkpoints" / "last.ckpt"
-
-
-def run_bad_input(case: BadInput, case_dir: Path, data: Path, ckpt: Path) -> subprocess.CompletedProcess:
-    if case.prepare:
-        case.prepare(case_dir, ckpt)
-    args = [arg.format(dir=case_dir, data=data, ckpt=ckpt) for arg in case.args]
-    if case.module == "project.train":
-        args = [f"hydra.run.dir={case_dir / 'run'}", "logger=none", *args]
-        if case.mnist:
-            args = mnist_overrides(data, *args)
-    else:
-        args = [f"hydra.run.dir={case_dir / 'run'}", *args]
-    return run_module(case.module, *args, cwd=case_dir, timeout=START_TIMEOUT, env=ENV)
-
-
-BAD_INPUT_TEST = "test_bad_input_exits_2_with_one_error_line_naming_it"
-
-
-@pytest.fixture(scope="module")
-def bad_input_runs(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    mnist_root: Path,
-    finished_toy_run: Path,
-) -> Iterator[dict[str, tuple[Path, Future]]]:
-    """Every selected bad-input case, started side by side (one per core) when the first is needed.
-
-    Each is mostly Python and Lightning starting up: run in parallel, they take a fraction of the time.
-    """
-    selected = [item for item in request.session.items if getattr(item, "originalname", None) == BAD_INPUT_TEST]
-    cases = [item.callspec.params["case"] for item in selected]
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        runs = {}
-        for case in cases:
-            case_dir = tmp_path_factory.mktemp(case.id)
-            runs[case.id] = case_dir, pool.submit(run_bad_input, case, case_dir, mnist_root, finished_toy_run)
-        yield runs
-
-
-@pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in BAD_INPUTS])
-def test_bad_input_exits_2_with_one_error_line_naming_it(
-    case: BadInput, bad_input_runs: dict, mnist_root: Path, finished_toy_run: Path
-):
-    """The user learns what to change from one line, and the run leaves no results that look like a success."""
-    case_dir, future = bad_input_runs[case.id]
-    result = future.result()
-    names = [name.format(dir=case_dir, data=mnist_root, ckpt=finished_toy_run) for name in case.names]
-    assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, *names)
-    assert not (case_dir / "run" / "results.json").exists()
-    assert_nothing_half_written(case_dir / "run")  # (the case's own damaged checkpoints lie beside it)
-    assert_no_process_left(case_dir)
+test_bad_input_exits_2_with_one_error_line_naming_it = bad_input_test(BAD_INPUTS)
 
 
 @pytest.mark.hydra_report
@@ -381,6 +237,30 @@ def test_rank_0_killed_takes_its_ranks_along_and_leaves_last_checkpoint_whole(tm
             time.sleep(0.2)
     assert not any(alive(pid) for pid in everyone), "a rank outlived rank 0"
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] >= 0
+    assert_no_process_left(tmp_path)
+
+
+def test_a_killed_loader_worker_ends_the_run_in_one_line_with_how_to_resume(tmp_path: Path):
+    """A DataLoader worker of a data module of the user's own that the kernel's OOM killer (or anyone) ends takes
+    the run with it: torch's line and the resume hint, and no process left."""
+    run_dir = tmp_path / "run"
+    args = [
+        f"hydra.searchpath=[file://{FOREIGN_CONF}]",
+        "model=regression",
+        "data=regression",
+        "+data.num_workers=1",
+        "optimized_metric=val/mse",
+        "optimized_mode=min",
+        *LONG_TOY_RUN,
+        f"hydra.run.dir={run_dir}",
+    ]
+    with background_run(args, tmp_path, env=TESTS_IMPORTABLE) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        os.kill(descendants(proc.pid)[0], signal.SIGKILL)
+        status = end_of(proc, tmp_path)
+    stdout, stderr = output_of(tmp_path)
+    line = assert_ends_in_error_line(status, stdout, stderr, 1, "DataLoader worker", "killed from outside")
+    assert f"ckpt_path={(run_dir / 'checkpoints' / 'last.ckpt').resolve()}" in line
     assert_no_process_left(tmp_path)
 
 

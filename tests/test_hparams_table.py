@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import metadata
 
 from project.engine.hparams import log_to_tensorboard
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, requires
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,7 @@ from tests.helpers import CONF_DIR
             ["experiment=mnist", "hparams_search=mnist_optuna", "data.root=/data"],
             {"model/optimizer/lr", "data/batch_size"},
             id="optuna",
+            marks=requires("optuna"),
         ),
     ],
 )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import alive, descendants
 from tests.helpers import (
     SRUN_TASK_ZERO,
     check_ok,
@@ -60,24 +61,10 @@ def test_ddp_spawn_two_processes_write_one_run_dir(tmp_path: Path, mnist_root: P
     assert_one_run_by_rank_zero(tmp_path / "run", 2, result.stdout)
 
 
-def test_dp_on_cpu_trains_on_one_device_and_says_so(tmp_path: Path, mnist_root: Path):
-    args = mnist_overrides(
-        mnist_root,
-        "trainer=dp",
-        "trainer.max_epochs=2",
-        f"data.batch_size={BATCH}",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
-    result = check_ok(run_module("project.train", *args, cwd=tmp_path))
-    output = result.stdout + result.stderr
-    assert output.count("dp: no GPU in use, so DataParallel does not split batches") == 1
-    assert_one_run_by_rank_zero(tmp_path / "run", 1, result.stdout)
-
-
 def test_simulated_two_node_slurm_run_writes_one_run_dir(tmp_path: Path, mnist_root: Path):
     args = mnist_overrides(
         mnist_root,
-        "trainer=slurm",
+        "trainer=ddp",
         "trainer.num_nodes=2",
         "trainer.devices=1",
         "trainer.max_epochs=2",
@@ -145,31 +132,6 @@ def test_sweep_over_device_counts_gives_each_job_its_world_size(tmp_path: Path):
     assert [(h["world_size"], h["epoch_samples"]) for h in histories(two)] == [(2, [2, 2, 2])] * 2
 
 
-def descendants(pid: int) -> list[int]:
-    """Process ids below `pid` (Linux /proc), children first."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.parametrize("victim", ["rank 1", "rank 0"])
 def test_a_killed_rank_stops_the_whole_run(tmp_path: Path, mnist_root: Path, victim: str):
     """Killed once the first epoch's checkpoint is written (both ranks are training), either rank takes the whole run
@@ -210,7 +172,6 @@ def test_a_killed_rank_stops_the_whole_run(tmp_path: Path, mnist_root: Path, vic
     [
         (["trainer.devices=0"], {}, "trainer.devices must be a positive number"),
         (["trainer=gpu", "trainer.devices=64"], {}, "gpu"),
-        (["trainer=dp", "trainer.num_nodes=2"], {}, "trainer=dp runs in one process on one machine"),
         (
             ["trainer=slurm", "trainer.devices=2"],
             SRUN_TASK_ZERO,  # a task of a two-node job, one task per node
@@ -225,55 +186,3 @@ def test_bad_strategy_input_ends_with_one_clear_line(tmp_path: Path, overrides, 
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and expected in error_lines[0], result.stderr[-2000:]
-
-
-def test_dp_strategy_fits_validates_tests_and_predicts_in_process(tmp_path: Path):
-    import functools
-
-    import lightning as L
-    import torch
-
-    from project.example.data import ToyDataModule
-    from project.example.module import ClassifierModule
-    from project.example.networks import NeuralNetwork
-    from project.optional.dp.strategy import DataParallelStrategy
-
-    L.seed_everything(123)
-    datamodule = ToyDataModule(batch_size=2, seed=123, drop_last=True)
-    module = ClassifierModule(NeuralNetwork(2, 2), functools.partial(torch.optim.SGD, lr=0.5))
-    trainer = L.Trainer(
-        strategy=DataParallelStrategy(),
-        accelerator="cpu",
-        devices=1,
-        max_epochs=3,
-        logger=False,
-        default_root_dir=tmp_path,
-        enable_progress_bar=False,
-    )
-    assert isinstance(trainer.strategy, DataParallelStrategy)
-    trainer.fit(module, datamodule=datamodule)
-    assert trainer.validate(module, datamodule=datamodule)[0]["val/acc"] == 1.0
-    assert trainer.test(module, datamodule=datamodule)[0]["test/acc"] == 1.0
-    predictions = trainer.predict(module, dataloaders=datamodule.test_dataloader())
-    assert [(probabilities.argmax(dim=1).tolist(), labels.tolist()) for probabilities, labels in predictions] == [
-        ([0, 1], [0, 1])
-    ]
-    saved = trainer.strategy.lightning_module_state_dict()
-    assert "network.layers.0.weight" in saved and not any(".module." in key for key in saved)
-
-
-def test_dp_refuses_compile_before_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """DataParallel's per-step copies of a network compiled in place would all run the original's compiled code."""
-    from hydra import compose, initialize_config_dir
-
-    from project.engine.build import build
-    from project.engine.errors import UserError
-    from tests.helpers import CONF_DIR
-
-    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # build seeds; later tests in this process must not inherit it
-        monkeypatch.setenv(name, "0")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["trainer=dp", "compile=true", "logger=none", f"run_dir={tmp_path}"])
-    setup = build(cfg, tmp_path / "outputs")
-    with pytest.raises(UserError, match="compile=true with trainer=dp: DataParallel copies the network"):
-        setup.trainer.fit(setup.module, datamodule=setup.datamodule)

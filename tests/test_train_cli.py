@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import check_ok, histories, read_json, run_module, shell_environment
+from tests.helpers import check_ok, histories, last_weights, read_json, run_module, shell_environment
 from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -41,13 +41,10 @@ def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path)
     import torch
     from hydra.utils import instantiate
 
-    from project.optional.reference.parity import network_weights
-
     check_ok(run_module("project.train", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     network = instantiate(checkpoint["config"]["model"]["network"])
-    state = network_weights(checkpoint["state_dict"])
-    network.load_state_dict(state)
+    network.load_state_dict(last_weights(tmp_path / "run"))
     logits = network(torch.tensor([[-0.8, 2.8], [2.6, -1.6]]))
     assert logits.argmax(dim=1).tolist() == [0, 1]
 

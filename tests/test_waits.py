@@ -10,11 +10,8 @@ torchrun's own waits are in tests/test_torchrun.py.
 import gc
 import os
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -24,37 +21,29 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.engine.errors import RunStopped
 from project.engine.job import isolated_job
-from tests.foreign_modules import RegressionModule, line_points
-from tests.helpers import run_module
-from tests.test_faults import (
+from tests.faults import (
     DDP,
     ENV,
     LONG_TOY_RUN,
     START_TIMEOUT,
     USER_ERROR,
+    alive,
     assert_ends_in_error_line,
     assert_no_process_left,
     background_run,
+    descendants,
     end_of,
     output_of,
     processes_in,
     wait_for_file,
 )
-from tests.test_strategies import alive, descendants
+from tests.foreign_modules import RegressionModule, line_points
+from tests.helpers import held_port, run_module
 
 pytestmark = pytest.mark.slow  # every case starts the entry point
 ANOTHER_RANK_GONE = 1  # a rank of a running job went away: exit 1, as for a rank that died (project.engine.job)
 # The collective timeout of the silent-rank case: short, yet room for the second rank to start and join.
 SHORT_TIMEOUT = 8
-
-
-@contextmanager
-def held_port() -> Iterator[int]:
-    """A port on 127.0.0.1 that a socket of the test listens on, and never answers from, while this lasts."""
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        yield holder.getsockname()[1]
 
 
 def run_ending_at_start(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

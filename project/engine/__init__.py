@@ -1,2 +1,4 @@
-"""The bookkeeping around a run, shared by both training paths: its directory, log file, per-rank history, results,
-checkpoints, and the summary of a sweep. Nothing here trains."""
+"""The machinery every run goes through, for any LightningModule and LightningDataModule: building a run from its
+config, its directory and log, launching its processes, checkpoints and resuming, history, results, sweeps, checks
+and one-line errors. Nothing here knows the worked example or the optional parts. What a module of yours may rely
+on (and what each feature asks of it, mostly nothing) is written down once, in docs/your-code.md."""

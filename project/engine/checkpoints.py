@@ -1,12 +1,15 @@
-"""Checkpoints: which one a run resumes from, refusing files that are not ours, and writing them atomically."""
+"""Checkpoints: which one a run resumes from, refusing files that are not ours and resumes the data cannot carry on,
+and writing them atomically."""
 
 import contextlib
+import math
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback
@@ -257,3 +260,40 @@ def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
     number = {name: index for index, name in enumerate(names)}
     groups = [group | {"params": [number[name] for name in group["params"]]} for group in state["param_groups"]]
     return {"state": {number[name]: value for name, value in state.get("state", {}).items()}, "param_groups": groups}
+
+
+class PartWayResumeCheck(Callback):
+    """Refuses a resume from inside an epoch (a checkpoint of `trainer.max_steps`, a mid-epoch or a SIGTERM one)
+    whose data module cannot restore where its epoch stood, before the first step.
+
+    Such a data module (no `state_dict`/`load_state_dict` of its own) would start the epoch's data again from its
+    first batch while Lightning counts on from the saved step: some samples twice, others never, and Lightning only
+    warns. A resume from an epoch's end needs nothing of the data module.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        refuse_a_resume_the_data_cannot_continue(trainer)
+
+
+def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
+    if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches) or trainer.datamodule is None:
+        return
+    steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+    if trainer.global_step % steps_per_epoch == 0 or keeps_its_position(trainer.datamodule):
+        return
+    raise UserError(
+        f"ckpt_path={trainer.ckpt_path} was written inside an epoch (step {trainer.global_step}), and "
+        f"{type(trainer.datamodule).__name__} cannot say where in an epoch its data stood (it defines no "
+        "state_dict/load_state_dict), so the epoch would restart its batches: resume from a checkpoint written "
+        "at an epoch's end, or give the data module state_dict and load_state_dict (see the classifier's "
+        "project/example/data/classification.py)"
+    )
+
+
+def keeps_its_position(datamodule: L.LightningDataModule) -> bool:
+    """Whether the data module saves and restores state of its own (Lightning's defaults save nothing)."""
+    kind = type(datamodule)
+    return (
+        kind.state_dict is not L.LightningDataModule.state_dict
+        and kind.load_state_dict is not L.LightningDataModule.load_state_dict
+    )

@@ -16,7 +16,8 @@ A job that ends early is reported by what happened first, in one line (`project.
   here, exit 1; the launcher, which saw the rank end, names it.
 - a rank that went silent (stopped, hung) for the whole `trainer.strategy.timeout`: the other ranks' collective
   times out, and each names the silent rank (`project.engine.peers`) and the key that sets the wait, exit 1.
-- a DataLoader worker process that died (killed, or out of memory): torch's line, with how to resume, exit 1.
+- a DataLoader worker process that died (killed, or out of memory): one line naming the data module and how to
+  resume, exit 1.
 - a DataLoader worker that sent no batch within its DataLoader's `timeout` (one the data module set): one line naming
   the data module and how to resume, exit 1.
 """
@@ -24,6 +25,7 @@ A job that ends early is reported by what happened first, in one line (`project.
 import os
 import re
 import signal
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,8 +77,15 @@ def lost_another_rank(error: Exception) -> bool:
 
 
 def lost_a_loader_worker(error: Exception) -> bool:
-    """Whether `error` is torch's report of a DataLoader worker process that died (killed, or out of memory)."""
-    return isinstance(error, RuntimeError) and str(error).lstrip().startswith("DataLoader worker (pid")
+    """Whether `error` says that a DataLoader worker process died (killed, or out of memory): torch's report of it,
+    or, where the worker died while handing over a batch through shared memory, the broken connection to it, raised
+    from inside torch's DataLoader. Which of the two comes first is a matter of timing; the line is the same."""
+    if isinstance(error, RuntimeError) and str(error).lstrip().startswith("DataLoader worker (pid"):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    return isinstance(error, (EOFError, ConnectionError)) and any(
+        frame.filename.endswith(os.path.join("torch", "utils", "data", "dataloader.py")) for frame in frames
+    )
 
 
 def loader_timed_out(error: Exception) -> bool:
@@ -148,13 +157,13 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
         if lost_another_rank(error):
             first_line = str(error).strip().splitlines()[0]
             raise RunStopped(f"another rank of the run is gone ({first_line}); {resume_hint(trainer)}", 1) from error
+        data = getattr(trainer, "datamodule", None)
+        of = f" of {type(data).__name__}" if data is not None else ""
         if lost_a_loader_worker(error):
-            what = str(error).strip().splitlines()[0].rstrip(".")
-            raise RunStopped(f"{what} (out of memory, or killed from outside): {resume_hint(trainer)}", 1) from error
+            line = f"a DataLoader worker{of} died (out of memory, or killed from outside): {resume_hint(trainer)}"
+            raise RunStopped(line, 1) from error
         if loader_timed_out(error):
             seconds = str(error).split("after ", 1)[1].split()[0]
-            data = getattr(trainer, "datamodule", None)
-            of = f" of {type(data).__name__}" if data is not None else ""
             raise RunStopped(
                 f"a DataLoader worker{of} sent no batch within {seconds} s, its DataLoader's timeout (a hung or very "
                 f"slow read): find out what it waits on, or give that DataLoader a longer timeout; then "

@@ -51,7 +51,7 @@ class ClassifierModule(L.LightningModule):
     def __setattr__(self, name: str, value: object) -> None:
         # Lightning sets `_current_fx_name` (a plain str) around every hook it calls, dozens of times per training
         # step, and nn.Module.__setattr__ first looks for a parameter, buffer or module of that name. Skipping that
-        # search for this one name is worth it on small steps: bench/README.md, case "plain __setattr__".
+        # search for this one name is worth it on small steps: docs/reference.md, the "plain __setattr__" row.
         if name == "_current_fx_name":
             object.__setattr__(self, name, value)
         else:
@@ -102,7 +102,7 @@ class ClassifierModule(L.LightningModule):
         """Log `<stage>/loss` and `<stage>/acc` of the whole epoch (all processes), then start counting afresh.
 
         Once per epoch, from the running totals: a `self.log` call per step would give the same numbers and add
-        Lightning's per-call bookkeeping to every step (bench/README.md measures it). `compute()` has already
+        Lightning's per-call bookkeeping to every step (docs/reference.md measures it). `compute()` has already
         summed over processes, so `sync_dist` averages equal numbers: it changes nothing but tells Lightning the
         value is global (it warns otherwise under DDP).
         """

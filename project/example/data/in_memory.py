@@ -1,7 +1,7 @@
 """Datasets held as tensors in memory, and the DataModule that serves them in batches.
 
 A standard `DataLoader` over a `TensorDataset` indexes one sample at a time and collates them in Python, a
-per-sample cost that an MLP's step feels (bench/README.md, "data"). `InMemoryDataset.__getitems__` lets the loader
+per-sample cost that an MLP's step feels (docs/performance.md, "Data"). `InMemoryDataset.__getitems__` lets the loader
 fetch a whole batch with one tensor index instead, while samplers stay standard, and the raw reference path uses the
 very same `loader()`. Right for the MNIST family; images that do not fit in memory: `data=image_folder`.
 """

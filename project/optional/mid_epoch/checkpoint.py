@@ -15,12 +15,10 @@ would leave its accumulated gradients behind, and the resumed run would step on 
 
 Resuming such a checkpoint trains exactly the batches the run would have trained next only where the data module
 saves where its epoch stood (`state_dict`/`load_state_dict`: the classifier's data modules save their training
-order's position). One that keeps no such state would start the epoch's data again from its first batch while
-Lightning counts on from the saved step (some samples twice, others never; Lightning only warns): that resume is
-refused in one line, before the first step. Resuming from an epoch's end needs nothing of the data module.
+order's position); the engine refuses the resume of one that keeps no such state
+(`project.engine.checkpoints.PartWayResumeCheck`).
 """
 
-import math
 import time
 from pathlib import Path
 
@@ -53,7 +51,6 @@ class MidEpochCheckpoint(L.Callback):
         self._clock_agreement: DeferredAgreement | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        refuse_a_resume_the_data_cannot_continue(trainer)
         self._last_write = time.monotonic()
         if self.every_n_minutes is not None and trainer.world_size > 1 and self._clock_agreement is None:
             self._clock_agreement = DeferredAgreement(size=1)  # every rank is here at once
@@ -114,28 +111,3 @@ class MidEpochCheckpoint(L.Callback):
 def batches_done(trainer: L.Trainer) -> int:
     """Batches of the current epoch trained so far (their optimizer step included)."""
     return trainer.fit_loop.epoch_loop.batch_progress.current.processed
-
-
-def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
-    """A resume from inside an epoch whose data module cannot restore where its epoch stood: one line (see above)."""
-    if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches) or trainer.datamodule is None:
-        return
-    steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-    if trainer.global_step % steps_per_epoch == 0 or keeps_its_position(trainer.datamodule):
-        return
-    raise UserError(
-        f"ckpt_path={trainer.ckpt_path} was written inside an epoch (step {trainer.global_step}), and "
-        f"{type(trainer.datamodule).__name__} cannot say where in an epoch its data stood (it defines no "
-        "state_dict/load_state_dict), so the epoch would restart its batches: resume from a checkpoint written "
-        "at an epoch's end, or give the data module state_dict and load_state_dict (see the classifier's "
-        "project/example/data/classification.py)"
-    )
-
-
-def keeps_its_position(datamodule: L.LightningDataModule) -> bool:
-    """Whether the data module saves and restores state of its own (Lightning's defaults save nothing)."""
-    kind = type(datamodule)
-    return (
-        kind.state_dict is not L.LightningDataModule.state_dict
-        and kind.load_state_dict is not L.LightningDataModule.load_state_dict
-    )

@@ -272,7 +272,8 @@ def steps_per_epoch(datamodule: ClassificationDataModule, settings: TrainerSetti
 
 @dataclass
 class Checkpointing:
-    """Where the loop writes its checkpoint and how often inside an epoch (conf/train.yaml's mid_epoch_checkpoint)."""
+    """Where the loop writes its checkpoint, and how often inside an epoch (`callbacks.mid_epoch_checkpoint`'s keys,
+    where that optional part is here)."""
 
     path: Path
     datamodule: ClassificationDataModule  # states the training order's position

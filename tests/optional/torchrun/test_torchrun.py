@@ -2,7 +2,7 @@
 
 Each launch runs `python -m project.optional.torchrun.launcher` (torchrun, ending in one line when the launch fails) as
 a user runs it
-on every machine; "two machines" are two agents on this one (`tests.helpers.torchrun_nodes`). The same launch on
+on every machine; "two machines" are two agents on this one (`tests.optional.torchrun.nodes`). The same launch on
 two real hosts (network namespaces of the local cluster) is in tests/test_slurm.py.
 """
 
@@ -13,20 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from project.optional.reference.parity import max_loss_difference, max_weight_difference
 from tests.helpers import (
     REPO,
     check_ok,
     environment,
     free_port,
+    held_port,
     histories,
     last_weights,
+    loss_gap,
     python,
     read_json,
     run_module,
-    torchrun_nodes,
+    weight_gap,
 )
-from tests.test_waits import held_port
+from tests.optional.torchrun.nodes import torchrun_nodes
 
 pytestmark = pytest.mark.slow
 # The toy problem on two ranks: one step per rank and epoch, a last.ckpt after every epoch.
@@ -91,10 +92,10 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_to_the_uninterrupted_w
     expected = histories(uninterrupted)
     steps_per_epoch = len(expected[0]["step_losses"]) // EPOCHS
     loss_diff = max(
-        max_loss_difference(mine["step_losses"], theirs["step_losses"][KILLED_AT * steps_per_epoch :])
+        loss_gap(mine["step_losses"], theirs["step_losses"][KILLED_AT * steps_per_epoch :])
         for mine, theirs in zip(ranks, expected, strict=True)
     )
-    weight_diff = max_weight_difference(last_weights(run_dir), last_weights(uninterrupted))
+    weight_diff = weight_gap(last_weights(run_dir), last_weights(uninterrupted))
     print(
         f"\n{strategy} restarted on {nodes} host(s) vs uninterrupted ddp: |step loss diff| {loss_diff}, "
         f"|weight diff| {weight_diff}"

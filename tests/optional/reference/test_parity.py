@@ -22,9 +22,9 @@ from tests.helpers import (
     histories,
     mnist_overrides,
     read_json,
+    requires,
     run_module,
     simulated_slurm_nodes,
-    torchrun_nodes,
 )
 
 TOLERANCE = 1e-6
@@ -118,6 +118,7 @@ def test_lightning_multi_process_strategies_equal_torchrun(
 
 
 @pytest.mark.slow
+@requires("torchrun")
 @pytest.mark.parametrize("module", ["project.train", "project.optional.reference.ddp"])
 def test_torchrun_on_two_nodes_equals_torchrun_on_one(
     tmp_path: Path, mnist_root: Path, torchrun_reference: Path, module: str
@@ -132,6 +133,8 @@ def test_torchrun_on_two_nodes_equals_torchrun_on_one(
         "trainer.max_epochs=2",
         f"data.batch_size={BATCH}",
     )
+    from tests.optional.torchrun.nodes import torchrun_nodes
+
     for node in torchrun_nodes(module, args, cwd=tmp_path, run_id="two-nodes"):
         check_ok(node)
     assert [path.name for path in (tmp_path / "outputs").iterdir()] == ["torchrun-two-nodes"], "one run dir"

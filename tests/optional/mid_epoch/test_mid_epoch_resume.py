@@ -6,36 +6,34 @@ The MNIST recipe (with its one-cycle schedule, stepped every step) on the small 
 batches of 25, 14 steps per epoch alone and 7 per rank under DDP(2), 3 epochs. The stops land in the second epoch.
 """
 
-import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import REPO, check_ok, histories, mnist_overrides, read_json, run_module, start_module
+from tests.helpers import (
+    REPO,
+    STOPPED_BY_SIGTERM,
+    assert_resumed_exactly,
+    check_ok,
+    histories,
+    last_weights,
+    mnist_overrides,
+    run_module,
+    signal_at,
+)
 from tests.idx_files import write_idx_split
 
 pytestmark = pytest.mark.slow
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # one thread per rank; lets a run import tests.crash_callback
 DDP = ("trainer=ddp", "trainer.devices=2")
-STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
 
 
 def recipe(mnist_root: Path, processes: int, *extra: str) -> list[str]:
     return mnist_overrides(
         mnist_root, "data.batch_size=25", "trainer.max_epochs=3", *(DDP if processes == 2 else ()), *extra
     )
-
-
-def signal_at(step: int, name: str) -> list[str]:
-    """Rank 0 signals itself once optimizer step `step` has finished (tests/crash_callback.py)."""
-    return [
-        "+callbacks.crash._target_=tests.crash_callback.SignalAtStep",
-        f"+callbacks.crash.step={step}",
-        f"+callbacks.crash.signal={name}",
-    ]
 
 
 SIGTERM_IN_VALIDATION_OF_EPOCH_1 = [
@@ -55,23 +53,6 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) ->
         check_ok(run_module("project.train", *args, cwd=run_dir.parent, env=ENV))
         runs[processes] = run_dir
     return runs
-
-
-def network_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
-    return {name: tensor for name, tensor in state.items() if name.startswith("network.")}
-
-
-def assert_resumed_exactly(resumed: Path, whole: Path, first_step: int) -> None:
-    """Every rank's losses after `first_step`, and the final weights, bitwise those of the run never stopped."""
-    for again, once in zip(histories(resumed), histories(whole), strict=True):
-        assert again["first_step"] == first_step
-        assert again["step_losses"] == once["step_losses"][first_step:], "the resumed run trained other batches"
-    expected = network_weights(whole / "checkpoints" / "last.ckpt")
-    weights = network_weights(resumed / "checkpoints" / "last.ckpt")
-    assert expected and weights.keys() == expected.keys()
-    assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items()), "weights differ"
-    assert read_json(resumed / "results.json")["epochs"] == 3
 
 
 @pytest.mark.parametrize(
@@ -199,49 +180,6 @@ def test_a_mid_epoch_checkpoint_resumed_in_another_order_is_refused_in_one_line(
     assert mid_epoch_checkpoint.read_bytes() == before, "the checkpoint is left as it was"
 
 
-def test_the_reference_loop_stopped_mid_epoch_resumes_to_the_lightning_run_never_stopped(
-    tmp_path: Path, mnist_root: Path
-):
-    """SIGTERM from outside, as Slurm sends it, lands wherever the loop is; the resumed run must still agree."""
-    args = mnist_overrides(mnist_root, "data.batch_size=25", "trainer.max_epochs=30")
-    check_ok(run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'lightning'}", cwd=tmp_path, env=ENV))
-    stopped_dir = tmp_path / "stopped"
-    last = stopped_dir / "checkpoints" / "last.pt"
-    args_stopped = [*args, "callbacks.mid_epoch_checkpoint.every_n_steps=5", f"hydra.run.dir={stopped_dir}"]
-    output = tmp_path / "stopped.out", tmp_path / "stopped.err"
-    proc = start_module("project.optional.reference.single", args_stopped, tmp_path, *output, env=ENV)
-    deadline = time.monotonic() + 120
-    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    status = proc.wait(timeout=120)
-    stderr = output[1].read_text()
-    assert status == STOPPED_BY_SIGTERM, stderr[-3000:]
-    assert stderr.splitlines()[-1].endswith(f"ckpt_path={last.resolve()}")
-    first_step = torch.load(last, weights_only=True)["global_step"]
-    assert 0 < first_step < 30 * 14
-
-    resumed_dir = tmp_path / "resumed"
-    check_ok(
-        run_module(
-            "project.optional.reference.single",
-            *args,
-            f"ckpt_path={last}",
-            f"hydra.run.dir={resumed_dir}",
-            cwd=tmp_path,
-            env=ENV,
-        )
-    )
-    lightning = json.loads((tmp_path / "lightning" / "history.rank0.json").read_text())
-    resumed = json.loads((resumed_dir / "history.rank0.json").read_text())
-    assert resumed["first_step"] == first_step
-    assert resumed["step_losses"] == lightning["step_losses"][first_step:]
-    expected = network_weights(tmp_path / "lightning" / "checkpoints" / "last.ckpt")
-    weights = torch.load(resumed_dir / "checkpoints" / "model.pt", weights_only=True)
-    assert expected and weights.keys() == {name.removeprefix("network.") for name in expected}
-    assert all(torch.equal(weights[name.removeprefix("network.")], tensor) for name, tensor in expected.items())
-
-
 @pytest.mark.parametrize(
     ("processes", "signalled_in_batch", "stops_at_step"),
     [
@@ -276,5 +214,5 @@ def test_a_sigterm_inside_an_accumulation_window_stops_at_its_end_and_resumes_ex
     for again, once in zip(histories(resumed), histories(whole), strict=True):
         assert again["first_step"] == stops_at_step
         assert again["step_losses"] == once["step_losses"][-len(again["step_losses"]) :]
-    expected, weights = (network_weights(run / "checkpoints" / "last.ckpt") for run in (whole, resumed))
+    expected, weights = (last_weights(run) for run in (whole, resumed))
     assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items()), "weights differ"

@@ -15,13 +15,23 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from project.engine.build import build
-from project.engine.checkpoints import optimizer_state_by_index, plain_checkpoint
+from project.engine.checkpoints import optimizer_state_by_index
 from project.engine.errors import UserError
 from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish
 from project.optional.fsdp.strategy import shard_module
-from project.optional.reference.parity import RunOutputs, load_checkpoint, max_loss_difference, max_weight_difference
+from tests.collective_counter import count_collectives
 from tests.foreign_modules import FOREIGN_CONF
-from tests.helpers import REPO, check_ok, free_port, histories, one_rank_process_group, read_json, run_module
+from tests.helpers import (
+    REPO,
+    check_ok,
+    free_port,
+    histories,
+    last_weights,
+    one_rank_process_group,
+    read_json,
+    requires,
+    run_module,
+)
 from tests.test_config import compose_train
 
 TOLERANCE = 1e-6
@@ -38,32 +48,45 @@ ENV = {"PYTHONPATH": str(REPO)}  # lets a run import tests.crash_callback and te
 
 
 @pytest.fixture(scope="module")
-def compared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`project.optional.reference.compare trainer=fsdp` on the toy: its run dir (the Lightning side in lightning/)."""
-    run_dir = tmp_path_factory.mktemp("fsdp") / "compare"
-    check_ok(
-        run_module(
-            "project.optional.reference.compare", "trainer=fsdp", *TOY, f"hydra.run.dir={run_dir}", cwd=run_dir.parent
-        )
-    )
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run dir of `trainer=fsdp` on the toy, over 2 ranks: 3 epochs never stopped."""
+    run_dir = tmp_path_factory.mktemp("fsdp") / "run"
+    check_ok(run_module("project.train", "trainer=fsdp", *TOY, f"hydra.run.dir={run_dir}", cwd=run_dir.parent))
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`project.optional.reference.compare trainer=fsdp` on the toy: its run dir (the Lightning side in lightning/)."""
+    run_dir = tmp_path_factory.mktemp("fsdp-compared") / "compare"
+    compare = ("project.optional.reference.compare", "trainer=fsdp", *TOY, f"hydra.run.dir={run_dir}")
+    check_ok(run_module(*compare, cwd=run_dir.parent))
+    return run_dir
+
+
+def max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    assert first and first.keys() == second.keys()
+    return max((first[name].double() - second[name].double()).abs().max().item() for name in first)
+
+
 @pytest.mark.slow
-def test_fsdp_matches_its_reference_and_ddp_step_by_step(tmp_path: Path, compared: Path):
+def test_fsdp_matches_ddp_step_by_step(tmp_path: Path, fsdp_run: Path):
+    ddp_dir = tmp_path / "ddp"
+    check_ok(run_module("project.train", "trainer=ddp", *TOY, f"hydra.run.dir={ddp_dir}", cwd=tmp_path))
+    fsdp_ranks, ddp_ranks = histories(fsdp_run), histories(ddp_dir)
+    assert [len(h["step_losses"]) for h in fsdp_ranks] == [9, 9]
+    for fsdp, ddp in zip(fsdp_ranks, ddp_ranks, strict=True):
+        assert max(abs(a - b) for a, b in zip(fsdp["step_losses"], ddp["step_losses"], strict=True)) <= TOLERANCE
+    assert max_difference(last_weights(fsdp_run), last_weights(ddp_dir)) <= TOLERANCE
+
+
+@pytest.mark.slow
+@requires("reference")
+def test_fsdp_matches_its_reference_step_by_step(compared: Path):
     comparison = read_json(compared / "comparison.json")
     assert comparison["reference_script"] == "project.optional.reference.fsdp"
     assert comparison["world_size"] == {"lightning": 2, "reference": 2}
     assert comparison["max_step_loss_diff"] <= TOLERANCE and comparison["max_weight_diff"] <= TOLERANCE
-
-    ddp_dir = tmp_path / "ddp"
-    check_ok(run_module("project.train", "trainer=ddp", *TOY, f"hydra.run.dir={ddp_dir}", cwd=tmp_path))
-    fsdp_ranks, ddp_ranks = histories(compared / "lightning"), histories(ddp_dir)
-    assert [len(h["step_losses"]) for h in fsdp_ranks] == [9, 9]
-    for fsdp, ddp in zip(fsdp_ranks, ddp_ranks, strict=True):
-        assert max_loss_difference(fsdp["step_losses"], ddp["step_losses"]) <= TOLERANCE
-    fsdp_weights = RunOutputs.read_lightning(compared / "lightning").weights
-    assert max_weight_difference(fsdp_weights, RunOutputs.read_lightning(ddp_dir).weights) <= TOLERANCE
 
 
 @pytest.mark.slow
@@ -115,8 +138,9 @@ def test_parameters_outside_any_submodule_are_refused_before_sharding():
 
 
 @pytest.mark.slow
+@requires("mid_epoch")  # the SIGTERM checkpoint
 def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_one_process(
-    tmp_path: Path, compared: Path
+    tmp_path: Path, fsdp_run: Path
 ):
     """SIGTERM during step 3: every rank stops after step 5 (inside epoch 1) and writes its shard. Resumed under fsdp
     from the shards, under ddp from them assembled, and under fsdp from the converter's single file, each run trains
@@ -141,15 +165,15 @@ def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_on
     written = torch.load(plain, weights_only=True)
     assert written["global_step"] == 5 and written["config"]["trainer"]["devices"] == 2
 
-    whole = compared / "lightning"
-    expected = plain_checkpoint(whole / "checkpoints" / "last.ckpt")["state_dict"]
+    whole = fsdp_run
+    expected = last_weights(whole)
     for strategy, checkpoint in (("fsdp", last), ("ddp", last), ("fsdp", plain)):
         resumed_dir = tmp_path / f"resumed-{strategy}-{checkpoint.name}"
         resume = [f"trainer={strategy}", *TOY, f"ckpt_path={checkpoint}", f"hydra.run.dir={resumed_dir}"]
         check_ok(run_module("project.train", *resume, cwd=tmp_path, env=ENV))
         for again, once in zip(histories(resumed_dir), histories(whole), strict=True):
             assert again["first_step"] == 5 and again["step_losses"] == once["step_losses"][5:], (strategy, checkpoint)
-        final = load_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")["state_dict"]
+        final = last_weights(resumed_dir)
         assert all(torch.equal(final[name], tensor) for name, tensor in expected.items()), (strategy, checkpoint)
 
     sharded = tmp_path / "resumed-fsdp-last.ckpt" / "checkpoints" / "last.ckpt"
@@ -160,10 +184,10 @@ def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_on
 
 
 @pytest.mark.slow
-def test_a_sharded_checkpoint_resumes_at_an_epochs_end_on_another_number_of_processes(tmp_path: Path, compared: Path):
+def test_a_sharded_checkpoint_resumes_at_an_epochs_end_on_another_number_of_processes(tmp_path: Path, fsdp_run: Path):
     """Written by 2 ranks after epoch 3, resumed by 1 under fsdp (DCP reshards as it loads): epoch 4 trains as it
     does for one process resuming the checkpoint unsharded."""
-    last = compared / "lightning" / "checkpoints" / "last.ckpt"
+    last = fsdp_run / "checkpoints" / "last.ckpt"
     one_process = [*TOY[1:], "trainer.devices=1", "trainer.max_epochs=4", f"ckpt_path={last}"]
     for trainer in ("fsdp", "cpu"):
         run_dir = tmp_path / trainer
@@ -176,6 +200,7 @@ def test_a_sharded_checkpoint_resumes_at_an_epochs_end_on_another_number_of_proc
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_the_reference_resumes_its_gathered_checkpoint_into_the_shards_exactly(tmp_path: Path, compared: Path):
     """The reference's fsdp writes one whole last.pt (gathered from the shards) at epoch 1's end; resumed from it,
     each rank keeps its shard and the run trains the steps of the reference run never stopped."""
@@ -252,22 +277,14 @@ def test_a_save_killed_before_it_finished_leaves_the_previous_checkpoint_in_plac
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_training_step_issues_no_collective_but_the_gradients_and_agrees_on_sigterm_beside_it(
-    tmp_path: Path, strategy: str
-):
+def test_a_training_step_issues_no_collective_but_the_shardings_and_agrees_on_sigterm_beside_it(tmp_path: Path):
     """Per step, the training group carries only what sharding needs (FSDP2's all-gathers of each layer's weights,
-    forward and backward, and its gradient reduce-scatters; DDP's bucket all-reduce is issued from C++, outside the
-    count), and the SIGTERM agreement is one all-reduce on its own CPU group. Steps after an epoch's first; the
-    divergence check, which gathers at logging steps only, is out of the way (log_every_n_steps=100)."""
+    forward and backward, and its gradient reduce-scatters), and the SIGTERM agreement is one all-reduce on its own
+    CPU group (as under DDP: tests/test_switches.py)."""
     run_dir = tmp_path / "run"
-    count = [
-        "+callbacks.count._target_=tests.collective_counter.CollectivesPerStep",
-        f"+callbacks.count.run_dir={run_dir}",
-    ]
-    overrides = [f"trainer={strategy}", *TOY, "trainer.log_every_n_steps=100", *count, f"hydra.run.dir={run_dir}"]
-    check_ok(run_module("project.train", *overrides, cwd=tmp_path, env=ENV))
+    overrides = ["trainer=fsdp", *TOY, "trainer.log_every_n_steps=100", *count_collectives(run_dir)]
+    check_ok(run_module("project.train", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV))
     sharding = {"training": {"all_gather_single": 6, "reduce_scatter_single": 3}}  # 3 Linear layers
-    expected = {"agreement": {"allreduce": 1}} | (sharding if strategy == "fsdp" else {})
+    expected = {"agreement": {"allreduce": 1}} | sharding
     for rank in (0, 1):
         assert read_json(run_dir / f"collectives.rank{rank}.json") == [expected] * 6, "2 steps in each of 3 epochs"

@@ -4,10 +4,8 @@ The README's "Add your own" steps, for data that is not images and for a network
 """
 
 import csv
-import os
 import re
 import shutil
-import signal
 from pathlib import Path
 
 import matplotlib.image
@@ -21,17 +19,20 @@ from torchvision.transforms import v2
 from project.engine.errors import UserError
 from project.optional.image_folder.datamodule import EpochTaggedShuffleSampler, ImageFolderDataModule, converted, fitted
 from project.optional.image_folder.example import main as write_example
-from tests.helpers import REPO, check_ok, follow_readme_steps, histories, read_json, readme_section_blocks, run_module
-from tests.test_faults import (
+from tests.docs_commands import follow_steps, section_blocks
+from tests.faults import (
     assert_ends_in_error_line,
-    assert_no_process_left,
-    background_run,
-    end_of,
-    output_of,
-    wait_for_file,
 )
-from tests.test_mid_epoch_resume import STOPPED_BY_SIGTERM, assert_resumed_exactly, signal_at
-from tests.test_strategies import descendants
+from tests.helpers import (
+    REPO,
+    STOPPED_BY_SIGTERM,
+    assert_resumed_exactly,
+    check_ok,
+    read_json,
+    requires,
+    run_module,
+    signal_at,
+)
 
 TOLERANCE = 1e-6
 PER_CLASS = 48  # the example's 4 shapes: 192 training images, 12 per class for validation and for test
@@ -103,6 +104,7 @@ def test_a_cnn_learns_the_example_from_its_folder(tmp_path: Path, example_images
 
 
 @pytest.mark.slow
+@requires("reference")
 @pytest.mark.parametrize("strategy", [(), ("trainer=ddp", "trainer.devices=2")], ids=["single", "ddp"])
 def test_both_paths_agree_with_two_workers_and_random_augmentation(
     tmp_path: Path, example_images: Path, strategy: tuple[str, ...]
@@ -143,6 +145,7 @@ def test_predict_under_ddp_lists_every_test_image_once_and_draws_the_mistakes(tm
 
 
 @pytest.mark.slow
+@requires("mid_epoch")  # the SIGTERM checkpoint
 def test_a_run_stopped_inside_an_epoch_resumes_to_the_same_augmented_batches(tmp_path: Path, example_images: Path):
     """SIGTERM after step 9 (epoch 1, batch 3 of 6), with 2 workers: the resumed run draws the same images with the
     same crops and flips, so its losses and final weights are bitwise those of a run never stopped."""
@@ -284,54 +287,18 @@ def test_a_folder_of_mixed_photos_trains_with_nothing_but_its_root_typed(tmp_pat
     assert line.startswith("error: the checkpoint's network does not take the samples of the data as given")
 
 
-def test_a_killed_loader_worker_ends_the_run_in_one_line_with_how_to_resume(tmp_path: Path, example_images: Path):
-    """A worker the kernel's OOM killer (or anyone) ends takes the run with it: torch's line and the resume hint."""
-    run_dir = tmp_path / "run"
-    args = image_folder(example_images, "trainer.max_epochs=1000", f"hydra.run.dir={run_dir}")
-    with background_run(args, tmp_path) as proc:
-        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
-        os.kill(descendants(proc.pid)[0], signal.SIGKILL)
-        status = end_of(proc, tmp_path)
-    stdout, stderr = output_of(tmp_path)
-    line = assert_ends_in_error_line(status, stdout, stderr, 1, "DataLoader worker", "killed from outside")
-    assert f"ckpt_path={(run_dir / 'checkpoints' / 'last.ckpt').resolve()}" in line
-    assert_no_process_left(tmp_path)
-
-
 def test_the_loader_keeps_its_workers_between_epochs(example_images: Path):
     module = datamodule(example_images, num_workers=2)
     loader = module.loader(module.val_set)
     assert isinstance(loader, DataLoader) and loader.persistent_workers and loader.num_workers == 2
 
 
-def readme_steps() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """The README's "Add your own" steps: (the data's, the network's), each a class, a YAML and the commands."""
-    blocks = readme_section_blocks("Add your own data and network")
-    assert [language for language, _ in blocks] == ["python", "yaml", "bash"] * 2
-    return blocks[:3], blocks[3:]
-
-
 @pytest.mark.slow
-def test_the_readme_steps_add_data_and_train_on_it_under_ddp(tmp_path: Path):
-    """The README's data class, YAML and command as written: the points are learnt, each rank on its own half."""
-    data_steps, _ = readme_steps()
-    results = follow_readme_steps(data_steps, tmp_path, ENV)
-    summary = read_json(results)
-    assert summary["world_size"] == 2 and summary["test/acc"] >= 0.9, summary  # half the points are inside
-    checkpoint = torch.load(results.parent / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["config"]["data"]["_target_"] == "my_data.CircleDataModule"
-    half = checkpoint["CircleDataModule"]["position"]["train_samples"] // 2  # the data module's place in its order
-    rank0, rank1 = histories(results.parent)
-    assert (rank0["rank"], rank1["rank"]) == (0, 1)
-    assert rank0["epoch_samples"] == rank1["epoch_samples"] == [half] * summary["epochs"]
-    assert len(rank0["step_losses"]) == len(rank1["step_losses"]) and rank0["step_losses"] != rank1["step_losses"]
-
-
-@pytest.mark.slow
-def test_the_readme_steps_add_a_network_and_train_it_under_ddp(tmp_path: Path):
-    """The README's network class, YAML and commands as written, in a fresh directory."""
-    _, network_steps = readme_steps()
-    results = follow_readme_steps(network_steps, tmp_path, ENV)
+def test_the_docs_steps_add_a_network_and_train_it_under_ddp(tmp_path: Path):
+    """docs/image-folder.md's network class, YAML and commands as written, in a fresh directory."""
+    steps = section_blocks(REPO / "docs" / "image-folder.md", "A network of your own on your images, step by step")
+    assert [language for language, _ in steps] == ["python", "yaml", "bash"]
+    results = follow_steps(steps, tmp_path, ENV)
     assert read_json(results)["world_size"] == 2
     checkpoint = torch.load(results.parent / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["config"]["model"]["network"]["_target_"] == "my_models.TinyCNN"

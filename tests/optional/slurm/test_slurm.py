@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.optional.reference.parity import max_loss_difference, max_weight_difference
 from tests.helpers import (
     REPO,
     check_ok,
@@ -27,10 +25,13 @@ from tests.helpers import (
     free_port,
     histories,
     last_weights,
+    loss_gap,
+    part_present,
     python,
     read_json,
     run_module,
     simulated_slurm_nodes,
+    weight_gap,
 )
 from tests.tensorboard_events import read_scalars
 
@@ -134,29 +135,17 @@ def compare_runs(run_dir: Path, expected_dir: Path, weights: dict, expected_weig
     got, expected = histories(run_dir), histories(expected_dir)
     assert [h["world_size"] for h in got] == [h["world_size"] for h in expected]
     loss_diff = max(
-        max_loss_difference(mine["step_losses"], theirs["step_losses"])
-        for mine, theirs in zip(got, expected, strict=True)
+        loss_gap(mine["step_losses"], theirs["step_losses"]) for mine, theirs in zip(got, expected, strict=True)
     )
-    return loss_diff, max_weight_difference(weights, expected_weights)
+    return loss_diff, weight_gap(weights, expected_weights)
 
 
 @pytest.fixture(scope="module")
 def six_processes_on_one_host(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> Path:
-    """What the tutorial's 2 × 3 job must compute: torchrun's 6 reference processes on this one host."""
+    """What the tutorial's 2 × 3 job must compute: 6 DDP processes on this one host."""
     run_dir = tmp_path_factory.mktemp("one-host") / "run"
-    launcher = (
-        sys.executable,
-        "-m",
-        "project.optional.torchrun.launcher",
-        "--nproc-per-node=6",
-        f"--master-port={free_port()}",
-    )
-    args = small_mnist(mnist_root, *TWO_EPOCHS_OF_25, "trainer.devices=6", "trainer.num_nodes=1")
-    check_ok(
-        run_module(
-            "project.optional.reference.ddp", *args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, launcher=launcher
-        )
-    )
+    args = small_mnist(mnist_root, *TWO_EPOCHS_OF_25, "trainer=ddp", "trainer.devices=6", "trainer.num_nodes=1")
+    check_ok(run_module("project.train", *args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent))
     return run_dir
 
 
@@ -181,48 +170,52 @@ def torchrun_on_two_hosts(overrides: list[str], cwd: Path, env: dict) -> list[su
 def test_the_tutorials_two_by_three_job_computes_alike_on_every_launcher(
     tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str], six_processes_on_one_host: Path
 ):
-    """2 nodes × 3 processes: Lightning under srun (LOCAL_RANK 0-2 on each node), the same job sharded
-    (trainer=fsdp), the reference spawning 3 per node under srun, and Lightning under torchrun on the same two hosts,
-    each equal to 6 processes on one host."""
+    """2 nodes × 3 processes: Lightning under srun (LOCAL_RANK 0-2 on each node), and where their parts are here the
+    same job sharded (trainer=fsdp), the reference spawning 3 per node under srun, and Lightning under torchrun on
+    the same two hosts, each equal to 6 processes on one host."""
     overrides = small_mnist(mnist_root, *TWO_EPOCHS_OF_25)
-    lightning_id, lightning = submit(
-        TRAIN_SBATCH, *overrides, cwd=tmp_path / "lightning", env=slurm_env, job_ids=job_ids, options=TUTORIAL_SHAPE
-    )
-    fsdp_id, fsdp = submit(
-        TRAIN_SBATCH,
-        *overrides,
-        "trainer=fsdp",
-        cwd=tmp_path / "fsdp",
-        env=slurm_env,
-        job_ids=job_ids,
-        options=TUTORIAL_SHAPE,
-    )
-    reference_env = {**slurm_env, "DEVICES_PER_NODE": "3"}  # the tutorial's 3 GPUs per node, as CPU processes
-    reference_id, reference = submit(
-        REFERENCE_SBATCH, *overrides, cwd=tmp_path / "reference", env=reference_env, job_ids=job_ids
-    )
-    agents = torchrun_on_two_hosts(overrides, tmp_path / "torchrun", slurm_env)
-    for node, agent in zip(("node1", "node2"), agents, strict=True):
-        stdout, stderr = agent.communicate(timeout=2 * JOB_TIMEOUT)
-        check_ok(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
-        assert "torchrun run two-hosts: 2 node(s) x 3 process(es), rendezvous node1:" in stdout
-        assert stdout.splitlines()[0].endswith(f"on {node}"), "each agent ran on its own host"
-    lightning_log = tmp_path / "lightning" / "outputs" / f"train-{lightning_id}.out"
-    assert_job_succeeded(lightning, lightning_log)
-    assert_job_succeeded(reference, tmp_path / "reference" / "outputs" / f"reference-{reference_id}.out")
-    assert_job_succeeded(fsdp, tmp_path / "fsdp" / "outputs" / f"train-{fsdp_id}.out")
-
-    runs = {
-        "slurm job": tmp_path / "lightning" / "outputs" / f"slurm-{lightning_id}.0",
-        "slurm fsdp job": tmp_path / "fsdp" / "outputs" / f"slurm-{fsdp_id}.0",
-        "slurm reference job": tmp_path / "reference" / "outputs" / f"slurm-{reference_id}.0",
-        "torchrun on two hosts": tmp_path / "torchrun" / "outputs" / "torchrun-two-hosts",
+    jobs = {
+        "slurm job": submit(
+            TRAIN_SBATCH, *overrides, cwd=tmp_path / "lightning", env=slurm_env, job_ids=job_ids, options=TUTORIAL_SHAPE
+        )
     }
+    if part_present("fsdp"):
+        jobs["slurm fsdp job"] = submit(
+            TRAIN_SBATCH,
+            *overrides,
+            "trainer=fsdp",
+            cwd=tmp_path / "fsdp",
+            env=slurm_env,
+            job_ids=job_ids,
+            options=TUTORIAL_SHAPE,
+        )
+    if part_present("reference"):
+        reference_env = {**slurm_env, "DEVICES_PER_NODE": "3"}  # the tutorial's 3 GPUs per node, as CPU processes
+        jobs["slurm reference job"] = submit(
+            REFERENCE_SBATCH, *overrides, cwd=tmp_path / "reference", env=reference_env, job_ids=job_ids
+        )
+    runs = {}
+    if part_present("torchrun"):
+        agents = torchrun_on_two_hosts(overrides, tmp_path / "torchrun", slurm_env)
+        for node, agent in zip(("node1", "node2"), agents, strict=True):
+            stdout, stderr = agent.communicate(timeout=2 * JOB_TIMEOUT)
+            check_ok(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
+            assert "torchrun run two-hosts: 2 node(s) x 3 process(es), rendezvous node1:" in stdout
+            assert stdout.splitlines()[0].endswith(f"on {node}"), "each agent ran on its own host"
+        runs["torchrun on two hosts"] = tmp_path / "torchrun" / "outputs" / "torchrun-two-hosts"
+    for name, (job_id, sbatch) in jobs.items():
+        submit_dir = {"slurm job": "lightning", "slurm fsdp job": "fsdp", "slurm reference job": "reference"}[name]
+        log_name = "reference" if name == "slurm reference job" else "train"
+        assert_job_succeeded(sbatch, tmp_path / submit_dir / "outputs" / f"{log_name}-{job_id}.out")
+        runs[name] = tmp_path / submit_dir / "outputs" / f"slurm-{job_id}.0"
+
     for run_dir in runs.values():
         assert run_dirs(run_dir.parents[1]) == [run_dir.name], "one run dir per launch"
         ranks = histories(run_dir)
         assert [(h["rank"], h["world_size"]) for h in ranks] == [(rank, 6) for rank in range(6)]
         assert all(h["epoch_samples"] == [SIX_RANK_SHARE] * 2 for h in ranks), "each rank its share of the data"
+    lightning_id = jobs["slurm job"][0]
+    lightning_log = tmp_path / "lightning" / "outputs" / f"train-{lightning_id}.out"
     assert f"job {lightning_id} (restart 0): 2 node(s)" in job_log(lightning_log)
     assert "3 task(s) per node" in job_log(lightning_log)
     assert read_json(runs["slurm job"] / "results.json")["world_size"] == 6
@@ -230,7 +223,7 @@ def test_the_tutorials_two_by_three_job_computes_alike_on_every_launcher(
         "TensorBoard: one validation per epoch"
     )
 
-    expected_weights = torch.load(six_processes_on_one_host / "checkpoints" / "model.pt", weights_only=True)
+    expected_weights = last_weights(six_processes_on_one_host)
     for name, run_dir in runs.items():
         weights = (
             torch.load(run_dir / "checkpoints" / "model.pt", weights_only=True)
@@ -320,8 +313,8 @@ def test_requeued_job_resumes_in_its_run_dir_and_equals_an_uninterrupted_run(
 
     expected_dir = tmp_path / "uninterrupted" / "outputs" / "slurm-4242.0"
     resumed_steps = histories(expected_dir)[0]["step_losses"][resumed_at:]
-    loss_diff = max_loss_difference(history["step_losses"], resumed_steps)
-    weight_diff = max_weight_difference(last_weights(run_dir), last_weights(expected_dir))
+    loss_diff = loss_gap(history["step_losses"], resumed_steps)
+    weight_diff = weight_gap(last_weights(run_dir), last_weights(expected_dir))
     print(f"\nrequeued twice vs uninterrupted: max |step loss diff| {loss_diff:.2e}, |weight diff| {weight_diff:.2e}")
     assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE
 

@@ -17,8 +17,8 @@ from project.engine.errors import RunStopped
 from project.engine.history import TrainingHistory
 from project.optional.reference.loop import Checkpointing, Trainer, TrainerSettings, build
 from tests.helpers import CONF_DIR, check_ok, run_module
-from tests.test_compare import TOLERANCE, run_compare
-from tests.test_parity import reference_cfg
+from tests.optional.reference.test_compare import TOLERANCE, run_compare
+from tests.optional.reference.test_parity import reference_cfg
 
 pytestmark = pytest.mark.slow
 

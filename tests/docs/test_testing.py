@@ -1,0 +1,18 @@
+"""docs/testing.md names the suite's own commands (tests/docs_commands.py)."""
+
+from tests.docs_commands import DocsPage, docs_page_tests
+from tests.helpers import REPO
+
+THIS_SUITE = "this suite itself, which CI runs from a fresh clone"
+PAGE = DocsPage(
+    REPO / "docs" / "testing.md",
+    not_run_here={
+        "make test-fast": THIS_SUITE + " (its in-process part)",
+        "make test": THIS_SUITE,
+        "make coverage": THIS_SUITE + " (under coverage)",
+    },
+)
+
+docs_shell, test_the_page_names_the_lines_its_tests_depart_from, test_the_pages_command_runs_as_written = (
+    docs_page_tests(PAGE)
+)

@@ -1,0 +1,1 @@
+"""The tests of the optional parts (project/optional/), one folder each: deleted with the part."""

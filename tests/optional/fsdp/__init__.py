@@ -1,0 +1,1 @@
+"""Tests of trainer=fsdp and its sharded checkpoints."""

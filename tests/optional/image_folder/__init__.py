@@ -1,0 +1,1 @@
+"""Tests of data=image_folder."""

@@ -1,0 +1,1 @@
+"""Tests of the mid-epoch checkpoint (callbacks.mid_epoch_checkpoint) and resuming from it."""

@@ -1,0 +1,1 @@
+"""Tests of the Optuna search (hparams_search=, the resumable sweeper, pruning)."""

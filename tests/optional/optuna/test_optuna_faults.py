@@ -1,0 +1,82 @@
+"""A search's bad input, and the failure table of docs/optuna.md (tests/faults.py, tests/failure_table.py)."""
+
+import contextlib
+import random
+import sqlite3
+from pathlib import Path
+
+import optuna
+
+from tests.failure_table import named_tests_test, rows_test
+from tests.faults import BadInput, bad_input_test
+from tests.helpers import REPO
+
+
+def a_damaged_optuna_db(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "sweep").mkdir()
+    (case_dir / "sweep" / "optuna.db").write_bytes(random.Random(0).randbytes(4096))
+
+
+def an_optuna_2_db(case_dir: Path, ckpt: Path) -> None:
+    """A study file as Optuna 2.10 left it, to the check that refuses it: its schema's version (alembic's) and the
+    Optuna that wrote it (the tables themselves are today's: opening stops at the version check)."""
+    (case_dir / "sweep").mkdir()
+    database = case_dir / "sweep" / "optuna.db"
+    optuna.create_study(study_name="mnist_optuna", storage=f"sqlite:///{database}")
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute("UPDATE alembic_version SET version_num = 'v2.6.0.a'")
+        connection.execute("UPDATE version_info SET library_version = '2.10.1'")
+
+
+def a_search_over_a_misspelt_interval(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "conf" / "hparams_search").mkdir(parents=True)
+    (case_dir / "conf" / "hparams_search" / "bad_space.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - mnist_optuna\nhydra:\n  sweeper:\n    params:\n"
+        "      model.optimizer.lr: interval(1, a)\n"
+    )
+
+
+BAD_INPUTS = [
+    BadInput(
+        "search-with-a-damaged-optuna-db",
+        ("hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
+        ("{dir}/sweep/optuna.db", "is not a database"),
+        mnist=True,
+        prepare=a_damaged_optuna_db,
+    ),
+    BadInput(
+        "search-with-an-optuna-2-db",
+        ("hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
+        ("optuna storage upgrade --storage sqlite:///{dir}/sweep/optuna.db", "hydra.sweep.dir"),
+        mnist=True,
+        prepare=an_optuna_2_db,
+    ),
+    BadInput(
+        "search-space-interval-not-a-number",
+        ("hydra.searchpath=[file://{dir}/conf]", "hparams_search=bad_space", "hydra.sweep.dir={dir}/sweep"),
+        ("model.optimizer.lr=interval(1, a)", "interval(low, high)"),
+        mnist=True,
+        prepare=a_search_over_a_misspelt_interval,
+    ),
+]
+PAGE = REPO / "docs" / "optuna.md"
+ROWS = [
+    (
+        "an Optuna search whose `optuna.db`",
+        "2",
+        ["bad_input:search-with-a-damaged-optuna-db", "bad_input:search-with-an-optuna-2-db"],
+    ),
+    ("a search space value is not what the sweeper takes", "2", ["bad_input:search-space-interval-not-a-number"]),
+    (
+        "one trial fails",
+        "1",
+        [
+            "tests/optional/optuna/test_search_resume.py::"
+            "test_a_search_whose_trial_fails_records_it_failed_and_runs_the_others"
+        ],
+    ),
+]
+
+test_bad_input_exits_2_with_one_error_line_naming_it = bad_input_test(BAD_INPUTS)
+test_every_row_of_the_table_has_its_tests_and_every_listed_row_is_in_the_table = rows_test(PAGE, ROWS)
+test_the_tests_a_row_names_exist = named_tests_test(ROWS, BAD_INPUTS)

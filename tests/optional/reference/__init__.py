@@ -1,0 +1,1 @@
+"""Tests of the raw-PyTorch reference path, compare and parity."""

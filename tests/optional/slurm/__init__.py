@@ -1,0 +1,1 @@
+"""Tests of the Slurm part: sbatch templates, trainer=slurm, the submitit launcher, the local cluster."""

@@ -1,0 +1,1 @@
+"""Tests of multi-node torchrun (project.optional.torchrun, scripts/torchrun/)."""
