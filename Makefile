@@ -5,14 +5,20 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-fast coverage bench lint tensorboard remove-part system-deps data-fashion-mnist clean
+.PHONY: train test test-fast coverage bench lint lock tensorboard remove-part system-deps data-fashion-mnist clean
 
-# The venv is rebuilt when pyproject.toml changes. torch/torchvision are pinned to a pair known to import together.
-$(STAMP): pyproject.toml
+# The versions a green CI run installed, for this Python (`make lock` writes them): installed where they exist, so a
+# fresh machine gets what CI tested; another Python resolves pyproject.toml's ranges afresh.
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+CONSTRAINTS := $(wildcard constraints-py$(PYTHON_VERSION).txt)
+
+# The venv is rebuilt when pyproject.toml or the constraints change. torch/torchvision are pinned to a pair known to
+# import together.
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev]" $(if $(CONSTRAINTS),--constraint $(CONSTRAINTS))
 	touch $(STAMP)
 
 train: $(STAMP)  ## the main job: the toy experiment on the embedded data, on one device
@@ -33,6 +39,10 @@ bench: $(STAMP)  ## the benchmark suite: one table, bench/results/<date>.json an
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+lock: $(STAMP)  ## after a green `make test`: write the venv's versions to constraints-py<version>.txt, which `make` installs
+	{ echo "# pip freeze of a venv whose make test passed ($$(date -u +%Y-%m-%d)); make lock writes it"; \
+	  $(BIN)/python -m pip freeze --exclude-editable; } > constraints-py$(PYTHON_VERSION).txt
 
 tensorboard: $(STAMP)  ## serve every run under outputs/ on http://127.0.0.1:6006
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port 6006

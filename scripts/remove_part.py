@@ -1,8 +1,10 @@
-"""`make remove-part PART=<name>`: delete an optional part, every path project/optional/parts.yaml lists for it, and
-its entry there; then say which packages of pyproject.toml it alone needed.
+"""`make remove-part PART=<name>`: delete an optional part, every path project/optional/parts.yaml lists for it; then
+say which packages of pyproject.toml it alone needed.
 
 In a git checkout the paths go with `git rm` (so the removal is one commit away); elsewhere they are deleted. A path
 that another part still lists (the reference's FSDP script goes with either part) is deleted with the first of them.
+The part's entry stays in parts.yaml, saying what was there: the tests skip what needs a part whose files are gone,
+and the docs' commands that name it.
 """
 
 import shutil
@@ -14,19 +16,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 PARTS_FILE = REPO / "project" / "optional" / "parts.yaml"
-
-
-def without_entry(text: str, name: str) -> str:
-    """parts.yaml's text without the part's block (its top-level key and the indented lines under it)."""
-    lines, kept, inside = text.splitlines(keepends=True), [], False
-    for line in lines:
-        if line.startswith(f"{name}:"):
-            inside = True
-        elif inside and line.strip() and not line.startswith((" ", "#")):
-            inside = False
-        if not inside:
-            kept.append(line)
-    return "".join(kept)
 
 
 def tracked(path: Path) -> bool:
@@ -54,8 +43,6 @@ def main(argv: list[str]) -> int:
         if path.exists():
             delete(path)
             print(f"removed {relative}")
-    PARTS_FILE.write_text(without_entry(PARTS_FILE.read_text(), name))
-    print(f"removed {name} from {PARTS_FILE.relative_to(REPO)}")
     if parts[name]["packages"]:
         print(f"pyproject.toml: {', '.join(parts[name]['packages'])} may go from its dependencies now")
     return 0

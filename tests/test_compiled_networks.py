@@ -1,5 +1,5 @@
 """`compile=true`: which submodules are compiled, in place, for the project's module and one of your own; what is
-refused. (Training with it, on both paths and two DDP ranks: tests/test_compare_knobs.py.)"""
+refused. (Training with it, on both paths and two DDP ranks: tests/optional/reference/test_compare_knobs.py.)"""
 
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """project/engine/schedules.py: any torch schedule from config, its run length filled in, refused in one line where it
-cannot be built or stepped as configured (both paths train with these: tests/test_compare.py)."""
+cannot be built or stepped as configured (both paths train with these: tests/optional/reference/test_compare.py)."""
 
 import functools
 

@@ -33,6 +33,7 @@ from tests.helpers import (
     mnist_overrides,
     python,
     read_json,
+    requires,
     run_module,
     spawning_preloaded,
 )
@@ -57,7 +58,7 @@ def test_choosing_data_and_model_gives_their_own_settings_not_the_toy_recipe():
     assert compose_train("trainer=ddp").trainer.max_epochs == 3, "the toy's run length whatever the strategy"
 
 
-@pytest.mark.parametrize("trainer", ["default", "ddp", "dp"])
+@pytest.mark.parametrize("trainer", ["default", "ddp", pytest.param("dp", marks=requires("dp"))])
 def test_the_everyday_trainer_knobs_need_no_plus_and_reach_the_trainer(tmp_path: Path, trainer: str):
     """`trainer.gradient_clip_val=0.5` as a user types it, under any trainer= config, is the Trainer's setting."""
     knobs = {

@@ -4,7 +4,7 @@ Each case runs the entry point as a user would (a process of its own, with the w
 fail to answer (a port held by a socket of the test's own, a rank stopped by SIGSTOP), and checks the end: exit
 status, the one `error:` line, and no process of the run left. A DataLoader worker that stalls is the one case run
 in-process: the behaviour is the job's end (`project.engine.job.isolated_job`), whatever data module set the timeout.
-torchrun's own waits are in tests/test_torchrun.py.
+torchrun's own waits are in tests/optional/torchrun/test_torchrun.py.
 """
 
 import gc

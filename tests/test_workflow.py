@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, check_ok, free_port, mnist_overrides, read_json, run_module
+from tests.helpers import REPO, check_ok, free_port, mnist_overrides, read_json, requires, run_module
 from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -208,7 +208,11 @@ def test_bf16_mixed_precision_trains(tmp_path: Path):
     [
         (["ckpt_path=/no/such/file.ckpt"], "ckpt_path=/no/such/file.ckpt: no such file"),
         (["ckpt_path=last"], "ckpt_path=last: no earlier run"),
-        pytest.param(["hparams_search=nope"], "Could not find 'hparams_search/nope'", marks=pytest.mark.hydra_report),
+        pytest.param(
+            ["hparams_search=nope"],
+            "Could not find 'hparams_search/nope'",
+            marks=[pytest.mark.hydra_report, requires("optuna")],
+        ),
     ],
 )
 def test_bad_resume_or_search_input_touches_nothing(tmp_path: Path, overrides: list[str], expected: str):

@@ -76,13 +76,15 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
 def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
     """`instantiate(node)`, where a constructor that rejects a value of the config is the user's error.
 
-    Lightning's Trainer, for one, checks `precision` and `devices` with a ValueError or TypeError, which Hydra wraps;
-    the message already names the value, so it becomes one line naming the config group.
+    Lightning's Trainer, for one, checks `precision` and `devices` with a ValueError or TypeError, which Hydra 1.3
+    wraps (Hydra 1.4 raises it as it is); the message already names the value, so it becomes one line naming the
+    config group.
     """
     try:
         return instantiate(node, **kwargs)
-    except InstantiationException as error:
-        user_error, cause = find_user_error(error), error.__cause__
+    except (InstantiationException, TypeError, ValueError) as error:
+        user_error = find_user_error(error)
+        cause = error.__cause__ if isinstance(error, InstantiationException) else error
         if user_error is not None:  # a constructor's own refusal, worded already
             raise user_error from None
         if isinstance(cause, (TypeError, ValueError)):

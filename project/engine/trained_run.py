@@ -70,7 +70,8 @@ def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
     try:
         datamodule = instantiate(trained.data, **data_overrides)
         module = instantiate(trained.model)
-    except InstantiationException as error:
+    # Hydra 1.3 wraps a constructor's own error in InstantiationException; Hydra 1.4 raises it as it is.
+    except (InstantiationException, TypeError, ValueError) as error:
         if find_user_error(error):  # the user's own mistake, already worded (e.g. data that is missing)
             raise
         raise UserError(

@@ -1,6 +1,6 @@
 """Lightning against raw PyTorch on one config: `python -m project.optional.reference.compare [train's overrides]`.
 
-The README claims that Lightning adds no numerical change; this is how a user checks it on their own config. It
+docs/reference.md claims that Lightning adds no numerical change; this is how a user checks it on their own config. It
 runs `project.train` into `<run_dir>/lightning`, then the reference script that does the same strategy by hand into
 `<run_dir>/reference` (each side's output in `<run_dir>/<side>.log`), prints the two side by side with the largest
 per-step loss and final weight differences, and writes `comparison.json` and `loss_curves.png` next to them.

@@ -1,6 +1,6 @@
 """`data=image_folder`: images read from disk by DataLoader workers, with augmentation seeded per image, give the same
 numbers on both paths (alone and under DDP), learn the example dataset, and refuse bad folders and files in one line.
-The README's "Add your own" steps, for data that is not images and for a network, run as written under DDP.
+docs/image-folder.md's steps for a network of your own run as written under DDP.
 """
 
 import csv

@@ -150,7 +150,7 @@ def six_processes_on_one_host(tmp_path_factory: pytest.TempPathFactory, mnist_ro
 
 
 def torchrun_on_two_hosts(overrides: list[str], cwd: Path, env: dict) -> list[subprocess.Popen]:
-    """scripts/torchrun/train.sh run as the README says, once on each node of the local cluster (their own
+    """scripts/torchrun/train.sh run as docs/torchrun.md says, once on each node of the local cluster (their own
     addresses and hostnames, without Slurm), 3 processes each, meeting at node1."""
     cwd.mkdir()
     launch = {"NODES": "2", "PROCS_PER_NODE": "3", "ENDPOINT": f"node1:{free_port()}", "RUN_ID": "two-hosts"}
