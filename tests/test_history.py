@@ -1,0 +1,74 @@
+"""What a run's history records for any module: the loss its training_step returned and the size of any batch, and
+the speed it reports when a batch's size cannot be read (project/engine/history.py)."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.engine.history import TrainingHistory, batch_size_of, summarise_history, training_loss
+
+
+@dataclasses.dataclass
+class Pair:
+    inputs: torch.Tensor
+    target: torch.Tensor
+
+
+@pytest.mark.parametrize(
+    ("batch", "size"),
+    [
+        (torch.zeros(4, 3), 4),
+        ((torch.zeros(4, 3), torch.zeros(4)), 4),
+        ({"inputs": torch.zeros(5, 2), "target": torch.zeros(5), "name": "not a tensor"}, 5),
+        (Pair(torch.zeros(6, 2), torch.zeros(6)), 6),
+        ([{"x": torch.zeros(2, 1)}, (torch.zeros(2),)], 2),
+        ((torch.tensor(1.0), torch.zeros(3)), 3),  # a 0-d tensor has no samples to count
+    ],
+    ids=["tensor", "tuple", "dict", "dataclass", "nested", "scalar-beside"],
+)
+def test_the_batch_size_is_the_first_dimension_every_tensor_shares(batch: object, size: int):
+    assert batch_size_of(batch) == size
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [(torch.zeros(4, 3), torch.zeros(5)), "text", torch.tensor(1.0), Pair],
+    ids=["disagreeing", "string", "scalar", "a-class-not-an-instance"],
+)
+def test_a_batch_whose_size_cannot_be_read_has_none(batch: object):
+    assert batch_size_of(batch) is None
+
+
+def test_the_training_loss_is_a_returned_tensor_or_a_dicts_loss():
+    loss = torch.tensor(0.5)
+    assert training_loss(loss) is loss
+    assert training_loss({"loss": loss, "logits": torch.zeros(2)}) is loss
+    assert training_loss({"logits": torch.zeros(2)}) is None
+    assert training_loss(None) is None  # a step that skipped the batch
+
+
+def test_the_speed_is_none_when_some_batchs_size_could_not_be_read(tmp_path: Path):
+    history = TrainingHistory(world_size=2, fit_seconds=2.0)
+    history.end_epoch([torch.tensor(1.0), torch.tensor(3.0)], samples=8)
+    assert history.run_summary(tmp_path)["samples_per_second"] == 8.0  # 8 samples on each of 2 ranks, in 2 s
+    history.end_epoch([], samples=None)
+    summary = history.run_summary(tmp_path)
+    assert summary["samples_per_second"] is None and summary["epochs"] == 2
+    assert math.isnan(history.epoch_losses[-1])  # an epoch without a loss to average
+
+
+def test_a_run_without_a_history_file_reports_its_size_but_no_speed(tmp_path: Path):
+    """callbacks=none records no history: the results table still gets the run's world size and place."""
+    summary = summarise_history(str(tmp_path), world_size=2)
+    assert summary["world_size"] == 2 and summary["epochs"] == 0 and summary["run_dir"] == str(tmp_path)
+    assert math.isnan(summary["fit_seconds"])
+
+
+def test_a_saved_history_loads_back_equal(tmp_path: Path):
+    history = TrainingHistory(rank=1, world_size=2, first_epoch=3, first_step=12, fit_seconds=1.5)
+    history.end_epoch([torch.tensor(0.25)], samples=4)
+    assert TrainingHistory.load(history.save(tmp_path)) == history
+    assert (tmp_path / "history.rank1.json").is_file()
