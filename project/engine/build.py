@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from project.engine.checkpoints import PartWayResumeCheck, check_checkpoint_dirs, resume_path
 from project.engine.checks import check_config, check_launched_on_every_node, mistyped_value
 from project.engine.divergence import DivergenceGuard
-from project.engine.errors import UserError, find_user_error, in_sweep_job
+from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
 from project.engine.hints import give_hints
 from project.engine.networks import CompileNetworks
 from project.engine.run_config import RunConfigCallback, command_line_overrides, overridden_key
@@ -76,13 +76,12 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
 def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
     """`instantiate(node)`, where a constructor that rejects a value of the config is the user's error.
 
-    Lightning's Trainer, for one, checks `precision` and `devices` with a ValueError or TypeError, which Hydra 1.3
-    wraps (Hydra 1.4 raises it as it is); the message already names the value, so it becomes one line naming the
-    config group.
+    Lightning's Trainer, for one, checks `precision` and `devices` with a ValueError or TypeError (one of
+    `CONSTRUCTOR_ERRORS`); the message already names the value, so it becomes one line naming the config group.
     """
     try:
         return instantiate(node, **kwargs)
-    except (InstantiationException, TypeError, ValueError) as error:
+    except CONSTRUCTOR_ERRORS as error:
         user_error = find_user_error(error)
         cause = error.__cause__ if isinstance(error, InstantiationException) else error
         if user_error is not None:  # a constructor's own refusal, worded already

@@ -26,7 +26,7 @@ from typing import ParamSpec, TypeVar
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
+from hydra.errors import CompactHydraException, InstantiationException
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
@@ -38,6 +38,9 @@ from project.engine.sweeps import ERROR_FILE
 P = ParamSpec("P")
 # Less free space than this is a full disk (torch.save's own report of one carries no errno).
 FULL_BELOW_BYTES = 1 << 20
+# What `instantiate` raises where a constructor refuses its config: Hydra 1.3 wraps the constructor's own TypeError or
+# ValueError in an InstantiationException, Hydra 1.4 raises it as it is.
+CONSTRUCTOR_ERRORS = (InstantiationException, TypeError, ValueError)
 R = TypeVar("R")
 
 

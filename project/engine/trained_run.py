@@ -9,12 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.checkpoints import LAST, load_project_checkpoint
-from project.engine.errors import UserError, find_user_error
+from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error
 
 
 def data_given(cfg: DictConfig) -> dict[str, Any]:
@@ -70,8 +69,7 @@ def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
     try:
         datamodule = instantiate(trained.data, **data_overrides)
         module = instantiate(trained.model)
-    # Hydra 1.3 wraps a constructor's own error in InstantiationException; Hydra 1.4 raises it as it is.
-    except (InstantiationException, TypeError, ValueError) as error:
+    except CONSTRUCTOR_ERRORS as error:
         if find_user_error(error):  # the user's own mistake, already worded (e.g. data that is missing)
             raise
         raise UserError(
