@@ -9,9 +9,14 @@ so a launch of any number of processes is one W&B run. What it leaves to its use
   which would end the run; here the run logs offline instead, said in one warning line;
 - a sweep's jobs, which Hydra runs one after the other in one process: Lightning's logger reuses a W&B run still open
   in the process, so every job would log into the first one's; here each job's run is its own, in the sweep's group;
+- a run's end: wandb finishes an open run as its service shuts down with the process, which a service shared by
+  several processes (`wandb beta core`, WANDB_SERVICE) does not; here a run is finished as the process exits (or
+  as Lightning reports its fit or test failed: marked failed), its records all written;
 - the config as flat names (`model/optimizer/lr`), as TensorBoard's table and MLflow show it.
 """
 
+import atexit
+import functools
 import logging
 import os
 import sys
@@ -23,6 +28,7 @@ import wandb
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
 from wandb.errors import AuthenticationError, CommError
 
 from project.engine.errors import in_sweep_job
@@ -91,15 +97,35 @@ class WandbLogger(LightningWandbLogger):
                 sys.stderr,
                 logging.WARNING,
             )
-            return run
-        where = run.url if run.settings.mode == "online" else f"offline in {run.settings.sync_dir}"
-        report(f"W&B run {where}")
+        else:
+            where = run.url if run.settings.mode == "online" else f"offline in {run.settings.sync_dir}"
+            report(f"W&B run {where}")
+        finish_open_run_at_exit()
         return run
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        """Lightning's end of a fit or test: where it failed, the run ends here, marked failed (exit code 1)."""
+        super().finalize(status)
+        if status == "failed" and self._experiment is not None:
+            self._experiment.finish(exit_code=1)
 
     def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
         """`params` as flat names, `model/optimizer/lr`: W&B would show a nested config as `model.optimizer.lr`,
         which no other logger of the run uses."""
         super().log_hyperparams(flat(vars(params) if isinstance(params, Namespace) else dict(params)))
+
+
+@functools.cache
+def finish_open_run_at_exit() -> None:
+    """Once per process, after the first `wandb.init` registered wandb's own exit hooks, so that this one runs
+    before them: the run still open as the process exits is finished, its records written."""
+    atexit.register(finish_open_run)
+
+
+def finish_open_run() -> None:
+    if wandb.run is not None:
+        wandb.run.finish()
 
 
 def shown(directory: Path) -> str:
