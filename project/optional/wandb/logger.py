@@ -103,6 +103,14 @@ class WandbLogger(LightningWandbLogger):
         finish_open_run_at_exit()
         return run
 
+    def __getstate__(self) -> dict[str, Any]:
+        """`trainer=ddp_spawn` pickles this logger for its processes, and Lightning starts the run here first for
+        them to attach to: started through `experiment`, so that wandb is set up (silent) before Lightning's call
+        of it warns."""
+        if rank_zero_only.rank == 0:
+            _ = self.experiment
+        return super().__getstate__()
+
     @rank_zero_only
     def finalize(self, status: str) -> None:
         """Lightning's end of a fit or test: where it failed, the run ends here, marked failed (exit code 1)."""

@@ -82,10 +82,13 @@ def test_metrics_have_the_names_and_steps_the_other_loggers_get(many_run: Logged
 
 
 @pytest.mark.slow
-def test_ddp_run_of_two_ranks_is_one_wandb_run(tmp_path: Path):
-    """Rank 0 alone starts the W&B run, which gets the run's steps: the toy's 4 training samples in batches of 2
-    over two ranks are one step per epoch, 3 in all."""
-    result = train(tmp_path, "logger=wandb", "trainer=ddp", "trainer.devices=2")
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_ddp_run_of_two_ranks_is_one_wandb_run(tmp_path: Path, strategy: str):
+    """Rank 0 alone starts the W&B run (under ddp_spawn the spawning process, whose run the workers join), which
+    gets the run's steps: the toy's 4 training samples in batches of 2 over two ranks are one step per epoch, 3 in
+    all. wandb itself prints nothing."""
+    result = train(tmp_path, "logger=wandb", f"trainer={strategy}", "trainer.devices=2")
+    assert "wandb" not in result.stderr.lower()
     (run_dir,) = printed_run_dirs(result.stdout)
     (run,) = offline_runs(run_dir)
     assert run.config["world_size"] == 2
