@@ -121,6 +121,14 @@ ROWS = [
         ["tests/test_train_cli.py::test_a_console_its_reader_closed_leaves_the_run_going_to_its_log_file"],
     ),
     (
+        "under DDP, a training step leaves some parameters out of its loss",
+        "2",
+        [
+            "tests/test_unused_parameters.py::test_parameters_a_loss_leaves_out_need_one_key_which_the_error_line_names",
+            "tests/test_unused_parameters.py::test_ddps_unused_parameter_errors_in_every_wording_are_one_line_naming_the_key",
+        ],
+    ),
+    (
         "a DDP rank dies",
         "2",
         [

@@ -65,8 +65,9 @@ class RunStopped(UserError):
 
 def find_user_error(error: BaseException | None) -> BaseException | None:
     """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains; a disk that
-    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so is a config
-    value whose `${...}` cannot be resolved."""
+    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so are a config
+    value whose `${...}` cannot be resolved, memory running out, and a module that DDP needs told about (parameters
+    a loss leaves out)."""
     while error is not None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
@@ -76,8 +77,38 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
             return disk_error(error)
         if is_out_of_memory(error):
             return out_of_memory(error)
+        if UNUSED_PARAMETERS in str(error) or TORCH_UNUSED_PARAMETERS in str(error):
+            return unused_parameters()
+        if GRAPH_CHANGED in str(error):
+            return graph_changed()
         error = error.__cause__ or error.__context__
     return None
+
+
+# DDP's reducer found parameters no loss reached (a GAN's step training one of its networks, a head switched off): in
+# Lightning's words (its DDP strategy rewrites torch's message), and in torch's (a DDP of another strategy). Under
+# ddp_spawn the message comes back from the worker as the text of a `ProcessRaisedException`, hence text, not type.
+UNUSED_PARAMETERS = "parameters that were not used in producing the loss"
+TORCH_UNUSED_PARAMETERS = "module has parameters that were not used in producing loss"
+# The same with `static_graph=True`, where the set of parameters a loss reaches changes from step to step.
+GRAPH_CHANGED = "not compatible with static_graph set to True"
+
+
+def unused_parameters() -> UserError:
+    """The one line for DDP meeting parameters that a training step left out of its loss."""
+    return UserError(
+        "DDP found parameters that were not used in producing the loss (a GAN's networks trained in turn, a head or "
+        "branch no loss reaches): set trainer.strategy.find_unused_parameters=true"
+    )
+
+
+def graph_changed() -> UserError:
+    """The one line for `static_graph=True` under a module whose steps do not all use the same parameters."""
+    return UserError(
+        "DDP with trainer.strategy.static_graph=true met a step that used other parameters than the first: set "
+        "trainer.strategy.static_graph=false (and trainer.strategy.find_unused_parameters=true where steps leave "
+        "parameters out of the loss)"
+    )
 
 
 def is_out_of_memory(error: BaseException) -> bool:
