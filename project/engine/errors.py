@@ -26,7 +26,7 @@ from typing import ParamSpec, TypeVar
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException, InstantiationException
+from hydra.errors import CompactHydraException, ConfigCompositionException, InstantiationException
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
@@ -34,6 +34,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from project.engine.run_dir import process_rank
 from project.engine.run_log import DISK_ERRORS, report, to_log_file
 from project.engine.sweeps import ERROR_FILE
+from project.engine.typos import typo_message
 
 P = ParamSpec("P")
 # Less free space than this is a full disk (torch.save's own report of one carries no errno).
@@ -265,11 +266,12 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
 
 def run_hydra_app(main: Callable[[], object]) -> None:
     """Call an entry point's `@hydra.main` function so that a config file that is not valid YAML (in conf/ or a
-    `hydra.searchpath` dir) ends in one `error:` line naming the file and the place, exit 2, as any user error does.
+    `hydra.searchpath` dir) ends in one `error:` line naming the file and the place, exit 2, as any user error does;
+    so does an override of a key or option the config does not have, naming the nearest that exist (`typos`).
 
     Hydra reads the files inside its own error report (`run_and_report`), which shows a parse error as a traceback;
-    with HYDRA_FULL_ERROR=1, a setting it documents, it leaves every error to its caller, here. Its own messages
-    (a key or option it does not know) are then printed as Hydra prints them, exit 1, and a bug keeps its traceback.
+    with HYDRA_FULL_ERROR=1, a setting it documents, it leaves every error to its caller, here. Its other messages
+    are then printed as Hydra prints them, exit 1, and a bug keeps its traceback.
     A user who set HYDRA_FULL_ERROR gets Hydra's full tracebacks, as asked.
     """
     asked_for_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
@@ -285,6 +287,10 @@ def run_hydra_app(main: Callable[[], object]) -> None:
     except CompactHydraException as error:
         if asked_for_tracebacks:
             raise
+        typo = typo_message(error) if isinstance(error, ConfigCompositionException) else None
+        if typo is not None:
+            print(f"error: {typo}", file=sys.stderr, flush=True)
+            sys.exit(2)
         print(error, file=sys.stderr)
         if isinstance(error.__cause__, OmegaConfBaseException):
             print(error.__cause__, file=sys.stderr)
