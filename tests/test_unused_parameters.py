@@ -77,3 +77,21 @@ def test_parameters_a_loss_leaves_out_need_one_key_which_the_error_line_names(
     results = read_json(user_dir / "outputs" / name / "results.json")
     metric = module[2].split("=")[1].replace("val/", "test/")
     assert results["epochs"] == 2 and math.isfinite(results[metric]), results
+
+
+@pytest.mark.slow
+def test_a_static_graph_under_a_gan_is_refused_in_one_line_saying_to_turn_it_off(user_dir: Path):
+    """The GAN's two steps use different parameters: DDP's static graph cannot hold them."""
+    run = [f"hydra.searchpath=[file://{user_dir / 'my_conf'}]", *GAN, *DDP, "logger=none", "trainer.max_epochs=2"]
+    refused = run_module(
+        "project.train",
+        *run,
+        "trainer.strategy.static_graph=true",
+        "hydra.run.dir=outputs/static-graph",
+        cwd=user_dir,
+        env={"PYTHONPATH": str(REPO)},
+        fresh=True,
+    )
+    assert_ends_in_error_line(
+        refused.returncode, refused.stdout, refused.stderr, USER_ERROR, "set trainer.strategy.static_graph=false"
+    )
