@@ -62,13 +62,21 @@ pytestmark = pytest.mark.slow  # every case starts the entry point (seconds each
 test_bad_input_exits_2_with_one_error_line_naming_it = bad_input_test(BAD_INPUTS)
 
 
-@pytest.mark.hydra_report
-def test_a_key_the_config_does_not_have_is_named_by_hydra_before_anything_runs(tmp_path: Path):
-    """`trainer.foo=1` fails in Hydra's composition, before this project's code: Hydra's own message, exit 1."""
-    result = run_module("project.train", "trainer.foo=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=ENV)
-    assert result.returncode == 1
-    assert "Could not override 'trainer.foo'" in result.stderr and "+trainer.foo=1" in result.stderr
-    assert "Traceback" not in result.stderr
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("trainer.max_epoch=3", "did you mean trainer.max_epochs?"),
+        ("trainer.foo=1", "write +trainer.foo=1 to add a key that your code reads"),
+    ],
+    ids=["near-a-key", "near-none"],
+)
+def test_a_key_the_config_does_not_have_is_one_line_before_anything_runs(tmp_path: Path, override: str, named: str):
+    """Hydra cannot apply the override, before this project's code runs: one line with the nearest keys; the advice
+    to add the key with `+` only where no key is near (it would add a key that nothing reads)."""
+    result = run_module("project.train", override, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=ENV)
+    key = override.split("=")[0]
+    assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, key, named)
+    assert (f"+{override}" in result.stderr) == (named.startswith("write +"))
     assert not (tmp_path / "run").exists()
 
 
