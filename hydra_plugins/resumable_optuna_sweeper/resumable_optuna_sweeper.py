@@ -162,9 +162,10 @@ def search_direction(optimized_mode: str, direction: str | None) -> str:
 
 
 def open_study(
-    url: str, heartbeats: tuple[int, int], study_name: str, direction: str, sampler: Any, pruner: Any
+    url: str, study_name: str, direction: str, sampler: Any, pruner: Any, heartbeats: tuple[int, int]
 ) -> optuna.Study:
-    """The stored study (made where there is none); a storage Optuna cannot use is the user's to fix or move."""
+    """The stored study (made where there is none), its trials' heartbeats recorded every `heartbeats[0]` seconds
+    and stale after `heartbeats[1]`; a storage Optuna cannot use is the user's to fix or move."""
     database = url.removeprefix("sqlite:///")
     try:
         storage = open_storage(url, *heartbeats)
@@ -300,11 +301,11 @@ class ResumableOptunaSweeper(Sweeper):
             space, fixed = search_space([*params, *arguments])
             study = open_study(
                 self.storage,
-                (self.heartbeat_interval, self.grace_period),
                 self.study_name,
                 search_direction(self.config.optimized_mode, self.direction),
                 self.sampler,
                 self.pruner,
+                (self.heartbeat_interval, self.grace_period),
             )
         except UserError as error:
             refuse(str(error))
