@@ -29,9 +29,11 @@ also one without a finished trial, after the study's best trial.
 A search space, storage or pruner that cannot be used ends the search before its first job, in one `error:` line.
 """
 
+import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,12 +52,11 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import MISSING, DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from project.engine.errors import UserError
 from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, refuse
-from project.optional.optuna.storage import JOURNAL_PREFIX, open_storage
+from project.optional.optuna.storage import JOURNAL_PREFIX, mark_failed, open_storage, record_heartbeat, stale_trials
 
 log = logging.getLogger(__name__)
 DIRECTIONS = {"max": "maximize", "min": "minimize"}
@@ -241,7 +242,7 @@ def consecutive_runs(trials: list[optuna.Trial]) -> Iterator[list[optuna.Trial]]
 
 
 @contextmanager
-def heartbeats(storage: BaseStorage, trials: list[optuna.Trial], interval: int) -> Iterator[None]:
+def heartbeats(study: optuna.Study, trials: list[optuna.Trial], interval: int) -> Iterator[None]:
     """Record the trials' heartbeats every `interval` seconds while the block runs (their jobs), from a thread."""
     stop = threading.Event()
 
@@ -249,7 +250,7 @@ def heartbeats(storage: BaseStorage, trials: list[optuna.Trial], interval: int) 
         while True:
             for trial in trials:
                 try:
-                    storage.record_heartbeat(trial._trial_id)  # Optuna's own heartbeat thread takes the id too
+                    record_heartbeat(study, trial)
                 except UpdateFinishedTrialError:
                     pass  # taken for gone by another worker: its tell says so
                 except (OSError, sqlalchemy.exc.SQLAlchemyError) as error:  # the next one may reach the storage
@@ -257,8 +258,6 @@ def heartbeats(storage: BaseStorage, trials: list[optuna.Trial], interval: int) 
             if stop.wait(interval):
                 return
 
-    for trial in trials:  # at once, before the jobs start
-        storage.record_heartbeat(trial._trial_id)
     thread = threading.Thread(target=beat, name="optuna-heartbeats", daemon=True)
     thread.start()
     try:
@@ -310,7 +309,6 @@ class ResumableOptunaSweeper(Sweeper):
         except UserError as error:
             refuse(str(error))
         self.study, self.sweep_dir = study, Path(self.config.hydra.sweep.dir)
-        self.study_id = study._storage.get_study_id_from_name(self.study_name)
         self.ran: list[int] = []
         self.reseeded = False
         self._settle_stale()
@@ -333,7 +331,7 @@ class ResumableOptunaSweeper(Sweeper):
                 if not waiting:
                     log.info(f"no trial left to ask; waiting for the {running} trial(s) other workers are running")
                 waiting = True
-                threading.Event().wait(self.heartbeat_interval)
+                time.sleep(self.heartbeat_interval)
             else:
                 break
         self._log_best()
@@ -348,6 +346,8 @@ class ResumableOptunaSweeper(Sweeper):
 
     def _run_batch(self, asked: list[optuna.Trial], fixed: list[str]) -> None:
         """Run the trials that fit in `n_trials` (`counted`); tell the others they were not run."""
+        for trial in asked:  # at once: a running trial that never had a heartbeat is never taken for stale (RDB)
+            record_heartbeat(self.study, trial)
         places = [trial.number for trial in counted(self.study.get_trials(deepcopy=False))][: self.n_trials]
         run = [trial for trial in asked if trial.number in places]
         for trial in asked:
@@ -362,7 +362,7 @@ class ResumableOptunaSweeper(Sweeper):
         for trial in run:
             trial.set_user_attr(JOB_DIR_ATTR, str((self.sweep_dir / str(trial.number)).absolute()))
         returns = []
-        with heartbeats(self.study._storage, run, self.heartbeat_interval):
+        with heartbeats(self.study, run, self.heartbeat_interval):
             for trials_in_a_row in consecutive_runs(run):
                 overrides = [
                     (*(f"{key}={value}" for key, value in trial.params.items()), *fixed) for trial in trials_in_a_row
@@ -397,23 +397,20 @@ class ResumableOptunaSweeper(Sweeper):
     def _settle_stale(self) -> None:
         """Settle the running trials whose worker is gone (module docstring); of two workers settling one, the
         storage lets one only (the other's update of a finished trial is refused)."""
-        storage = self.study._storage  # the storage's heartbeats, as Optuna's fail_stale_trials reads them
-        for trial_id in storage._get_stale_trial_ids(self.study_id):
-            trial = storage.get_trial(trial_id)
+        for trial in stale_trials(self.study):
             job_dir = Path(trial.user_attrs.get(JOB_DIR_ATTR, self.sweep_dir / str(trial.number)))
             results = job_dir / "results.json"
             value = json.loads(results.read_text()).get(self.config.optimized_metric) if results.is_file() else None
-            try:
-                if value is not None:  # killed after the job had finished, before the study heard of it
-                    pruned = (job_dir / PRUNED_FILE).is_file()
+            if value is not None:  # killed after the job had finished, before the study heard of it
+                pruned = (job_dir / PRUNED_FILE).is_file()
+                with contextlib.suppress(ValueError, UpdateFinishedTrialError):  # or another worker told it first
                     self.study.tell(
                         trial.number, None if pruned else value, state=TrialState.PRUNED if pruned else None
                     )
-                    continue
-                storage.set_trial_state_values(trial_id, TrialState.FAIL)
-            except (ValueError, UpdateFinishedTrialError):
+                continue
+            if not mark_failed(self.study, trial):
                 continue  # another worker settled it
-            RETRY(self.study, storage.get_trial(trial_id))
+            RETRY(self.study, trial)
             again = [
                 t.number
                 for t in self.study.get_trials(deepcopy=False)

@@ -10,6 +10,9 @@ tells such a trial from a live one by its heartbeat (`record_heartbeat`, `stale_
 records every `heartbeat_interval` seconds while the trial runs. RDBStorage keeps Optuna's own heartbeats; Optuna's
 JournalStorage has none, so `HeartbeatJournalStorage` records them as a system attribute of the trial, stamped with
 the worker's clock (the workers' clocks must agree to well within `grace_period`, as NTP keeps them).
+Optuna records and reads heartbeats inside `Study.optimize` only; an ask-and-tell worker reaches them through
+`record_heartbeat`, `stale_trials` and `mark_failed` below, the one place that touches Optuna's private names
+(`study._storage`, `trial._trial_id`, `_get_stale_trial_ids`).
 """
 
 import time
@@ -17,10 +20,11 @@ import warnings
 from pathlib import Path
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 JOURNAL_PREFIX = "journal:///"
 # The trial's system attribute holding its last heartbeat (seconds since the epoch) in a journal.
@@ -56,6 +60,25 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
 
     def get_failed_trial_callback(self) -> None:  # the name of the same question before Optuna 4.9
         return None
+
+
+def record_heartbeat(study: optuna.Study, trial: optuna.Trial) -> None:
+    study._storage.record_heartbeat(trial._trial_id)
+
+
+def stale_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The running trials of the study whose heartbeat is older than the storage's grace period, as Optuna's
+    `fail_stale_trials` finds them."""
+    return [study._storage.get_trial(trial_id) for trial_id in study._storage._get_stale_trial_ids(study._study_id)]
+
+
+def mark_failed(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """Mark a running trial failed; False where it is finished already (another worker marked it first): the
+    storage takes one of two such updates, as in Optuna's `fail_stale_trials`."""
+    try:
+        return study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        return False
 
 
 def open_storage(url: str, heartbeat_interval: int | None = None, grace_period: int | None = None) -> BaseStorage:

@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import (
     NOT_RUN_ATTR,
+    consecutive_runs,
     counted,
     open_study,
     search_direction,
@@ -111,3 +112,11 @@ def test_the_direction_is_optimized_modes_and_an_older_configs_direction_must_ag
     assert search_direction("min", None) == "minimize"
     with pytest.raises(UserError, match="^hydra.sweeper.direction=maximize disagrees with optimized_mode=min, which"):
         search_direction("min", "maximize")
+
+
+def test_a_batch_is_launched_in_runs_of_consecutive_trials_so_that_job_n_is_trial_n():
+    """Another worker asked trials 5 and 6 between this worker's 4 and 7."""
+    study = optuna.create_study()
+    asked = [study.ask() for _ in range(9)]
+    mine = [asked[n] for n in (2, 3, 4, 7, 8)]
+    assert [[trial.number for trial in run] for run in consecutive_runs(mine)] == [[2, 3, 4], [7, 8]]
