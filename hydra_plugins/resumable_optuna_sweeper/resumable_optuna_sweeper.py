@@ -34,6 +34,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,10 +66,13 @@ JOB_DIR_ATTR = "job_dir"
 # A trial's user attribute: why it was asked but not run.
 NOT_RUN_ATTR = "not_run"
 # Adds a stale trial's retry (once: a retry whose worker is gone too stays failed); RetryFailedTrialCallback before
-# Optuna 4.9, which deprecates that name.
-RETRY = (
-    getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
-)(max_retry=1)
+# Optuna 4.9, which deprecates that name. Experimental in Optuna's eyes since 2.8: its warning would reach every run
+# through Hydra's plugin scan.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    RETRY = (
+        getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+    )(max_retry=1)
 
 
 @dataclass

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
@@ -90,4 +91,7 @@ def open_storage(url: str, heartbeat_interval: int | None = None, grace_period: 
         return HeartbeatJournalStorage(path, heartbeat_interval, grace_period)
     with warnings.catch_warnings():  # heartbeats are experimental in Optuna's eyes, stable since 2.9 in fact
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+        try:
+            return RDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+        except sqlalchemy.exc.IntegrityError:  # another worker made the database's tables at the same moment
+            return RDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period)

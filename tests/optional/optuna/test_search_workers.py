@@ -1,4 +1,7 @@
-"""Three searches on one storage and study are workers of one search; one killed mid-trial is retried by another."""
+"""Three searches on one storage and study are workers of one search; one killed mid-trial is retried by another.
+
+The reported fault: two searches on one SQLite study, the second taking the first's running trial for its own
+interrupted one and failing it; both storages are run."""
 
 import os
 import signal
@@ -19,8 +22,14 @@ WORKERS = 3
 KILLED = 2  # the worker killed during its first trial
 
 
-def worker_arguments(tmp_path: Path, worker: int) -> list[str]:
-    """Toy trials of a few epochs, each worker its own sweep dir, one journal for all; heartbeats each second, a
+STORAGES = {  # the URL, and the storage to read the study back with
+    "journal": ("journal:///{dir}/study.log", lambda d: JournalStorage(JournalFileBackend(str(d / "study.log")))),
+    "sqlite": ("sqlite:///{dir}/study.db", lambda d: f"sqlite:///{d}/study.db"),
+}
+
+
+def worker_arguments(tmp_path: Path, worker: int, storage: str) -> list[str]:
+    """Toy trials of a few epochs, each worker its own sweep dir, one storage for all; heartbeats each second, a
     trial without one for 2 s taken for one whose worker is gone."""
     return [
         "hparams_search=mnist_optuna",
@@ -28,7 +37,7 @@ def worker_arguments(tmp_path: Path, worker: int) -> list[str]:
         "trainer.max_epochs=5",
         "data.batch_size=choice(2,4)",
         f"hydra.sweeper.n_trials={TRIALS}",
-        f"hydra.sweeper.storage=journal:///{tmp_path}/study.log",
+        f"hydra.sweeper.storage={STORAGES[storage][0].format(dir=tmp_path)}",
         "hydra.sweeper.heartbeat_interval=1",
         "hydra.sweeper.grace_period=2",
         f"hydra.sweep.dir={tmp_path}/worker-{worker}",
@@ -43,12 +52,13 @@ def running_job(sweep_dir: Path) -> Path | None:
     return None
 
 
-def test_workers_share_n_trials_and_a_killed_workers_trial_is_retried_once_by_another(tmp_path: Path):
+@pytest.mark.parametrize("storage", STORAGES)
+def test_workers_share_n_trials_and_a_killed_workers_trial_is_retried_once_by_another(tmp_path: Path, storage: str):
     started = time.monotonic()
     workers = [
         start_module(
             "project.train",
-            worker_arguments(tmp_path, worker),
+            worker_arguments(tmp_path, worker, storage),
             tmp_path,
             tmp_path / f"worker-{worker}.out",
             tmp_path / f"worker-{worker}.err",
@@ -75,8 +85,7 @@ def test_workers_share_n_trials_and_a_killed_workers_trial_is_retried_once_by_an
                 process.wait()
     wall = time.monotonic() - started
 
-    storage = JournalStorage(JournalFileBackend(str(tmp_path / "study.log")))
-    trials = optuna.load_study(study_name="mnist_optuna", storage=storage).trials
+    trials = optuna.load_study(study_name="mnist_optuna", storage=STORAGES[storage][1](tmp_path)).trials
     run = [trial for trial in trials if "not_run" not in trial.user_attrs]
     assert sum(trial.state == TrialState.COMPLETE for trial in run) == TRIALS, [(t.number, t.state) for t in trials]
     assert all(trial.state.is_finished() for trial in trials)
@@ -103,4 +112,6 @@ def test_workers_share_n_trials_and_a_killed_workers_trial_is_retried_once_by_an
         assert f"this worker ran trial(s) {', '.join(map(str, mine))} of the study" in stdout
         assert "best trial of the study: " in stdout
         ran_by[worker] = mine
-    print(f"\ntrials per worker {ran_by}, killed worker {KILLED} in trial {interrupted.number}; wall {wall:.1f} s")
+    print(
+        f"\n{storage}: trials per worker {ran_by}, worker {KILLED} killed in trial {interrupted.number}; {wall:.1f} s"
+    )
