@@ -80,7 +80,7 @@ class ResumableOptunaSweeperConf:
     """`hydra/sweeper: optuna`: the keys conf/hparams_search/mnist_optuna.yaml sets."""
 
     _target_: str = "hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper.ResumableOptunaSweeper"
-    # The study's storage URL (sqlite:///${hydra.sweep.dir}/optuna.db, journal:///<file>): the trials' jobs reach it
+    # The study's storage URL (sqlite:///${hydra.sweep.dir}/optuna.db, journal://<file>): the trials' jobs reach it
     # too (pruning), wherever they run. No default: OmegaConf resolves a default's ${...} as a config is merged over
     # it, which would claim a sweep dir of its own.
     storage: str = MISSING

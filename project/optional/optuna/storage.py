@@ -2,8 +2,9 @@
 
 - `sqlite:///<file>` or any database URL SQLAlchemy takes (`postgresql://...`): Optuna's RDBStorage. SQLite needs
   file locking that works, which a shared disk (NFS, Lustre) often does not give.
-- `journal:///<file>` (the path after the third slash, so relative or, with four slashes, absolute, as in sqlite's
-  URLs): Optuna's JournalStorage on an append-only file, which works on a shared disk. Its directory is made.
+- `journal://<file>` (the path as written after `//`: `journal:///shared/search.log` is absolute, as in a file
+  URL, `journal://outputs/search.log` relative to the working directory): Optuna's JournalStorage on an
+  append-only file, which works on a shared disk. Its directory is made.
 
 Several workers share a study through its storage, and a worker that dies leaves its trial running: the sweeper
 tells such a trial from a live one by its heartbeat (`record_heartbeat`, `stale_trial_ids`), which its worker
@@ -27,7 +28,7 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-JOURNAL_PREFIX = "journal:///"
+JOURNAL_PREFIX = "journal://"
 # The trial's system attribute holding its last heartbeat (seconds since the epoch) in a journal.
 HEARTBEAT_ATTR = "heartbeat"
 

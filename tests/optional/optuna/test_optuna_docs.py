@@ -7,7 +7,7 @@ PRUNED = (
     "python -m project.train experiment=mnist hparams_search=mnist_optuna 'hydra.sweeper.pruner={_target_:optuna."
     "pruners.MedianPruner,n_startup_trials:5,n_warmup_steps:1}'"
 )
-SHARED = "hydra.sweeper.storage=journal:///outputs/mnist_search.log"
+SHARED = "hydra.sweeper.storage=journal://outputs/mnist_search.log"
 ARRAY = f"sbatch --array=0-3 --nodes=1 scripts/slurm/train.sbatch experiment=mnist hparams_search=mnist_optuna {SHARED}"
 PAGE = DocsPage(
     REPO / "docs" / "optuna.md",

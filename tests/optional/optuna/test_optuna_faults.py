@@ -57,15 +57,15 @@ BAD_INPUTS = [
     ),
     BadInput(
         "search-storage-journal-cannot-be-made",
-        ("hparams_search=mnist_optuna", "hydra.sweeper.storage=journal:///{dir}/searches/study.log"),
-        ("hydra.sweeper.storage=journal:///{dir}/searches/study.log", "a journal file in a directory you can write"),
+        ("hparams_search=mnist_optuna", "hydra.sweeper.storage=journal://{dir}/searches/study.log"),
+        ("hydra.sweeper.storage=journal://{dir}/searches/study.log", "a journal file in a directory you can write"),
         mnist=True,
         prepare=a_file_where_the_journals_directory_would_be,
     ),
     BadInput(
         "search-storage-of-no-known-kind",
-        ("hparams_search=mnist_optuna", "hydra.sweeper.storage=jounral:///{dir}/study.log"),
-        ("hydra.sweeper.storage=jounral:///{dir}/study.log", "journal:///<file>"),
+        ("hparams_search=mnist_optuna", "hydra.sweeper.storage=jounral://{dir}/study.log"),
+        ("hydra.sweeper.storage=jounral://{dir}/study.log", "journal://<file>"),
         mnist=True,
     ),
     BadInput(

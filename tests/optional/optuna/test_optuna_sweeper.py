@@ -78,16 +78,16 @@ def test_a_storage_that_is_no_database_or_cannot_be_written_is_refused_naming_it
 
 def test_a_journal_storage_is_made_with_its_directory_and_one_that_is_no_journal_is_refused(tmp_path: Path):
     journal = tmp_path / "searches" / "study.log"
-    study = open_study(f"journal:///{journal}", "s", "maximize", None, None, HEARTBEATS)
+    study = open_study(f"journal://{journal}", "s", "maximize", None, None, HEARTBEATS)
     study.ask()
     assert (
         journal.is_file()
-        and len(open_study(f"journal:///{journal}", "s", "maximize", None, None, HEARTBEATS).trials) == 1
+        and len(open_study(f"journal://{journal}", "s", "maximize", None, None, HEARTBEATS).trials) == 1
     )
     not_a_journal = tmp_path / "notes.txt"
     not_a_journal.write_text("some notes\n")
     with pytest.raises(UserError, match=f"^{not_a_journal} .hydra.sweeper.storage. is not an Optuna journal"):
-        open_study(f"journal:///{not_a_journal}", "s", "maximize", None, None, HEARTBEATS)
+        open_study(f"journal://{not_a_journal}", "s", "maximize", None, None, HEARTBEATS)
 
 
 def test_a_retry_takes_its_originals_place_and_a_trial_not_run_takes_none():

@@ -23,7 +23,7 @@ KILLED = 2  # the worker killed during its first trial
 
 
 STORAGES = {  # the URL, and the storage to read the study back with
-    "journal": ("journal:///{dir}/study.log", lambda d: JournalStorage(JournalFileBackend(str(d / "study.log")))),
+    "journal": ("journal://{dir}/study.log", lambda d: JournalStorage(JournalFileBackend(str(d / "study.log")))),
     "sqlite": ("sqlite:///{dir}/study.db", lambda d: f"sqlite:///{d}/study.db"),
 }
 
