@@ -171,6 +171,13 @@ def open_study(
 ) -> optuna.Study:
     """The stored study (made where there is none), its trials' heartbeats recorded every `heartbeats[0]` seconds
     and stale after `heartbeats[1]`; a storage Optuna cannot use is the user's to fix or move."""
+    interval, grace = heartbeats
+    if not 0 < interval < grace:
+        raise UserError(
+            f"hydra.sweeper.heartbeat_interval={interval} and grace_period={grace}: give a heartbeat interval of a "
+            "second or more and a grace period longer than it (a live worker's trial would be taken for one whose "
+            "worker is gone)"
+        )
     database = url.removeprefix("sqlite:///")
     try:
         storage = open_storage(url, *heartbeats)
@@ -204,6 +211,8 @@ def open_study(
             "directory you can write"
         ) from None
     except (ValueError, UnicodeDecodeError) as error:  # a file that is no journal (its lines are not JSON)
+        if not url.startswith(JOURNAL_PREFIX):
+            raise
         raise UserError(
             f"{url.removeprefix(JOURNAL_PREFIX)} (hydra.sweeper.storage) is not an Optuna journal ({error}): move it "
             "away to start the search afresh, or give another file"

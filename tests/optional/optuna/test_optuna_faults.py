@@ -69,6 +69,12 @@ BAD_INPUTS = [
         mnist=True,
     ),
     BadInput(
+        "search-grace-period-not-longer-than-the-heartbeat",
+        ("hparams_search=mnist_optuna", "hydra.sweeper.heartbeat_interval=10", "hydra.sweeper.grace_period=5"),
+        ("hydra.sweeper.heartbeat_interval=10 and grace_period=5", "a grace period longer than it"),
+        mnist=True,
+    ),
+    BadInput(
         "search-space-interval-not-a-number",
         ("hydra.searchpath=[file://{dir}/conf]", "hparams_search=bad_space", "hydra.sweep.dir={dir}/sweep"),
         ("model.optimizer.lr=interval(1, a)", "interval(low, high)"),
@@ -87,6 +93,11 @@ ROWS = [
         "`hydra.sweeper.storage` cannot be opened",
         "2",
         ["bad_input:search-storage-journal-cannot-be-made", "bad_input:search-storage-of-no-known-kind"],
+    ),
+    (
+        "`hydra.sweeper.grace_period` not longer than `heartbeat_interval`",
+        "2",
+        ["bad_input:search-grace-period-not-longer-than-the-heartbeat"],
     ),
     ("a search space value is not what the sweeper takes", "2", ["bad_input:search-space-interval-not-a-number"]),
     (

@@ -90,6 +90,12 @@ def test_a_journal_storage_is_made_with_its_directory_and_one_that_is_no_journal
         open_study(f"journal://{not_a_journal}", "s", "maximize", None, None, HEARTBEATS)
 
 
+@pytest.mark.parametrize("heartbeats", [(0, 60), (10, 10)], ids=["no-interval", "grace-not-longer"])
+def test_heartbeats_a_live_worker_could_miss_are_refused(tmp_path: Path, heartbeats: tuple[int, int]):
+    with pytest.raises(UserError, match="a grace period longer than it"):
+        open_study(f"sqlite:///{tmp_path / 's.db'}", "s", "maximize", None, None, heartbeats)
+
+
 def test_a_retry_takes_its_originals_place_and_a_trial_not_run_takes_none():
     def trial(number: int, state: TrialState, **attrs: Any) -> FrozenTrial:
         made = optuna.create_trial(state=state, value=0.0 if state == TrialState.COMPLETE else None, **attrs)
