@@ -14,7 +14,7 @@ A worker asks for a trial while the study has fewer than `n_trials` trials finis
 workers asking at the same moment may both get one, so a trial beyond `n_trials` in trial order is not run (it is
 told failed, its user attribute `not_run` says why). Job N is trial N in every worker, so job dirs never clash.
 A worker records a heartbeat of each trial it runs every `heartbeat_interval` seconds; a running trial without one
-for `grace_period` seconds lost its worker (killed, its node lost), and any worker settles it (`settle_stale`):
+for `grace_period` seconds lost its worker (killed, its node lost), and any worker settles it (`_settle_stale`):
 - where its job left its results.json (it finished just before the kill), it is told so;
 - otherwise it is marked failed, its job dir gets an `interrupted.txt` (the sweep summary shows the job as
   `interrupted`, which does not fail the sweep), and its parameters are tried again once, as a new trial that the
@@ -26,7 +26,8 @@ A trial whose job failed (it returned None, `project.engine.errors`, or raised) 
 search goes on. A trial its job's pruner stopped (`project.optional.optuna.pruning`, which leaves `pruned.txt` in the
 job dir) is a pruned one. The summary table (`project.engine.sweeps`) of the jobs this worker ran ends its search,
 also one without a finished trial, after the study's best trial.
-A search space, storage or pruner that cannot be used ends the search before its first job, in one `error:` line.
+A search space, storage, heartbeat setting or pruner that cannot be used ends the search before its first job, in
+one `error:` line.
 """
 
 import contextlib
@@ -36,7 +37,6 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,7 +254,7 @@ def consecutive_runs(trials: list[optuna.Trial]) -> Iterator[list[optuna.Trial]]
         yield run
 
 
-@contextmanager
+@contextlib.contextmanager
 def heartbeats(study: optuna.Study, trials: list[optuna.Trial], interval: int) -> Iterator[None]:
     """Record the trials' heartbeats every `interval` seconds while the block runs (their jobs), from a thread."""
     stop = threading.Event()
@@ -385,7 +385,7 @@ class ResumableOptunaSweeper(Sweeper):
             state, value = self._outcome(job, self.sweep_dir / str(trial.number))
             try:
                 self.study.tell(trial.number, value, state=state)
-            except (ValueError, UpdateFinishedTrialError):  # the study already holds it failed (`settle_stale`)
+            except (ValueError, UpdateFinishedTrialError):  # the study already holds it failed (`_settle_stale`)
                 log.warning(
                     f"trial {trial.number} was taken for one whose worker is gone (no heartbeat for "
                     f"{self.grace_period} s reached the storage): its job's results stay in its dir, and the study "
