@@ -1,5 +1,5 @@
 """An Optuna search killed mid-trial carries on, run again with its sweep dir, to n_trials finished trials: the killed
-trial is retried once its heartbeat is stale (a second after the kill here; `grace_period` in a search)."""
+trial is retried once its heartbeat is stale (2 s after the kill here; `grace_period` in a search)."""
 
 import os
 import signal
@@ -23,7 +23,7 @@ def search_arguments(mnist_root: Path, sweep_dir: Path) -> list[str]:
         *overrides,
         f"hydra.sweeper.n_trials={TRIALS}",
         "hydra.sweeper.heartbeat_interval=1",
-        "hydra.sweeper.grace_period=1",
+        "hydra.sweeper.grace_period=2",
         f"hydra.sweep.dir={sweep_dir}",
     ]
 
