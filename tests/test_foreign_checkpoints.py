@@ -12,7 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from tests.helpers import CONF_DIR, check_ok, error_lines, run_module
+from tests.foreign_modules import RegressionData, RegressionModule
+from tests.helpers import CONF_DIR, REGRESSION, check_ok, error_lines, run_module, train_own
 
 TOY = ("model=toy", "data=toy")
 
@@ -82,6 +83,31 @@ def test_train_resumes_a_foreign_checkpoint_and_its_own_checkpoints_then_refuse_
     check_ok(run_module("project.evaluate", f"ckpt_path={own}", cwd=tmp_path))
     line = one_error_line(run_module("project.evaluate", f"ckpt_path={own}", "model=toy", cwd=tmp_path))
     assert f"ckpt_path={own} stores the config" in line and "leave out model=" in line
+
+
+@pytest.mark.slow
+def test_a_foreign_checkpoint_of_your_own_module_is_taken_with_your_options(user_dir: Path):
+    """Your own module and data, their options in your `hydra.searchpath` dir: evaluated, predicted and resumed."""
+    L.seed_everything(123)
+    module, datamodule = RegressionModule(), RegressionData(batch_size=8, seed=123)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(module, datamodule=datamodule)
+    path = user_dir / "regression-before.ckpt"
+    trainer.save_checkpoint(path)
+    trainer.test(module, datamodule=datamodule, verbose=False)
+    mse = trainer.callback_metrics["test/mse"].item()
+
+    mine = ("model=regression", "data=regression")
+    evaluated = check_ok(train_own(user_dir, f"ckpt_path={path}", *mine, module="project.evaluate"))
+    (printed,) = re.findall(r"^test/mse\s+(\S+)$", evaluated.stdout, flags=re.MULTILINE)
+    assert float(printed) == pytest.approx(mse, rel=1e-6)
+    predict_dir = user_dir / "outputs" / "predict-before"
+    check_ok(train_own(user_dir, f"ckpt_path={path}", *mine, f"hydra.run.dir={predict_dir}", module="project.predict"))
+    rows = (predict_dir / "predictions.csv").read_text().splitlines()
+    assert rows[0] == "index,output" and len(rows) == 1 + 16, "what predict_step returned, for every test point"
+    run = user_dir / "outputs" / "resumed-before"
+    check_ok(train_own(user_dir, f"ckpt_path={path}", *REGRESSION, "trainer.max_epochs=2", f"hydra.run.dir={run}"))
+    assert json.loads((run / "results.json").read_text())["epochs"] == 2
 
 
 @pytest.mark.slow
