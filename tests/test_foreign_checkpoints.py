@@ -156,4 +156,4 @@ def test_a_foreign_checkpoint_without_model_or_data_names_what_to_give(
     path, _ = foreign
     line = one_error_line(run_module(program, f"ckpt_path={path}", *overrides, cwd=tmp_path))
     assert f"ckpt_path={path} is a Lightning checkpoint this project did not write" in line
-    assert "holds weights (a state_dict) but no config" in line and asked in line
+    assert "holds weights, a state_dict, but no config" in line and asked in line

@@ -53,15 +53,6 @@ def load_lightning_checkpoint(path: str | Path, tensors: bool = True) -> dict[st
     return checkpoint
 
 
-def load_project_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
-    """The checkpoint at `path` as `load_lightning_checkpoint` gives it, or a `UserError` where it stores no run
-    config (what `ckpt_path=last` looks for among earlier runs)."""
-    checkpoint = load_lightning_checkpoint(path, tensors)
-    if "config" not in checkpoint:
-        raise UserError(f"ckpt_path={path} {NO_CONFIG}")
-    return checkpoint
-
-
 def checkpoint_step(path: Path) -> int:
     """The optimizer step a checkpoint (a file, or a sharded directory) was written at, its tensors left on disk."""
     if is_sharded(path):
@@ -70,10 +61,6 @@ def checkpoint_step(path: Path) -> int:
 
 
 LAST = "<run dir>/checkpoints/last.ckpt"
-NO_CONFIG = (
-    "is a Lightning checkpoint this project did not write: it holds weights (a state_dict) but no config to rebuild "
-    "its module and data from"
-)
 
 
 def not_ours(content: object) -> str:
@@ -161,7 +148,7 @@ def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict) -
 def stored_config(path: Path) -> dict | None:
     """The run config a checkpoint stores, or None for a file that is not one of ours."""
     try:
-        return load_project_checkpoint(path, tensors=False)["config"]
+        return load_lightning_checkpoint(path, tensors=False).get("config")
     except UserError:
         return None
 

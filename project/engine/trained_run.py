@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.build import instantiate_group
-from project.engine.checkpoints import LAST, NO_CONFIG, check_weights_fit, load_lightning_checkpoint
+from project.engine.checkpoints import LAST, check_weights_fit, load_lightning_checkpoint
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error
 
 
@@ -122,8 +122,9 @@ def build_from_command_line(cfg: DictConfig) -> tuple[Any, Any]:
     lacking = [f"{group}=<option>" for group in ("model", "data") if not chosen(cfg, group)]
     if lacking:
         raise UserError(
-            f"ckpt_path={cfg.ckpt_path} {NO_CONFIG}: give {' and '.join(lacking)} (and their keys) as project.train "
-            "took them when it trained"
+            f"ckpt_path={cfg.ckpt_path} is a Lightning checkpoint this project did not write (it holds weights, a "
+            "state_dict, but no config to rebuild its module and data from): give "
+            f"{' and '.join(lacking)} (and their keys) as project.train would take them to train it"
         )
     data = {key: value for key, value in OmegaConf.to_container(cfg.data, resolve=True).items() if value is not None}
     return instantiate_group("data", OmegaConf.create(data)), instantiate_group("model", cfg.model)
