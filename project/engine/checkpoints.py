@@ -191,11 +191,6 @@ def resume_path(
     else:
         path = Path(ckpt_path)
     checkpoint = load_lightning_checkpoint(path, tensors=False)
-    if not is_sharded(path) and "optimizer_states" not in checkpoint:
-        raise UserError(
-            f"ckpt_path={path} holds weights only (written with save_weights_only), no optimizer state to resume: "
-            "give a full checkpoint (last.ckpt); project.evaluate and project.predict take this one"
-        )
     if "config" not in checkpoint:  # a foreign checkpoint: its weights are checked against the module built
         return str(path)
     trained = what_it_trains(checkpoint["config"])
