@@ -63,6 +63,9 @@ ROWS = [
             "bad_input:evaluate-a-run-dir",
             "bad_input:evaluate-a-checkpoint-without-data",
             "tests/test_workflow.py::test_evaluate_refuses_corrupt_and_foreign_files_in_one_line",
+            "tests/test_foreign_checkpoints.py::test_a_foreign_checkpoint_into_another_module_is_one_line_naming_its_keys",
+            "tests/test_foreign_checkpoints.py::test_a_foreign_checkpoint_without_model_or_data_names_what_to_give",
+            "tests/test_foreign_checkpoints.py::test_train_resumes_a_foreign_checkpoint_and_its_own_checkpoints_then_refuse_model_and_data",
         ],
     ),
     (
