@@ -36,6 +36,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
+from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -204,12 +205,17 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
 
 class FreeJobMemory(Callback):
     """After each job (Hydra calls it in the process that ran the job): what the job's trainer, module and data held
-    is freed before the next job of a sweep starts.
+    is freed before the next job of a sweep starts, and the job's record keeps no copy of its config.
 
     A trainer and its module refer to each other, so they, and the weights, optimizer state and data they hold, are
     freed only by Python's cycle collector, which runs when it decides to: until then the next job's tensors (on a GPU
-    too) come on top of them.
+    too) come on top of them. Hydra's launcher keeps each job's record (`JobReturn`) until the sweep ends, and with
+    it two copies of the job's config (with and without Hydra's part): some 150 kB a job, 150 MB over a thousand-job
+    grid. Sweepers read a job's return value, which stays; the callbacks after this one in the config (called first)
+    have seen the configs, and the job's directory keeps them (`.hydra/`).
     """
 
-    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+    def on_job_end(self, config: Any, job_return: JobReturn, **kwargs: Any) -> None:
+        job_return.hydra_cfg = None
+        job_return.cfg = None
         gc.collect()
