@@ -49,3 +49,15 @@ def test_a_bar_is_closed_before_the_error_line(tmp_path: Path):
     assert "\rEpoch 1: " in output, "the bar was drawn"
     last = output.rstrip("\n").split("\n")[-1]
     assert last.startswith("error: training diverged at step 3 "), repr(output[-600:])
+
+
+@pytest.mark.slow
+def test_a_warning_line_during_training_starts_below_the_bar(tmp_path: Path):
+    """A `warning:` printed while the bar is drawn (here: the optimized metric is not logged, said at the first
+    epoch's checkpoint) starts on a line of its own; the bar goes on below it."""
+    bar = ("callbacks.progress_bar.lines=false", "callbacks.progress_bar.refresh_rate=1")
+    status, output = run_into_one_file(tmp_path, "optimized_metric=val/nothing", *bar)
+
+    assert status == 0, output[-2000:]
+    [warning] = [line for line in output.split("\n") if "warning:" in line]
+    assert warning.startswith("warning: optimized_metric=val/nothing is not logged by ClassifierModule"), warning
