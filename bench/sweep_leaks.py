@@ -29,7 +29,7 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 def footprint() -> dict[str, int | float]:
     """This process's threads (Python's, and the OS's, torch's pools included), open file descriptors, child
     processes and resident memory (MB), read from /proc (Linux)."""
-    children = [pid for task in Path("/proc/self/task").iterdir() for pid in (task / "children").read_text().split()]
+    children = [pid for task in Path("/proc/self/task").iterdir() for pid in children_of(task)]
     resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
     return {
         "threads": threading.active_count(),
@@ -43,6 +43,15 @@ def footprint() -> dict[str, int | float]:
 def trainers() -> int:
     """How many Lightning trainers this process still holds (with their modules' weights and data)."""
     return sum(isinstance(thing, L.Trainer) for thing in gc.get_objects())
+
+
+def children_of(task: Path) -> list[str]:
+    """The child processes a thread of this process started (none where the thread ended as it was listed: torch's
+    short-lived threads do)."""
+    try:
+        return (task / "children").read_text().split()
+    except FileNotFoundError:
+        return []
 
 
 class JobFootprint(Callback):
@@ -82,7 +91,12 @@ def sweep_footprints(jobs: int, scratch: Path, overrides: tuple[str, ...] = ()) 
     ]
     with (scratch / "sweep.log").open("w") as log:
         subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    footprints = [json.loads(line) for line in out.read_text().splitlines()]
+    if len(footprints) != jobs:  # Hydra reports a callback's failure as a warning in the log and goes on
+        raise RuntimeError(
+            f"{len(footprints)} of {jobs} jobs were recorded: {(scratch / 'sweep.log').read_text()[-3000:]}"
+        )
+    return footprints
 
 
 def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
