@@ -29,6 +29,8 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 JOURNAL_PREFIX = "journal://"
+# Tries at opening a database that other workers may be creating at the same moment (each makes some of its tables).
+CREATION_ATTEMPTS = 5
 # The trial's system attribute holding its last heartbeat (seconds since the epoch) in a journal.
 HEARTBEAT_ATTR = "heartbeat"
 
@@ -92,7 +94,12 @@ def open_storage(url: str, heartbeat_interval: int | None = None, grace_period: 
         return HeartbeatJournalStorage(path, heartbeat_interval, grace_period)
     with warnings.catch_warnings():  # heartbeats are experimental in Optuna's eyes, stable since 2.9 in fact
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        try:
-            return RDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
-        except sqlalchemy.exc.IntegrityError:  # another worker made the database's tables at the same moment
-            return RDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+        for attempt in range(CREATION_ATTEMPTS):
+            try:
+                return RDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as error:
+                # Another worker made the database's tables at the same moment (`UNIQUE constraint failed`,
+                # `table ... already exists`): the next attempt finds them made.
+                raced = isinstance(error, sqlalchemy.exc.IntegrityError) or "already exists" in str(error)
+                if not raced or attempt == CREATION_ATTEMPTS - 1:
+                    raise
