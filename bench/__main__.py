@@ -32,6 +32,7 @@ CPU_SUITES = (
     "ddp_scaling",
     "preemption",
     "memory",
+    "sweep_leaks",
     "fsdp_memory",
     "image_folder",
     "time_to_accuracy",

@@ -31,8 +31,13 @@ from bench.training_runs import FitRecord, compose_config, lightning_fit, load_d
 
 LARGER_BATCH = 512
 VARIANTS = {
-    "default": [],
-    "stock": ["model._target_=bench.lightning_variants.PerStepLoggingModule", "callbacks.progress_bar.refresh_rate=1"],
+    # The bar a terminal shows, wherever the bench's own output goes (a pipe would get plain progress lines).
+    "default": ["callbacks.progress_bar.lines=false"],
+    "stock": [
+        "model._target_=bench.lightning_variants.PerStepLoggingModule",
+        "callbacks.progress_bar.lines=false",
+        "callbacks.progress_bar.refresh_rate=1",
+    ],
     "unfused Adam": ["model.optimizer.fused=false"],
     "plain __setattr__": ["model._target_=bench.lightning_variants.PlainSetattrModule"],
     "bare": [
@@ -104,11 +109,14 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         settings, recipe, {name: [trainer, *overrides] for name, overrides in VARIANTS.items()}, scratch
     )
     larger = compare_to_reference(
-        settings, [*recipe, f"data.batch_size={LARGER_BATCH}"], {"default": [trainer]}, scratch / "larger_batch"
+        settings,
+        [*recipe, f"data.batch_size={LARGER_BATCH}"],
+        {"default": [trainer, *VARIANTS["default"]]},
+        scratch / "larger_batch",
     )
     result[f"batch_{LARGER_BATCH}"] = {key: larger[key] for key in ("steps_per_epoch", "throughput_vs_reference")}
     profiler = ProfileTraining()
-    cfg = compose_config([*recipe, trainer, "trainer.max_epochs=1"], scratch / "profiled")
+    cfg = compose_config([*recipe, trainer, *VARIANTS["default"], "trainer.max_epochs=1"], scratch / "profiled")
     datamodule = load_datamodule(cfg, torch.device(settings.device) if settings.resident else None)
     profiled, _ = lightning_fit(cfg, datamodule, [profiler])
     steps = len(profiled.clock.step_ends)

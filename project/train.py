@@ -47,8 +47,9 @@ def train(cfg: DictConfig) -> dict:
         trainer.test(module, datamodule=datamodule, ckpt_path=None if weights == "last" else weights, verbose=False)
         stop_if_signalled(trainer)
         results |= metrics_of(trainer)
-    results |= summarise_history(cfg.run_dir, trainer.world_size) | {"weights": weights}
-    log_hyperparameters(trainer, cfg, results)
+        results |= summarise_history(cfg.run_dir, trainer.world_size) | {"weights": weights}
+        # Inside the job: its end closes the loggers, after this last write to them.
+        log_hyperparameters(trainer, cfg, results)
     return results
 
 

@@ -74,6 +74,12 @@ BAD_INPUTS = [
     BadInput("batch-larger-than-the-data", ("data.batch_size=100",), ("data.batch_size",)),
     BadInput("two-nodes-without-a-launcher", ("trainer=ddp", "trainer.num_nodes=2"), ("trainer.num_nodes",)),
     BadInput("added-unknown-key", ("+foo=1",), ("foo",)),
+    BadInput("key-misspelt", ("trainer.max_epoch=3",), ("trainer.max_epoch", "did you mean trainer.max_epochs?")),
+    BadInput("nested-key-misspelt", ("model.optimizer.lrr=0.1",), ("did you mean model.optimizer.lr?",)),
+    BadInput("option-misspelt", ("trainer=ddpp",), ("trainer=ddpp", "did you mean trainer=ddp?")),
+    BadInput("model-option-misspelt", ("model=mnist_mpl",), ("did you mean model=mnist_mlp?",)),
+    BadInput("evaluate-key-misspelt", ("ckpt_pth=x.ckpt",), ("did you mean ckpt_path?",), module="project.evaluate"),
+    BadInput("predict-option-misspelt", ("trainer=ddpp",), ("did you mean trainer=ddp?",), module="project.predict"),
     BadInput(
         "config-file-not-valid-yaml",
         ("hydra.searchpath=[file://{dir}/conf]", "model=broken"),

@@ -91,7 +91,9 @@ def serve(socket_path: str) -> tuple[dict, list[int], int] | None:
     import hydra  # noqa: F401
     import lightning.pytorch  # noqa: F401
     import torch  # noqa: F401
+    import torch.distributed.checkpoint.format_utils  # noqa: F401  (the engine's checkpoints)
     import torch.distributed.run  # noqa: F401  (torchrun's agents)
+    import torch.utils.tensorboard  # noqa: F401  (the default logger's writer)
     import torchmetrics  # noqa: F401
     import torchvision  # noqa: F401
 
@@ -396,7 +398,49 @@ def run(
     return subprocess.CompletedProcess(proc.args, proc.returncode, *output)
 
 
+class ChildExit:
+    """How a forked child ends: as its process would, up to the teardown of the modules it inherited.
+
+    Python ends a program in this order: the exception that ended it printed, its non-daemon threads joined, the
+    `atexit` handlers run (logging's flush among them), stdout and stderr flushed, then every module torn down object
+    by object. In a child of this server that teardown frees the server's whole heap (torch, Lightning), touching
+    each page it shares with the server: it costs about as much CPU as a toy run, and nothing a test can observe
+    depends on it. So the server registers `end` as its first `atexit` handler, which Python runs last: in a child it
+    flushes the output and leaves with the status Python would have left with, skipping the teardown alone.
+    """
+
+    status: int | None = None  # set in a child as its program ends (None: the server itself)
+    interrupted = False  # ended by an uncaught KeyboardInterrupt, which Python reports by dying of SIGINT
+
+    @classmethod
+    def noted(cls, error: BaseException | None) -> None:
+        """Note the status Python gives a program ended by `error` (None: it returned)."""
+        cls.interrupted = isinstance(error, KeyboardInterrupt)
+        if error is None:
+            cls.status = 0
+        elif isinstance(error, SystemExit):
+            code = error.code
+            cls.status = 0 if code is None else code if isinstance(code, int) else 1
+        else:
+            cls.status = 1
+
+    @classmethod
+    def end(cls) -> None:
+        if cls.status is None:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        if cls.interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGINT)
+        os._exit(cls.status & 0xFF)
+
+
 if __name__ == "__main__":
+    import atexit
+
+    atexit.register(ChildExit.end)  # before the libraries register theirs: run after them
     BASE_PATH = sys.path[1:]  # without this server's own directory, as `python -m` from elsewhere has it
     job = serve(sys.argv[1])
     if job is None:
@@ -409,11 +453,16 @@ if __name__ == "__main__":
     import runpy
 
     # What `python -m`, `python <script>` and `python -c` do themselves; the child ends (exit status, traceback,
-    # interpreter shutdown) as that process would.
-    if source is not None:
-        main.__builtins__ = __builtins__
-        exec(compile(source, "<string>", "exec"), main.__dict__)
-    elif sys.argv[0].endswith(".py"):
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    else:
-        runpy._run_module_as_main(sys.argv[0])
+    # threads, atexit) as that process would (`ChildExit`).
+    try:
+        if source is not None:
+            main.__builtins__ = __builtins__
+            exec(compile(source, "<string>", "exec"), main.__dict__)
+        elif sys.argv[0].endswith(".py"):
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        else:
+            runpy._run_module_as_main(sys.argv[0])
+    except BaseException as error:
+        ChildExit.noted(error)
+        raise
+    ChildExit.noted(None)

@@ -24,7 +24,20 @@ ROWS = [
             "bad_input:added-unknown-key",
             "bad_input:mnist-network-on-toy-data",
             "tests/test_config.py::test_a_value_of_the_wrong_type_for_the_network_names_the_key_and_the_type_it_takes",
-            f"{FAULTS}::test_a_key_the_config_does_not_have_is_named_by_hydra_before_anything_runs",
+        ],
+    ),
+    (
+        "a key or a config option is misspelt",
+        "2",
+        [
+            "bad_input:key-misspelt",
+            "bad_input:nested-key-misspelt",
+            "bad_input:option-misspelt",
+            "bad_input:model-option-misspelt",
+            "bad_input:evaluate-key-misspelt",
+            "bad_input:predict-option-misspelt",
+            f"{FAULTS}::test_a_key_the_config_does_not_have_is_one_line_before_anything_runs",
+            "tests/test_typos.py::test_the_nearest_keys_are_beside_the_misspelt_one_or_under_the_nearest_parent",
         ],
     ),
     (
@@ -50,6 +63,9 @@ ROWS = [
             "bad_input:evaluate-a-run-dir",
             "bad_input:evaluate-a-checkpoint-without-data",
             "tests/test_workflow.py::test_evaluate_refuses_corrupt_and_foreign_files_in_one_line",
+            "tests/test_foreign_checkpoints.py::test_a_foreign_checkpoint_into_another_module_is_one_line_naming_its_keys",
+            "tests/test_foreign_checkpoints.py::test_a_foreign_checkpoint_without_model_or_data_names_what_to_give",
+            "tests/test_foreign_checkpoints.py::test_train_resumes_a_foreign_checkpoint_and_its_own_checkpoints_then_refuse_model_and_data",
         ],
     ),
     (
@@ -119,6 +135,15 @@ ROWS = [
         "the console goes away",
         "0",
         ["tests/test_train_cli.py::test_a_console_its_reader_closed_leaves_the_run_going_to_its_log_file"],
+    ),
+    (
+        "under DDP, a training step leaves some parameters out of its loss",
+        "2",
+        [
+            "tests/test_unused_parameters.py::test_parameters_a_loss_leaves_out_need_one_key_which_the_error_line_names",
+            "tests/test_unused_parameters.py::test_ddps_unused_parameter_errors_in_every_wording_are_one_line_naming_the_key",
+            "tests/test_unused_parameters.py::test_a_static_graph_under_a_gan_is_refused_in_one_line_saying_to_turn_it_off",
+        ],
     ),
     (
         "a DDP rank dies",

@@ -246,7 +246,7 @@ def test_a_job_gives_back_the_threads_and_variables_its_launch_changed(monkeypat
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     threads = torch.get_num_threads()
-    trainer = type("Trainer", (), {"strategy": type("Strategy", (), {"launcher": None})()})()
+    trainer = type("Trainer", (), {"strategy": type("Strategy", (), {"launcher": None})(), "loggers": []})()
     with isolated_job(trainer):
         torch.set_num_threads(max(1, threads // 2) if threads > 1 else 2)
         os.environ.update(OMP_NUM_THREADS="1", LOCAL_RANK="0")

@@ -210,7 +210,7 @@ def test_bf16_mixed_precision_trains(tmp_path: Path):
         (["ckpt_path=last"], "ckpt_path=last: no earlier run"),
         pytest.param(
             ["hparams_search=nope"],
-            "Could not find 'hparams_search/nope'",
+            "error: hparams_search=nope is not an option of hparams_search",
             marks=[pytest.mark.hydra_report, requires("optuna")],
         ),
     ],

@@ -1,4 +1,4 @@
-"""ResumableOptunaSweeper: an Optuna search (Optuna 4 or 5, ask and tell) whose study lives in the sweep dir.
+"""ResumableOptunaSweeper: an Optuna search (Optuna 4 or 5, ask and tell) whose study any number of workers share.
 
 Hydra takes sweepers from the `hydra_plugins` package only, hence this file's place; importing it registers the
 `hydra/sweeper: optuna` config that conf/hparams_search/mnist_optuna.yaml overrides. Each batch of `n_jobs` trials is
@@ -6,25 +6,37 @@ asked of the study, launched through the configured launcher (in this process, o
 job number = trial number, and told what each job returned. The search space is `hydra.sweeper.params` plus the
 command line, in Hydra's override grammar; the direction is `optimized_mode`'s.
 
-Its study is kept in `storage` (a SQLite file of the sweep dir), so the same command run again with
-`hydra.sweep.dir=<that dir>` carries on where it stopped:
-- `n_trials` counts the trials to finish in all, so only those still missing are run;
-- jobs are numbered on from the stored trials (job dir N is trial N), so no earlier job dir is written over;
-- the sampler is reseeded at random: seeded as in the first run, it would suggest that run's parameters again
-  (TPE's first trials are random draws), so the continuation's suggestions are new but not reproducible;
-- a trial still marked running whose job left its results.json finished just before the kill: it is told so;
-- any other trial still marked running was interrupted (its process was killed): it is marked failed, its job
-  dir gets an `interrupted.txt` (the sweep summary shows the job as `interrupted`, which does not fail the
-  sweep), and its parameters are tried again first, as a new trial; a trial that finished is never run again.
+The study is kept in `storage` (project.optional.optuna.storage: SQLite, a database, or a journal file), so
+- several searches started on the same storage and `study_name` (terminals, nodes, a Slurm array) are workers of
+  one search: `n_trials` counts the study's trials, whichever worker ran them, and no trial is run twice;
+- the same command run again with `hydra.sweep.dir=<that dir>` carries on where it stopped (a worker of its own).
+A worker asks for a trial while the study has fewer than `n_trials` trials finished or running (`counted`); two
+workers asking at the same moment may both get one, so a trial beyond `n_trials` in trial order is not run (it is
+told failed, its user attribute `not_run` says why). Job N is trial N in every worker, so job dirs never clash.
+A worker records a heartbeat of each trial it runs every `heartbeat_interval` seconds; a running trial without one
+for `grace_period` seconds lost its worker (killed, its node lost), and any worker settles it (`_settle_stale`):
+- where its job left its results.json (it finished just before the kill), it is told so;
+- otherwise it is marked failed, its job dir gets an `interrupted.txt` (the sweep summary shows the job as
+  `interrupted`, which does not fail the sweep), and its parameters are tried again once, as a new trial that the
+  next worker to ask takes first. A worker with no trial left to ask waits for the others' running trials, so that
+  one whose worker dies is still retried. A live trial of another worker is never touched.
+The sampler is reseeded at random where the study is shared or carried on: seeded as in the first run, it would
+suggest that run's (or that worker's) parameters again, so such suggestions are new but not reproducible.
 A trial whose job failed (it returned None, `project.engine.errors`, or raised) is a failed trial of the study and the
 search goes on. A trial its job's pruner stopped (`project.optional.optuna.pruning`, which leaves `pruned.txt` in the
-job dir) is a pruned one. The summary table (`project.engine.sweeps`) ends the search, also one without a finished
-trial.
-A search space, storage or pruner that cannot be used ends the search before its first job, in one `error:` line.
+job dir) is a pruned one. The summary table (`project.engine.sweeps`) of the jobs this worker ran ends its search,
+also one without a finished trial, after the study's best trial.
+A search space, storage, heartbeat setting or pruner that cannot be used ends the search before its first job, in
+one `error:` line.
 """
 
+import contextlib
 import json
 import logging
+import threading
+import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +52,27 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import MISSING, DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.trial import TrialState
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
 
 from project.engine.errors import UserError
 from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, refuse
+from project.optional.optuna.storage import JOURNAL_PREFIX, mark_failed, open_storage, record_heartbeat, stale_trials
 
 log = logging.getLogger(__name__)
 DIRECTIONS = {"max": "maximize", "min": "minimize"}
+# A trial's user attribute: where its job runs (any worker settling the trial finds the job's results there).
+JOB_DIR_ATTR = "job_dir"
+# A trial's user attribute: why it was asked but not run.
+NOT_RUN_ATTR = "not_run"
+# Adds a stale trial's retry (once: a retry whose worker is gone too stays failed); RetryFailedTrialCallback before
+# Optuna 4.9, which deprecates that name. Experimental in Optuna's eyes since 2.8: its warning would reach every run
+# through Hydra's plugin scan.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    RETRY = (
+        getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+    )(max_retry=1)
 
 
 @dataclass
@@ -54,13 +80,16 @@ class ResumableOptunaSweeperConf:
     """`hydra/sweeper: optuna`: the keys conf/hparams_search/mnist_optuna.yaml sets."""
 
     _target_: str = "hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper.ResumableOptunaSweeper"
-    # The study's database URL (sqlite:///${hydra.sweep.dir}/optuna.db): the trials' jobs reach it too (pruning),
-    # wherever they run. No default: OmegaConf resolves a default's ${...} as a config is merged over it, which would
-    # claim a sweep dir of its own.
+    # The study's storage URL (sqlite:///${hydra.sweep.dir}/optuna.db, journal://<file>): the trials' jobs reach it
+    # too (pruning), wherever they run. No default: OmegaConf resolves a default's ${...} as a config is merged over
+    # it, which would claim a sweep dir of its own.
     storage: str = MISSING
     study_name: str = MISSING
     n_trials: int = 20
     n_jobs: int = 1
+    # Seconds between the heartbeats of a running trial, and without one after which its worker is taken for gone.
+    heartbeat_interval: int = 10
+    grace_period: int = 60
     # `_target_` + arguments of an Optuna sampler; none: Optuna's default (TPE, unseeded).
     sampler: Any = None
     # `_target_` + arguments of an Optuna pruner; none: every trial runs to its end.
@@ -137,12 +166,28 @@ def search_direction(optimized_mode: str, direction: str | None) -> str:
     return follows
 
 
-def open_study(url: str, study_name: str, direction: str, sampler: Any, pruner: Any) -> optuna.Study:
-    """The stored study (made where there is none); a storage Optuna cannot use is the user's to fix or move."""
+def open_study(
+    url: str, study_name: str, direction: str, sampler: Any, pruner: Any, heartbeats: tuple[int, int]
+) -> optuna.Study:
+    """The stored study (made where there is none), its trials' heartbeats recorded every `heartbeats[0]` seconds
+    and stale after `heartbeats[1]`; a storage Optuna cannot use is the user's to fix or move."""
+    interval, grace = heartbeats
+    if not 0 < interval < grace:
+        raise UserError(
+            f"hydra.sweeper.heartbeat_interval={interval} and grace_period={grace}: give a heartbeat interval of a "
+            "second or more and a grace period longer than it (a live worker's trial would be taken for one whose "
+            "worker is gone)"
+        )
     database = url.removeprefix("sqlite:///")
     try:
+        storage = open_storage(url, *heartbeats)
         return optuna.create_study(
-            storage=url, study_name=study_name, direction=direction, sampler=sampler, pruner=pruner, load_if_exists=True
+            storage=storage,
+            study_name=study_name,
+            direction=direction,
+            sampler=sampler,
+            pruner=pruner,
+            load_if_exists=True,
         )
     except sqlalchemy.exc.DatabaseError as error:
         problem = str(error.orig) if error.orig is not None else str(error).splitlines()[0]
@@ -156,7 +201,22 @@ def open_study(url: str, study_name: str, direction: str, sampler: Any, pruner: 
             "(by default <hydra.sweep.dir>/optuna.db)"
         ) from None
     except sqlalchemy.exc.SQLAlchemyError as error:
-        raise UserError(f"hydra.sweeper.storage={url} is no database URL Optuna can use ({error})") from None
+        raise UserError(
+            f"hydra.sweeper.storage={url} is no storage URL Optuna can use ({error}): give sqlite:///<file>, "
+            f"{JOURNAL_PREFIX}<file> or a database URL"
+        ) from None
+    except OSError as error:  # a journal file
+        raise UserError(
+            f"hydra.sweeper.storage={url} cannot be opened ({error.strerror or error}): give a journal file in a "
+            "directory you can write"
+        ) from None
+    except (ValueError, UnicodeDecodeError) as error:  # a file that is no journal (its lines are not JSON)
+        if not url.startswith(JOURNAL_PREFIX):
+            raise
+        raise UserError(
+            f"{url.removeprefix(JOURNAL_PREFIX)} (hydra.sweeper.storage) is not an Optuna journal ({error}): move it "
+            "away to start the search afresh, or give another file"
+        ) from None
     except RuntimeError as error:  # a study file of an older Optuna, whose tables this one no longer reads
         if "optuna storage upgrade" not in str(error):
             raise
@@ -167,6 +227,59 @@ def open_study(url: str, study_name: str, direction: str, sampler: Any, pruner: 
         ) from None
 
 
+def retried(trials: list[FrozenTrial]) -> set[int]:
+    """The numbers of the trials a retry stands in for (RetryFailedTrialCallback's `retry_history`)."""
+    return {number for trial in trials for number in trial.system_attrs.get("retry_history", [])}
+
+
+def counted(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials that count towards `n_trials`, in the order they take its places: every trial finished, running or
+    waiting to run, except one a retry stands in for, or one asked beyond `n_trials` and not run; a retry takes the
+    place of the trial it stands in for."""
+    stood_in_for = retried(trials)
+    kept = [trial for trial in trials if trial.number not in stood_in_for and NOT_RUN_ATTR not in trial.user_attrs]
+    return sorted(kept, key=lambda trial: (trial.system_attrs.get("failed_trial", trial.number), trial.number))
+
+
+def consecutive_runs(trials: list[optuna.Trial]) -> Iterator[list[optuna.Trial]]:
+    """The batch in runs of consecutive trial numbers: the launcher numbers a launch's jobs on from its first, and
+    job N must be trial N (another worker may have asked the numbers in between)."""
+    run: list[optuna.Trial] = []
+    for trial in trials:
+        if run and trial.number != run[-1].number + 1:
+            yield run
+            run = []
+        run.append(trial)
+    if run:
+        yield run
+
+
+@contextlib.contextmanager
+def heartbeats(study: optuna.Study, trials: list[optuna.Trial], interval: int) -> Iterator[None]:
+    """Record the trials' heartbeats every `interval` seconds while the block runs (their jobs), from a thread."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            for trial in trials:
+                try:
+                    record_heartbeat(study, trial)
+                except UpdateFinishedTrialError:
+                    pass  # taken for gone by another worker: its tell says so
+                except (OSError, sqlalchemy.exc.SQLAlchemyError) as error:  # the next one may reach the storage
+                    log.warning(f"the heartbeat of trial {trial.number} did not reach the storage: {error}")
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name="optuna-heartbeats", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 class ResumableOptunaSweeper(Sweeper):
     def __init__(
         self,
@@ -174,6 +287,8 @@ class ResumableOptunaSweeper(Sweeper):
         study_name: str,
         n_trials: int,
         n_jobs: int,
+        heartbeat_interval: int,
+        grace_period: int,
         sampler: optuna.samplers.BaseSampler | None,
         pruner: optuna.pruners.BasePruner | None,
         params: DictConfig | None,
@@ -182,6 +297,7 @@ class ResumableOptunaSweeper(Sweeper):
         """Hydra passes the sampler and pruner built from their configs (it instantiates the sweeper recursively)."""
         self.storage, self.study_name = storage, study_name
         self.n_trials, self.n_jobs = n_trials, n_jobs
+        self.heartbeat_interval, self.grace_period = heartbeat_interval, grace_period
         self.sampler, self.pruner, self.params = sampler, pruner or optuna.pruners.NopPruner(), params
         self.direction = direction
 
@@ -201,20 +317,81 @@ class ResumableOptunaSweeper(Sweeper):
                 search_direction(self.config.optimized_mode, self.direction),
                 self.sampler,
                 self.pruner,
+                (self.heartbeat_interval, self.grace_period),
             )
         except UserError as error:
             refuse(str(error))
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        to_go = self.n_trials - self._carry_on(study, sweep_dir)
-        while to_go > 0:
-            trials = [study.ask(space) for _ in range(min(self.n_jobs, to_go))]
-            overrides = [(*(f"{key}={value}" for key, value in trial.params.items()), *fixed) for trial in trials]
-            returns = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
-            for trial, job in zip(trials, returns, strict=True):
-                state, value = self._outcome(job, sweep_dir / str(trial.number))
-                study.tell(trial.number, value, state=state)
-            to_go -= len(trials)
-        self._log_best(study)
+        self.study, self.sweep_dir = study, Path(self.config.hydra.sweep.dir)
+        self.ran: list[int] = []
+        self.reseeded = False
+        self._settle_stale()
+        if study.get_trials(deepcopy=False):
+            self._reseed(
+                f"carrying on the study {self.study_name}: {self._finished_or_running()} of its {self.n_trials} "
+                "trial(s) finished or running"
+            )
+        waiting = False
+        while True:
+            self._settle_stale()
+            room = self.n_trials - self._finished_or_running()
+            running = sum(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+            if room > 0:
+                if not self.reseeded and len(study.get_trials(deepcopy=False)) > len(self.ran):
+                    self._reseed(f"the study {self.study_name} is shared with other workers")
+                self._run_batch([study.ask(space) for _ in range(min(self.n_jobs, room))], fixed)
+                waiting = False
+            elif running:  # other workers': wait, to retry one whose worker dies
+                if not waiting:
+                    log.info(f"no trial left to ask; waiting for the {running} trial(s) other workers are running")
+                waiting = True
+                time.sleep(self.heartbeat_interval)
+            else:
+                break
+        self._log_best()
+
+    def _finished_or_running(self) -> int:
+        return sum(t.state != TrialState.WAITING for t in counted(self.study.get_trials(deepcopy=False)))
+
+    def _reseed(self, why: str) -> None:
+        self.study.sampler.reseed_rng()
+        log.info(f"{why}: the sampler's suggestions are drawn afresh (not reproducible from its seed)")
+        self.reseeded = True
+
+    def _run_batch(self, asked: list[optuna.Trial], fixed: list[str]) -> None:
+        """Run the trials that fit in `n_trials` (`counted`); tell the others they were not run."""
+        for trial in asked:  # at once: a running trial that never had a heartbeat is never taken for stale (RDB)
+            record_heartbeat(self.study, trial)
+        places = [trial.number for trial in counted(self.study.get_trials(deepcopy=False))][: self.n_trials]
+        run = [trial for trial in asked if trial.number in places]
+        for trial in asked:
+            if trial not in run:
+                trial.set_user_attr(
+                    NOT_RUN_ATTR,
+                    f"asked as the study had its {self.n_trials} trials (another worker asked at the same moment)",
+                )
+                self.study.tell(trial, state=TrialState.FAIL)
+        if not run:
+            return
+        for trial in run:
+            trial.set_user_attr(JOB_DIR_ATTR, str((self.sweep_dir / str(trial.number)).absolute()))
+        returns = []
+        with heartbeats(self.study, run, self.heartbeat_interval):
+            for trials_in_a_row in consecutive_runs(run):
+                overrides = [
+                    (*(f"{key}={value}" for key, value in trial.params.items()), *fixed) for trial in trials_in_a_row
+                ]
+                returns += self.launcher.launch(overrides, initial_job_idx=trials_in_a_row[0].number)
+        for trial, job in zip(run, returns, strict=True):
+            state, value = self._outcome(job, self.sweep_dir / str(trial.number))
+            try:
+                self.study.tell(trial.number, value, state=state)
+            except (ValueError, UpdateFinishedTrialError):  # the study already holds it failed (`_settle_stale`)
+                log.warning(
+                    f"trial {trial.number} was taken for one whose worker is gone (no heartbeat for "
+                    f"{self.grace_period} s reached the storage): its job's results stay in its dir, and the study "
+                    "keeps the trial failed and runs its retry"
+                )
+            self.ran.append(trial.number)
 
     @staticmethod
     def _outcome(job: Any, job_dir: Path) -> tuple[TrialState, float | None]:
@@ -230,46 +407,50 @@ class ResumableOptunaSweeper(Sweeper):
             return TrialState.PRUNED, None  # Optuna takes the last value the job reported
         return TrialState.COMPLETE, float(value)
 
-    def _carry_on(self, study: optuna.Study, sweep_dir: Path) -> int:
-        """Settle the trials a stopped run left running (module docstring); the number of trials finished before."""
-        trials = study.get_trials(deepcopy=False)
-        if not trials:
-            return 0
-        for trial in [t for t in trials if t.state == TrialState.RUNNING]:
-            job_dir = sweep_dir / str(trial.number)
+    def _settle_stale(self) -> None:
+        """Settle the running trials whose worker is gone (module docstring); of two workers settling one, the
+        storage lets one only (the other's update of a finished trial is refused)."""
+        for trial in stale_trials(self.study):
+            job_dir = Path(trial.user_attrs.get(JOB_DIR_ATTR, self.sweep_dir / str(trial.number)))
             results = job_dir / "results.json"
             value = json.loads(results.read_text()).get(self.config.optimized_metric) if results.is_file() else None
             if value is not None:  # killed after the job had finished, before the study heard of it
                 pruned = (job_dir / PRUNED_FILE).is_file()
-                study.tell(trial.number, None if pruned else value, state=TrialState.PRUNED if pruned else None)
+                with contextlib.suppress(ValueError, UpdateFinishedTrialError):  # or another worker told it first
+                    self.study.tell(
+                        trial.number, None if pruned else value, state=TrialState.PRUNED if pruned else None
+                    )
                 continue
-            study.tell(trial.number, state=TrialState.FAIL)
-            study.enqueue_trial(trial.params)  # a waiting trial, numbered next
-            job_dir.mkdir(parents=True, exist_ok=True)  # the marker also says which trials the count leaves out
-            (job_dir / INTERRUPTED_FILE).write_text(
-                f"interrupted: the search was stopped during this trial; its parameters were tried again as "
-                f"trial {len(study.trials) - 1}\n"
+            if not mark_failed(self.study, trial):
+                continue  # another worker settled it
+            RETRY(self.study, trial)
+            again = [
+                t.number
+                for t in self.study.get_trials(deepcopy=False)
+                if trial.number in t.system_attrs.get("retry_history", [])
+            ]
+            tried = f"its parameters are tried again as trial {again[0]}" if again else "it was a retry already"
+            log.warning(
+                f"trial {trial.number} had no heartbeat for {self.grace_period} s (its worker is gone): marked "
+                f"failed; {tried}"
             )
-        finished = [
-            t
-            for t in study.get_trials(deepcopy=False)
-            if t.state.is_finished() and not (sweep_dir / str(t.number) / INTERRUPTED_FILE).is_file()
-        ]
-        study.sampler.reseed_rng()
-        log.info(
-            f"carrying on the study {self.study_name}: {len(finished)} trial(s) finished, "
-            f"{max(0, self.n_trials - len(finished))} to go"
-        )
-        return len(finished)
+            job_dir.mkdir(parents=True, exist_ok=True)  # the marker also says which trials the count leaves out
+            (job_dir / INTERRUPTED_FILE).write_text(f"interrupted: the worker running this trial stopped; {tried}\n")
 
-    def _log_best(self, study: optuna.Study) -> None:
-        """The best trial in the log and in `optimization_results.yaml` of the sweep dir, where there is one."""
-        if not any(trial.state == TrialState.COMPLETE for trial in study.get_trials(deepcopy=False)):
+    def _log_best(self) -> None:
+        """What this worker ran, and the study's best trial (of all workers) in the log and in
+        `optimization_results.yaml` of the sweep dir, where there is one."""
+        log.info(f"this worker ran trial(s) {', '.join(map(str, self.ran)) or 'none'} of the study {self.study_name}")
+        if not any(trial.state == TrialState.COMPLETE for trial in self.study.get_trials(deepcopy=False)):
             log.warning(f"no trial of the study {self.study_name} finished: it has no best parameters")
             return
-        best = study.best_trial
-        log.info(f"best trial {best.number}: {self.config.optimized_metric} {best.value}, parameters {best.params}")
+        best = self.study.best_trial
+        log.info(
+            f"best trial of the study: {best.number}, {self.config.optimized_metric} {best.value}, "
+            f"parameters {best.params}"
+        )
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(
             OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
-            Path(self.config.hydra.sweep.dir) / "optimization_results.yaml",
+            self.sweep_dir / "optimization_results.yaml",
         )

@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from project.engine.checkpoints import PartWayResumeCheck, check_checkpoint_dirs, resume_path
+from project.engine.checkpoints import PartWayResumeCheck, ResumedWeightsCheck, check_checkpoint_dirs, resume_path
 from project.engine.checks import check_config, check_launched_on_every_node, mistyped_value
 from project.engine.divergence import DivergenceGuard
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
@@ -57,6 +57,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
     callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), PartWayResumeCheck()]
+    callbacks += [ResumedWeightsCheck(cfg.ckpt_path)]
     callbacks += extra_callbacks
     if cfg.get("compile"):
         callbacks.append(CompileNetworks())

@@ -1,5 +1,5 @@
-"""Checkpoints: which one a run resumes from, refusing files that are not ours and resumes the data cannot carry on,
-and writing them atomically."""
+"""Checkpoints: which one a run resumes from, refusing files that are not Lightning checkpoints, weights that do not
+fit the module built and resumes the data cannot carry on, and writing them atomically."""
 
 import contextlib
 import math
@@ -14,24 +14,25 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.nn.parameter import is_lazy
 
 from project.engine.errors import UserError, disk_refuses, nearest_existing, unwritable
 
 
-def load_project_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
-    """The checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one of ours.
+def load_lightning_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
+    """The Lightning checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one.
 
-    Ours: a Lightning checkpoint whose `config` (stored by `project.engine.run_config`) can rebuild its run. A sharded
-    one (trainer=fsdp, a directory) is assembled on this process, or with `tensors=False` only its metadata is read
-    (what a resume checks before the ranks load their shards themselves).
+    A Lightning checkpoint holds the module's weights (`state_dict`); one of ours also holds its run's `config`
+    (stored by `project.engine.run_config`), and a foreign one (a plain `Trainer.save_checkpoint`) is used with the
+    module and data the command line composes. A sharded one (trainer=fsdp, a directory) is assembled on this
+    process, or with `tensors=False` only its metadata is read (what a resume checks before the ranks load their
+    shards themselves).
     """
     path = Path(path)
     if is_sharded(path):
-        checkpoint = plain_checkpoint(path) if tensors else read_metadata(path)
-        if "config" not in checkpoint:
-            raise UserError(f"ckpt_path={path} is a sharded checkpoint with no config: give one project.train wrote")
-        return checkpoint
+        return plain_checkpoint(path) if tensors else read_metadata(path)
     if path.is_dir():
         inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
         files = ", ".join(str(file) for file in inside[:3]) or "<run dir>/checkpoints/last.ckpt"
@@ -44,8 +45,11 @@ def load_project_checkpoint(path: str | Path, tensors: bool = True) -> dict[str,
         raise UserError(
             f"ckpt_path={path} is not a checkpoint torch.load can read (damaged, or another kind of file)"
         ) from None
-    if not (isinstance(checkpoint, dict) and "state_dict" in checkpoint and "config" in checkpoint):
-        raise UserError(f"ckpt_path={path} {not_ours(checkpoint)}: give a checkpoint project.train wrote ({LAST})")
+    if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("state_dict"), dict)):
+        raise UserError(
+            f"ckpt_path={path} {not_ours(checkpoint)}: give a checkpoint project.train wrote ({LAST}), or one of "
+            "Lightning's Trainer.save_checkpoint"
+        )
     return checkpoint
 
 
@@ -60,13 +64,43 @@ LAST = "<run dir>/checkpoints/last.ckpt"
 
 
 def not_ours(content: object) -> str:
-    """What a loaded file that is not a checkpoint of this project holds instead, as far as it can be told."""
+    """What a loaded file that is not a Lightning checkpoint holds instead, as far as it can be told."""
     if isinstance(content, dict) and content and all(isinstance(value, torch.Tensor) for value in content.values()):
-        return "holds a network's weights only (a state_dict), no config"
+        return "holds a network's weights only (a bare state_dict), not a Lightning checkpoint of a module"
     if isinstance(content, dict):
         keys = ", ".join(str(key) for key in list(content)[:6]) or "nothing"
-        return f"is not a checkpoint of this project (it holds {keys}: no state_dict and config)"
-    return f"is not a checkpoint of this project (it holds a {type(content).__name__}, no state_dict and config)"
+        return f"is not a checkpoint of this project (it holds {keys}: no state_dict of a module's weights)"
+    return f"is not a checkpoint of this project (it holds a {type(content).__name__}, no state_dict of weights)"
+
+
+def check_weights_fit(module: torch.nn.Module, weights: dict[str, Any], path: str | Path, advice: str) -> None:
+    """Refuse in one line the weights that `module.load_state_dict(weights, strict=True)` would refuse with a
+    traceback: the first of the module's keys they lack, of theirs the module lacks, and of those of another shape.
+    A lazy parameter (not built yet) takes whatever shape it is given."""
+    own = module.state_dict()
+    reshaped = [
+        f"{key} {list(weights[key].shape)} (the module's {list(value.shape)})"
+        for key, value in own.items()
+        if isinstance(weights.get(key), torch.Tensor)
+        and isinstance(value, torch.Tensor)
+        and not is_lazy(value)
+        and weights[key].shape != value.shape
+    ]
+    found = {
+        "missing": [key for key in own if key not in weights],
+        "unexpected": [key for key in weights if key not in own],
+        "of another shape": reshaped,
+    }
+    problems = [f"{kind}: {first_few(keys)}" for kind, keys in found.items() if keys]
+    if problems:
+        raise UserError(
+            f"ckpt_path={path}: its weights do not fit {type(module).__name__} ({'; '.join(problems)}): {advice}"
+        )
+
+
+def first_few(keys: list[str], shown: int = 3) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
 
 
 def what_it_trains(config: dict) -> dict:
@@ -114,7 +148,7 @@ def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict) -
 def stored_config(path: Path) -> dict | None:
     """The run config a checkpoint stores, or None for a file that is not one of ours."""
     try:
-        return load_project_checkpoint(path, tensors=False)["config"]
+        return load_lightning_checkpoint(path, tensors=False).get("config")
     except UserError:
         return None
 
@@ -128,7 +162,8 @@ def resume_path(
     its `hydra.run.dir`), else the newest earlier run's last.ckpt of the same model and data under `outputs_dir`,
     outside `sweep_dir` when a sweep's job asks (so that every job takes the same run from before the sweep, not a
     sibling's). A file that trained another model than `run_config` (this run's config) builds is refused: its
-    weights would not load.
+    weights would not load. A foreign Lightning checkpoint (no stored config) has nothing to compare: it is resumed
+    with the model and data this run builds, whose weights `ResumedWeightsCheck` checks.
 
     A run that its launcher started again, or a sweep carried on, resumes from its own run dir's
     `checkpoints/last.ckpt`, since it finds that dir again: a sweep's job (`sweep_dir` given; the same command with
@@ -155,7 +190,10 @@ def resume_path(
         return str(newest_last_checkpoint(outputs_dir, exclude=sweep_dir or run_dir, run_config=run_config))
     else:
         path = Path(ckpt_path)
-    trained = what_it_trains(load_project_checkpoint(path, tensors=False)["config"])
+    checkpoint = load_lightning_checkpoint(path, tensors=False)
+    if "config" not in checkpoint:  # a foreign checkpoint: its weights are checked against the module built
+        return str(path)
+    trained = what_it_trains(checkpoint["config"])
     building = what_it_trains(run_config)
     if trained != building:
         raise UserError(
@@ -164,6 +202,38 @@ def resume_path(
             ".hydra/overrides.yaml), or train afresh (without ckpt_path; under torchrun, with a new --rdzv-id)"
         )
     return str(path)
+
+
+class ResumedWeightsCheck(Callback):
+    """Refuses, before anything trains, a checkpoint whose weights the module cannot load strictly: Lightning loads
+    them once `fit` has set up, where a mismatch is a traceback; here it is one line naming the keys.
+
+    The weights are taken as Lightning would load them: after the module's `on_load_checkpoint` (called here on a
+    copy of the checkpoint) has seen them. Left to Lightning: a sharded checkpoint (its shards are checked as they
+    load), a module that builds its layers in `configure_model` (none exist yet at `setup`), and one that loads
+    loosely (`strict_loading = False`).
+    """
+
+    def __init__(self, ckpt_path: str | None) -> None:
+        self.ckpt_path = ckpt_path  # what `fit` resumes from (Lightning sets `trainer.ckpt_path` after `setup`)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        path = self.ckpt_path
+        if stage != "fit" or path is None or is_sharded(path) or not pl_module.strict_loading:
+            return
+        if is_overridden("configure_model", pl_module):
+            return
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        if is_overridden("on_load_checkpoint", pl_module):
+            checkpoint = {**checkpoint, "state_dict": dict(checkpoint["state_dict"])}
+            pl_module.on_load_checkpoint(checkpoint)
+        advice = (
+            "resume with the checkpoint's own model (its run's .hydra/overrides.yaml), or train afresh (without "
+            "ckpt_path)"
+            if "config" in checkpoint
+            else "give the model= (and model.<key>=) that trained it, or train afresh (without ckpt_path)"
+        )
+        check_weights_fit(pl_module, checkpoint["state_dict"], path, advice)
 
 
 def describe(trained: dict) -> str:

@@ -26,7 +26,7 @@ from typing import ParamSpec, TypeVar
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException, InstantiationException
+from hydra.errors import CompactHydraException, ConfigCompositionException, InstantiationException
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
@@ -34,6 +34,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from project.engine.run_dir import process_rank
 from project.engine.run_log import DISK_ERRORS, report, to_log_file
 from project.engine.sweeps import ERROR_FILE
+from project.engine.typos import typo_message
 
 P = ParamSpec("P")
 # Less free space than this is a full disk (torch.save's own report of one carries no errno).
@@ -65,8 +66,9 @@ class RunStopped(UserError):
 
 def find_user_error(error: BaseException | None) -> BaseException | None:
     """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains; a disk that
-    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so is a config
-    value whose `${...}` cannot be resolved."""
+    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so are a config
+    value whose `${...}` cannot be resolved, memory running out, and a module that DDP needs told about (parameters
+    a loss leaves out)."""
     while error is not None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
@@ -76,8 +78,38 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
             return disk_error(error)
         if is_out_of_memory(error):
             return out_of_memory(error)
+        if UNUSED_PARAMETERS in str(error) or TORCH_UNUSED_PARAMETERS in str(error):
+            return unused_parameters()
+        if GRAPH_CHANGED in str(error):
+            return graph_changed()
         error = error.__cause__ or error.__context__
     return None
+
+
+# DDP's reducer found parameters no loss reached (a GAN's step training one of its networks, a head switched off): in
+# Lightning's words (its DDP strategy rewrites torch's message), and in torch's (a DDP of another strategy). Under
+# ddp_spawn the message comes back from the worker as the text of a `ProcessRaisedException`, hence text, not type.
+UNUSED_PARAMETERS = "parameters that were not used in producing the loss"
+TORCH_UNUSED_PARAMETERS = "module has parameters that were not used in producing loss"
+# The same with `static_graph=True`, where the set of parameters a loss reaches changes from step to step.
+GRAPH_CHANGED = "not compatible with static_graph set to True"
+
+
+def unused_parameters() -> UserError:
+    """The one line for DDP meeting parameters that a training step left out of its loss."""
+    return UserError(
+        "DDP found parameters that were not used in producing the loss (a GAN's networks trained in turn, a head or "
+        "branch no loss reaches): set trainer.strategy.find_unused_parameters=true"
+    )
+
+
+def graph_changed() -> UserError:
+    """The one line for `static_graph=True` under a module whose steps do not all use the same parameters."""
+    return UserError(
+        "DDP with trainer.strategy.static_graph=true met a step that used other parameters than the first: set "
+        "trainer.strategy.static_graph=false (and trainer.strategy.find_unused_parameters=true where steps leave "
+        "parameters out of the loss)"
+    )
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -234,11 +266,12 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
 
 def run_hydra_app(main: Callable[[], object]) -> None:
     """Call an entry point's `@hydra.main` function so that a config file that is not valid YAML (in conf/ or a
-    `hydra.searchpath` dir) ends in one `error:` line naming the file and the place, exit 2, as any user error does.
+    `hydra.searchpath` dir) ends in one `error:` line naming the file and the place, exit 2, as any user error does;
+    so does an override of a key or option the config does not have, naming the nearest that exist (`typos`).
 
     Hydra reads the files inside its own error report (`run_and_report`), which shows a parse error as a traceback;
-    with HYDRA_FULL_ERROR=1, a setting it documents, it leaves every error to its caller, here. Its own messages
-    (a key or option it does not know) are then printed as Hydra prints them, exit 1, and a bug keeps its traceback.
+    with HYDRA_FULL_ERROR=1, a setting it documents, it leaves every error to its caller, here. Its other messages
+    are then printed as Hydra prints them, exit 1, and a bug keeps its traceback.
     A user who set HYDRA_FULL_ERROR gets Hydra's full tracebacks, as asked.
     """
     asked_for_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
@@ -254,6 +287,10 @@ def run_hydra_app(main: Callable[[], object]) -> None:
     except CompactHydraException as error:
         if asked_for_tracebacks:
             raise
+        typo = typo_message(error) if isinstance(error, ConfigCompositionException) else None
+        if typo is not None:
+            print(f"error: {typo}", file=sys.stderr, flush=True)
+            sys.exit(2)
         print(error, file=sys.stderr)
         if isinstance(error.__cause__, OmegaConfBaseException):
             print(error.__cause__, file=sys.stderr)

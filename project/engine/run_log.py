@@ -3,9 +3,9 @@
 Hydra sets up logging (console and that file) when the job starts. Lightning, imported before, gave its logger a
 console handler of its own and cut it off from the root logger, so none of its messages reached the file; Python's
 warnings and `print` never did. `capture_logs` reconnects Lightning and the warnings to Hydra's handlers, and
-`report` prints a text (the config, the results table, an error line) and writes it to the file too, so a failed
-run leaves in its directory what its user saw. A console that goes away mid-run (`python -m project.train | head`)
-does not end the run: its output goes on to the file only (`ClosableConsole`).
+`report` prints a text (the config, the results table, an error line, on a line of its own) and writes it to the
+file too, so a failed run leaves in its directory what its user saw. A console that goes away mid-run
+(`python -m project.train | head`) does not end the run: its output goes on to the file only (`ClosableConsole`).
 """
 
 import errno
@@ -66,8 +66,12 @@ class ClosableConsole:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
+        # Whether what was written last ended its line (a progress bar's redraw does not).
+        self.at_line_start = True
 
     def write(self, text: str) -> int:
+        if text:
+            self.at_line_start = text.endswith("\n")
         try:
             return self.stream.write(text)
         except BrokenPipeError:
@@ -105,6 +109,13 @@ def to_log_file(text: str, level: int = logging.INFO) -> None:
 
 
 def report(text: str, stream: TextIO | None = None, level: int = logging.INFO) -> None:
-    """Print `text` (to stdout unless `stream` is given) and write it to the run's log file."""
-    print(text, file=stream or sys.stdout, flush=True)
+    """Print `text` (to stdout unless `stream` is given) and write it to the run's log file.
+
+    A text for stderr (a `warning:` line) while a progress bar is drawn on stdout starts on the next line: a terminal,
+    or a log file that holds both, would show it glued to the bar. (A failed run's bar is closed before its error
+    line, `project.engine.progress`.)
+    """
+    stream = stream or sys.stdout
+    below_a_bar = stream is not sys.stdout and not getattr(sys.stdout, "at_line_start", True)
+    print(f"\n{text}" if below_a_bar else text, file=stream, flush=True)
     to_log_file(text, level)

@@ -24,6 +24,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from project.engine.errors import in_sweep_job
 from project.engine.sweeps import PRUNED_FILE
+from project.optional.optuna.storage import open_storage
 
 
 class TrialPruning(L.Callback):
@@ -43,7 +44,7 @@ class TrialPruning(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or not self.active or not trainer.is_global_zero or not in_sweep_job():
             return
-        storage = optuna.storages.RDBStorage(self.sweeper.storage)
+        storage = open_storage(self.sweeper.storage)
         study_name = self.sweeper.study_name
         study = optuna.load_study(study_name=study_name, storage=storage, pruner=instantiate(self.sweeper.pruner))
         study_id = storage.get_study_id_from_name(study_name)

@@ -7,9 +7,19 @@ PRUNED = (
     "python -m project.train experiment=mnist hparams_search=mnist_optuna 'hydra.sweeper.pruner={_target_:optuna."
     "pruners.MedianPruner,n_startup_trials:5,n_warmup_steps:1}'"
 )
+SHARED = "hydra.sweeper.storage=journal://outputs/mnist_search.log"
+ARRAY = f"sbatch --array=0-3 --nodes=1 scripts/slurm/train.sbatch experiment=mnist hparams_search=mnist_optuna {SHARED}"
 PAGE = DocsPage(
     REPO / "docs" / "optuna.md",
+    not_run_here={
+        ARRAY: (
+            "a Slurm cluster's (the slurm part): each array task is a worker as the line above is; workers sharing a "
+            "study, one killed: tests/optional/optuna/test_search_workers.py; train.sbatch passing its arguments to "
+            "project.train: tests/optional/slurm/test_slurm.py"
+        )
+    },
     smaller={
+        f"python -m project.train experiment=mnist hparams_search=mnist_optuna {SHARED}": "hydra.sweeper.n_trials=2",
         "python -m project.train experiment=mnist hparams_search=mnist_optuna": "hydra.sweeper.n_trials=2",
         PRUNED: "hydra.sweeper.n_trials=2 trainer.max_epochs=1",
     },

@@ -28,6 +28,10 @@ def an_optuna_2_db(case_dir: Path, ckpt: Path) -> None:
         connection.execute("UPDATE version_info SET library_version = '2.10.1'")
 
 
+def a_file_where_the_journals_directory_would_be(case_dir: Path, ckpt: Path) -> None:
+    (case_dir / "searches").write_text("a file, not a directory\n")
+
+
 def a_search_over_a_misspelt_interval(case_dir: Path, ckpt: Path) -> None:
     (case_dir / "conf" / "hparams_search").mkdir(parents=True)
     (case_dir / "conf" / "hparams_search" / "bad_space.yaml").write_text(
@@ -52,6 +56,25 @@ BAD_INPUTS = [
         prepare=an_optuna_2_db,
     ),
     BadInput(
+        "search-storage-journal-cannot-be-made",
+        ("hparams_search=mnist_optuna", "hydra.sweeper.storage=journal://{dir}/searches/study.log"),
+        ("hydra.sweeper.storage=journal://{dir}/searches/study.log", "a journal file in a directory you can write"),
+        mnist=True,
+        prepare=a_file_where_the_journals_directory_would_be,
+    ),
+    BadInput(
+        "search-storage-of-no-known-kind",
+        ("hparams_search=mnist_optuna", "hydra.sweeper.storage=jounral://{dir}/study.log"),
+        ("hydra.sweeper.storage=jounral://{dir}/study.log", "journal://<file>"),
+        mnist=True,
+    ),
+    BadInput(
+        "search-grace-period-not-longer-than-the-heartbeat",
+        ("hparams_search=mnist_optuna", "hydra.sweeper.heartbeat_interval=10", "hydra.sweeper.grace_period=5"),
+        ("hydra.sweeper.heartbeat_interval=10 and grace_period=5", "a grace period longer than it"),
+        mnist=True,
+    ),
+    BadInput(
         "search-space-interval-not-a-number",
         ("hydra.searchpath=[file://{dir}/conf]", "hparams_search=bad_space", "hydra.sweep.dir={dir}/sweep"),
         ("model.optimizer.lr=interval(1, a)", "interval(low, high)"),
@@ -65,6 +88,16 @@ ROWS = [
         "an Optuna search whose `optuna.db`",
         "2",
         ["bad_input:search-with-a-damaged-optuna-db", "bad_input:search-with-an-optuna-2-db"],
+    ),
+    (
+        "`hydra.sweeper.storage` cannot be opened",
+        "2",
+        ["bad_input:search-storage-journal-cannot-be-made", "bad_input:search-storage-of-no-known-kind"],
+    ),
+    (
+        "`hydra.sweeper.grace_period` not longer than `heartbeat_interval`",
+        "2",
+        ["bad_input:search-grace-period-not-longer-than-the-heartbeat"],
     ),
     ("a search space value is not what the sweeper takes", "2", ["bad_input:search-space-interval-not-a-number"]),
     (

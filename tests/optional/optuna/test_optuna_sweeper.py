@@ -3,12 +3,23 @@ gets instead (the searches themselves run in tests/test_search_*.py and tests/fa
 
 import random
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
+from optuna.trial import FrozenTrial, TrialState
 
-from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import open_study, search_direction, search_space
+from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import (
+    NOT_RUN_ATTR,
+    consecutive_runs,
+    counted,
+    open_study,
+    search_direction,
+    search_space,
+)
 from project.engine.errors import UserError
+
+HEARTBEATS = (10, 60)  # seconds: interval, grace period
 
 
 def test_the_search_space_takes_the_values_hydra_sweeps_and_the_last_word_on_a_key():
@@ -57,12 +68,49 @@ def test_a_storage_that_is_no_database_or_cannot_be_written_is_refused_naming_it
     damaged = tmp_path / "optuna.db"
     damaged.write_bytes(random.Random(0).randbytes(4096))
     with pytest.raises(UserError, match=f"^{damaged} .hydra.sweeper.storage. is not a database"):
-        open_study(f"sqlite:///{damaged}", "s", "maximize", None, None)
+        open_study(f"sqlite:///{damaged}", "s", "maximize", None, None, HEARTBEATS)
     unwritable = tmp_path / "no-such-dir" / "optuna.db"
     with pytest.raises(UserError, match="cannot be opened .unable to open database file.: give a storage in a"):
-        open_study(f"sqlite:///{unwritable}", "s", "maximize", None, None)
-    study = open_study(f"sqlite:///{tmp_path / 'fresh.db'}", "s", "minimize", None, None)
+        open_study(f"sqlite:///{unwritable}", "s", "maximize", None, None, HEARTBEATS)
+    study = open_study(f"sqlite:///{tmp_path / 'fresh.db'}", "s", "minimize", None, None, HEARTBEATS)
     assert study.direction == optuna.study.StudyDirection.MINIMIZE
+
+
+def test_a_journal_storage_is_made_with_its_directory_and_one_that_is_no_journal_is_refused(tmp_path: Path):
+    journal = tmp_path / "searches" / "study.log"
+    study = open_study(f"journal://{journal}", "s", "maximize", None, None, HEARTBEATS)
+    study.ask()
+    assert (
+        journal.is_file()
+        and len(open_study(f"journal://{journal}", "s", "maximize", None, None, HEARTBEATS).trials) == 1
+    )
+    not_a_journal = tmp_path / "notes.txt"
+    not_a_journal.write_text("some notes\n")
+    with pytest.raises(UserError, match=f"^{not_a_journal} .hydra.sweeper.storage. is not an Optuna journal"):
+        open_study(f"journal://{not_a_journal}", "s", "maximize", None, None, HEARTBEATS)
+
+
+@pytest.mark.parametrize("heartbeats", [(0, 60), (10, 10)], ids=["no-interval", "grace-not-longer"])
+def test_heartbeats_a_live_worker_could_miss_are_refused(tmp_path: Path, heartbeats: tuple[int, int]):
+    with pytest.raises(UserError, match="a grace period longer than it"):
+        open_study(f"sqlite:///{tmp_path / 's.db'}", "s", "maximize", None, None, heartbeats)
+
+
+def test_a_retry_takes_its_originals_place_and_a_trial_not_run_takes_none():
+    def trial(number: int, state: TrialState, **attrs: Any) -> FrozenTrial:
+        made = optuna.create_trial(state=state, value=0.0 if state == TrialState.COMPLETE else None, **attrs)
+        made.number = number
+        return made
+
+    trials = [
+        trial(0, TrialState.COMPLETE),
+        trial(1, TrialState.FAIL),  # its worker gone: retried as 3
+        trial(2, TrialState.RUNNING),
+        trial(3, TrialState.WAITING, system_attrs={"failed_trial": 1, "retry_history": [1]}),
+        trial(4, TrialState.FAIL, user_attrs={NOT_RUN_ATTR: "..."}),
+        trial(5, TrialState.FAIL),  # a failed job: it counts
+    ]
+    assert [t.number for t in counted(trials)] == [0, 3, 2, 5]
 
 
 def test_the_direction_is_optimized_modes_and_an_older_configs_direction_must_agree():
@@ -70,3 +118,11 @@ def test_the_direction_is_optimized_modes_and_an_older_configs_direction_must_ag
     assert search_direction("min", None) == "minimize"
     with pytest.raises(UserError, match="^hydra.sweeper.direction=maximize disagrees with optimized_mode=min, which"):
         search_direction("min", "maximize")
+
+
+def test_a_batch_is_launched_in_runs_of_consecutive_trials_so_that_job_n_is_trial_n():
+    """Another worker asked trials 5 and 6 between this worker's 4 and 7."""
+    study = optuna.create_study()
+    asked = [study.ask() for _ in range(9)]
+    mine = [asked[n] for n in (2, 3, 4, 7, 8)]
+    assert [[trial.number for trial in run] for run in consecutive_runs(mine)] == [[2, 3, 4], [7, 8]]

@@ -1,0 +1,159 @@
+"""A Lightning checkpoint this project did not write (a plain `Trainer.save_checkpoint`, from before the template):
+`project.evaluate`, `project.predict` and `project.train ckpt_path=` take it with the `model=`/`data=` given, load
+it strictly, and name in one line the keys that do not fit, or the choices it needs."""
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import lightning as L
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from tests.foreign_modules import RegressionData, RegressionModule
+from tests.helpers import CONF_DIR, REGRESSION, check_ok, error_lines, run_module, train_own
+
+TOY = ("model=toy", "data=toy")
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """(a checkpoint of one epoch of the toy, written by plain Lightning, with no config of this project's; the test
+    accuracy its weights give in-process)."""
+    directory = tmp_path_factory.mktemp("before-the-template")
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[*TOY, f"run_dir={directory}"])
+    L.seed_everything(cfg.seed)
+    module, datamodule = instantiate(cfg.model), instantiate(cfg.data)
+    trainer = L.Trainer(
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, default_root_dir=directory
+    )
+    trainer.fit(module, datamodule=datamodule)
+    path = directory / "before.ckpt"
+    trainer.save_checkpoint(path)
+    trainer.test(module, datamodule=datamodule, verbose=False)
+    return path, trainer.callback_metrics["test/acc"].item()
+
+
+def one_error_line(result) -> str:
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = error_lines(result.stderr)
+    assert result.stderr.rstrip().endswith(line)
+    return line
+
+
+@pytest.mark.slow
+def test_evaluate_and_predict_take_a_foreign_checkpoint_with_the_model_and_data_given(tmp_path: Path, foreign):
+    path, accuracy = foreign
+    evaluated = check_ok(run_module("project.evaluate", f"ckpt_path={path}", *TOY, cwd=tmp_path))
+    (printed,) = re.findall(r"^test/acc\s+(\S+)$", evaluated.stdout, flags=re.MULTILINE)
+    assert float(printed) == accuracy
+
+    predicted = check_ok(run_module("project.predict", f"ckpt_path={path}", *TOY, cwd=tmp_path))
+    (run_dir,) = re.findall(r"^run dir: (\S+)", predicted.stdout, flags=re.MULTILINE)
+    with (Path(run_dir) / "predictions.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 2  # the toy's two test points
+    assert sum(row["label"] == row["predicted"] for row in rows) / len(rows) == accuracy
+
+
+@pytest.mark.slow
+def test_train_resumes_a_foreign_checkpoint_and_its_own_checkpoints_then_refuse_model_and_data(tmp_path: Path, foreign):
+    """Lightning restores the epoch, step and optimizer; the run's own checkpoint then stores its config, which
+    evaluate rebuilds from, refusing a `model=` that it would not use."""
+    path, _ = foreign
+    run = tmp_path / "resumed"
+    result = check_ok(
+        run_module(
+            "project.train",
+            f"ckpt_path={path}",
+            *TOY,
+            "trainer.max_epochs=2",
+            f"hydra.run.dir={run}",
+            cwd=tmp_path,
+        )
+    )
+    assert "Restored all states from the checkpoint" in result.stderr
+    results = json.loads((run / "results.json").read_text())
+    assert results["epochs"] == 2
+
+    own = run / "checkpoints" / "last.ckpt"
+    check_ok(run_module("project.evaluate", f"ckpt_path={own}", cwd=tmp_path))
+    line = one_error_line(run_module("project.evaluate", f"ckpt_path={own}", "model=toy", cwd=tmp_path))
+    assert f"ckpt_path={own} stores the config" in line and "leave out model=" in line
+
+
+@pytest.mark.slow
+def test_a_foreign_checkpoint_of_your_own_module_is_taken_with_your_options(user_dir: Path):
+    """Your own module and data, their options in your `hydra.searchpath` dir: evaluated, predicted and resumed."""
+    L.seed_everything(123)
+    module, datamodule = RegressionModule(), RegressionData(batch_size=8, seed=123)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(module, datamodule=datamodule)
+    path = user_dir / "regression-before.ckpt"
+    trainer.save_checkpoint(path)
+    trainer.test(module, datamodule=datamodule, verbose=False)
+    mse = trainer.callback_metrics["test/mse"].item()
+
+    mine = ("model=regression", "data=regression")
+    evaluated = check_ok(train_own(user_dir, f"ckpt_path={path}", *mine, module="project.evaluate"))
+    (printed,) = re.findall(r"^test/mse\s+(\S+)$", evaluated.stdout, flags=re.MULTILINE)
+    assert float(printed) == pytest.approx(mse, rel=1e-6)
+    predict_dir = user_dir / "outputs" / "predict-before"
+    check_ok(train_own(user_dir, f"ckpt_path={path}", *mine, f"hydra.run.dir={predict_dir}", module="project.predict"))
+    rows = (predict_dir / "predictions.csv").read_text().splitlines()
+    assert rows[0] == "index,output" and len(rows) == 1 + 16, "what predict_step returned, for every test point"
+    run = user_dir / "outputs" / "resumed-before"
+    check_ok(train_own(user_dir, f"ckpt_path={path}", *REGRESSION, "trainer.max_epochs=2", f"hydra.run.dir={run}"))
+    assert json.loads((run / "results.json").read_text())["epochs"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("program", "overrides", "named"),
+    [
+        (
+            "project.evaluate",
+            ("model=mnist_mlp", "data=toy"),
+            "missing: network.layers.1.weight, network.layers.1.bias",
+        ),
+        (
+            "project.predict",
+            ("model=mnist_mlp", "data=toy"),
+            "unexpected: network.layers.4.weight, network.layers.4.bias",
+        ),
+        (
+            "project.train",
+            (*TOY, "model.network.num_outputs=3", "trainer.max_epochs=2"),
+            "of another shape: network.layers.4.weight [2, 20] (the module's [3, 20])",
+        ),
+    ],
+)
+def test_a_foreign_checkpoint_into_another_module_is_one_line_naming_its_keys(
+    tmp_path: Path, foreign, program: str, overrides: tuple[str, ...], named: str
+):
+    path, _ = foreign
+    result = run_module(program, f"ckpt_path={path}", *overrides, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    line = one_error_line(result)
+    assert f"ckpt_path={path}: its weights do not fit ClassifierModule" in line and named in line
+    assert "give the model= (and model.<key>=) that trained it" in line
+    assert not (tmp_path / "run" / "checkpoints").exists(), "refused before anything trained"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("program", "overrides", "asked"),
+    [
+        ("project.evaluate", (), "give model=<option> and data=<option>"),
+        ("project.predict", ("model=toy",), "give data=<option>"),
+    ],
+)
+def test_a_foreign_checkpoint_without_model_or_data_names_what_to_give(
+    tmp_path: Path, foreign, program: str, overrides: tuple[str, ...], asked: str
+):
+    path, _ = foreign
+    line = one_error_line(run_module(program, f"ckpt_path={path}", *overrides, cwd=tmp_path))
+    assert f"ckpt_path={path} is a Lightning checkpoint this project did not write" in line
+    assert "holds weights, a state_dict, but no config" in line and asked in line

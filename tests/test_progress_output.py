@@ -1,0 +1,63 @@
+"""What a log file holds of a run (a Slurm `.out`, CI, a pipe: standard output and error in one file): progress as
+plain lines, no carriage-return redraws, and a failed run's `error:` line on a line of its own, last."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.faults import USER_ERROR
+from tests.helpers import environment, python
+
+DIVERGES = "model.optimizer.lr=3e7"  # the toy's loss is NaN at step 3, its second epoch's first step
+
+
+def run_into_one_file(tmp_path: Path, *overrides: str) -> tuple[int, str]:
+    """A toy run on the CPU with its standard output and error in one pipe, as `sbatch` writes its `.out` file: its
+    exit status and that output, carriage returns kept (text mode would read them as line ends)."""
+    command = [python(), "-m", "project.train", "trainer=cpu", f"hydra.run.dir={tmp_path / 'run'}", *overrides]
+    result = subprocess.run(
+        command, cwd=tmp_path, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300
+    )
+    return result.returncode, result.stdout.decode()
+
+
+@pytest.mark.slow
+def test_a_run_into_a_file_shows_progress_as_plain_lines_and_ends_with_its_error_line(tmp_path: Path):
+    status, output = run_into_one_file(tmp_path, DIVERGES)
+
+    assert status == USER_ERROR, output[-2000:]
+    assert "\r" not in output
+    progress = [line for line in output.split("\n") if re.match(r"epoch \d+ (step \d+/2|validated)", line)]
+    assert [line.split(":")[0] for line in progress] == ["epoch 0 step 1/2", "epoch 0 step 2/2", "epoch 0 validated"]
+    assert progress[0].startswith("epoch 0 step 1/2: train/step_loss ")
+    last = output.rstrip("\n").split("\n")[-1]
+    assert last.startswith("error: training diverged at step 3 "), output[-2000:]
+    log_file = (tmp_path / "run" / "train.log").read_text()
+    assert "epoch 0 step 2/2: train/step_loss " in log_file
+
+
+@pytest.mark.slow
+def test_a_bar_is_closed_before_the_error_line(tmp_path: Path):
+    """Lightning's bar, as a terminal shows it (here in a pipe, redrawn at every step): closed when the run fails,
+    so the error line starts on a line of its own and nothing is drawn after it."""
+    bar = ("callbacks.progress_bar.lines=false", "callbacks.progress_bar.refresh_rate=1")
+    status, output = run_into_one_file(tmp_path, DIVERGES, *bar)
+
+    assert status == USER_ERROR, output[-2000:]
+    assert "\rEpoch 1: " in output, "the bar was drawn"
+    last = output.rstrip("\n").split("\n")[-1]
+    assert last.startswith("error: training diverged at step 3 "), repr(output[-600:])
+
+
+@pytest.mark.slow
+def test_a_warning_line_during_training_starts_below_the_bar(tmp_path: Path):
+    """A `warning:` printed while the bar is drawn (here: the optimized metric is not logged, said at the first
+    epoch's checkpoint) starts on a line of its own; the bar goes on below it."""
+    bar = ("callbacks.progress_bar.lines=false", "callbacks.progress_bar.refresh_rate=1")
+    status, output = run_into_one_file(tmp_path, "optimized_metric=val/nothing", *bar)
+
+    assert status == 0, output[-2000:]
+    [warning] = [line for line in output.split("\n") if "warning:" in line]
+    assert warning.startswith("warning: optimized_metric=val/nothing is not logged by ClassifierModule"), warning
