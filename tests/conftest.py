@@ -1,8 +1,10 @@
 """Fixtures and the skips of what this machine cannot run; plain helpers live in tests/helpers.py."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -12,7 +14,15 @@ import torch
 
 from tests.faults import BAD_INPUT_TEST, ENV, run_bad_input
 from tests.foreign_modules import FOREIGN_CONF
-from tests.helpers import CHROMEDRIVER, CHROMIUM, FASHION_MNIST_DEBIAN, IN_PROCESS_ONLY, check_ok, run_module
+from tests.helpers import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    FASHION_MNIST_DEBIAN,
+    IN_PROCESS_ONLY,
+    check_ok,
+    part_present,
+    run_module,
+)
 from tests.idx_files import write_idx_dataset
 
 # Prints, at the end of every run, the CPU the suite used against its wall time and the tests that waited longest.
@@ -111,6 +121,46 @@ def no_processes_in_fast_runs() -> Iterator[None]:
 
 def skip_process(*args: object, **kwargs: object) -> None:
     pytest.skip("starts a process: `make test` runs it")
+
+
+# Where a developer's own W&B login lives: no run of the tests may use it.
+WANDB_CREDENTIALS = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL", "WANDB_PROJECT", "WANDB_ENTITY")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def wandb_kept_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Where the optional wandb part is here (logger=wandb, and logger=many, which includes it), every run the tests
+    start logs offline into its run dir, logged in nowhere, its W&B files (cache, settings, staging) in a temporary
+    directory rather than $HOME, through one wandb-core service for the session (named in WANDB_SERVICE).
+
+    The shared service is what makes a shell's `python` work under W&B here: the tests' preloaded Python forks it
+    and it answers `os.getpid()` with its client's pid (tests/preloaded_python.py), which wandb hands its own new
+    service as the parent to watch; that service, whose real parent is another process, would take the parent for
+    gone and quit, and the run would wait for it forever. The part's tests of the online decision lift WANDB_MODE.
+    """
+    if not part_present("wandb") or importlib.util.find_spec("wandb") is None:
+        yield
+        return
+    home = tmp_path_factory.mktemp("wandb-home")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in WANDB_CREDENTIALS:
+            patch.delenv(name, raising=False)
+        patch.setenv("WANDB_MODE", "offline")
+        patch.setenv("NETRC", str(home / "netrc"))  # no such file: no login
+        for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+            (home / name).mkdir()
+            patch.setenv(name, str(home / name))
+        if IN_PROCESS_ONLY:  # no run starts a process, so none needs the service
+            yield
+            return
+        core = [sys.executable, "-m", "wandb", "beta", "core"]
+        started = subprocess.run([*core, "start"], capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0, started.stderr
+        patch.setenv("WANDB_SERVICE", started.stdout.strip())
+        try:
+            yield
+        finally:
+            subprocess.run([*core, "stop"], capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="session")
