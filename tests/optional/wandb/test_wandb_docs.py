@@ -1,4 +1,4 @@
-"""The commands of docs/wandb.md run as written (tests/docs_commands.py), offline (tests/conftest.py `wandb_kept_local`)."""
+"""The commands of docs/wandb.md run as written (tests/docs_commands.py), offline (tests/conftest.py sets that up)."""
 
 from tests.docs_commands import DocsPage, docs_page_tests
 from tests.helpers import REPO
