@@ -5,6 +5,7 @@ import errno
 from pathlib import Path
 
 import pytest
+from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.errors import UserError, error_line, find_user_error, unwritable
 
@@ -53,3 +54,19 @@ def test_an_error_raised_in_a_dataloader_worker_is_its_message_without_the_worke
 
 def test_an_error_that_is_not_the_users_is_its_type_and_message_on_one_line():
     assert error_line(KeyError("weights")) == "error: KeyError: 'weights'"
+
+
+def test_a_user_error_a_spawned_worker_raised_is_its_one_line_and_exit_status():
+    """ddp_spawn's parent gets only the worker's traceback, as text: the user error in it is rebuilt, chained
+    exceptions before it ignored; a bug's traceback stays a bug."""
+    worker = (
+        "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\nValueError: an earlier one\n\nThe above exception was the direct cause of the '
+        'following exception:\n\nTraceback (most recent call last):\n  File "y.py", line 2, in g\n'
+        "project.engine.divergence.Diverged: training diverged at step 3 (loss nan): lower the learning rate\n"
+    )
+    refusal = find_user_error(ProcessRaisedException(worker, 1, 123))
+    assert error_line(refusal) == "error: training diverged at step 3 (loss nan): lower the learning rate"
+    assert refusal.exit_status == UserError.exit_status
+    bug = "\n\nTraceback (most recent call last):\n  File \"y.py\", line 2, in g\nKeyError: 'a bug'\n"
+    assert find_user_error(ProcessRaisedException(bug, 0, 123)) is None

@@ -82,6 +82,7 @@ ROWS = [
         [
             "bad_input:diverging",
             f"{FAULTS}::test_a_ddp_run_that_diverges_stops_on_both_ranks_at_one_step_and_keeps_its_finite_checkpoint",
+            f"{FAULTS}::test_a_ddp_spawn_run_that_diverges_ends_in_its_workers_one_line",
             f"{FAULTS}::test_data_that_turns_nan_is_named_as_the_cause_and_a_sweep_counts_the_job_failed",
         ],
     ),

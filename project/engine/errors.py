@@ -14,6 +14,7 @@ such line too.
 
 import errno
 import functools
+import importlib
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ from hydra.errors import CompactHydraException, ConfigCompositionException, Inst
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.run_dir import process_rank
 from project.engine.run_log import DISK_ERRORS, report, to_log_file
@@ -67,8 +69,8 @@ class RunStopped(UserError):
 def find_user_error(error: BaseException | None) -> BaseException | None:
     """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains; a disk that
     is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so are a config
-    value whose `${...}` cannot be resolved, memory running out, and a module that DDP needs told about (parameters
-    a loss leaves out)."""
+    value whose `${...}` cannot be resolved, memory running out, a module that DDP needs told about (parameters
+    a loss leaves out), and a user error a ddp_spawn worker raised."""
     while error is not None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
@@ -82,8 +84,32 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
             return unused_parameters()
         if GRAPH_CHANGED in str(error):
             return graph_changed()
+        if isinstance(error, ProcessRaisedException):
+            return raised_in_a_worker(str(error))
         error = error.__cause__ or error.__context__
     return None
+
+
+# The line of a worker's traceback that names its exception: `project.engine.divergence.Diverged: training ...`.
+EXCEPTION_LINE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*)\.(?P<name>[A-Za-z_]\w*): (?P<message>.*)", re.MULTILINE)
+
+
+def raised_in_a_worker(traceback_text: str) -> UserError | None:
+    """The user error a process that `torch.multiprocessing.spawn` started (ddp_spawn's ranks) raised, rebuilt from
+    the traceback text that is all its parent gets back (`ProcessRaisedException`); None for any other exception."""
+    found = list(EXCEPTION_LINE.finditer(traceback_text))
+    if not found:
+        return None
+    last = found[-1]
+    try:
+        raised = getattr(importlib.import_module(last["module"]), last["name"])
+    except (ImportError, AttributeError):
+        return None
+    if not (isinstance(raised, type) and issubclass(raised, (UserError, MisconfigurationException))):
+        return None
+    refusal = UserError(traceback_text[last.start("message") :].strip())
+    refusal.exit_status = getattr(raised, "exit_status", UserError.exit_status)
+    return refusal
 
 
 # DDP's reducer found parameters no loss reached (a GAN's step training one of its networks, a head switched off): in
