@@ -229,3 +229,9 @@ class RunDirCheck(Callback):
                 flush=True,
             )
             sys.exit(2)
+
+
+def shown(directory: Path) -> str:
+    """`directory` relative to the working directory where it lies below it (`outputs/...`), else absolute."""
+    absolute, here = directory.resolve(), Path.cwd().resolve()
+    return str(absolute.relative_to(here)) if absolute.is_relative_to(here) else str(absolute)

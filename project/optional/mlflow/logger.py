@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from mlflow.exceptions import MlflowException
 
 from project.engine.errors import UserError, in_sweep_job
+from project.engine.run_dir import shown
 from project.engine.upstream_noise import DropMessages
 
 log = logging.getLogger(__name__)
@@ -139,9 +140,3 @@ def names_from_run_dir(run_dir: Path) -> tuple[str, str]:
         return shown(sweep_dir), str(run_dir.resolve().relative_to(sweep_dir.resolve()))
     experiment = HydraConfig.get().job.name if HydraConfig.initialized() else "train"
     return experiment, shown(run_dir)
-
-
-def shown(directory: Path) -> str:
-    """`directory` relative to the working directory where it lies below it (`outputs/...`), else absolute."""
-    absolute, here = directory.resolve(), Path.cwd().resolve()
-    return str(absolute.relative_to(here)) if absolute.is_relative_to(here) else str(absolute)

@@ -33,6 +33,7 @@ from wandb.errors import AuthenticationError, CommError
 
 from project.engine.errors import in_sweep_job
 from project.engine.hparams import flat
+from project.engine.run_dir import shown
 from project.engine.run_log import report
 from project.optional.wandb.login_state import logged_in
 
@@ -134,9 +135,3 @@ def finish_open_run_at_exit() -> None:
 def finish_open_run() -> None:
     if wandb.run is not None:
         wandb.run.finish()
-
-
-def shown(directory: Path) -> str:
-    """`directory` relative to the working directory where it lies below it (`outputs/...`), else absolute."""
-    absolute, here = directory.resolve(), Path.cwd().resolve()
-    return str(absolute.relative_to(here)) if absolute.is_relative_to(here) else str(absolute)
