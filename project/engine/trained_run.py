@@ -21,7 +21,7 @@ from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error
 
 
 def data_given(cfg: DictConfig) -> dict[str, Any]:
-    """The `data.<key>=` values given on the command line (those not null): they replace the checkpoint's. None where
+    """The `data.<key>=` values given on the command line (those not null): they replace the checkpoint's. Nothing where
     `data=<option>` chose a data config of its own (a foreign checkpoint's): nothing of a checkpoint's is replaced."""
     if "data" not in cfg or chosen(cfg, "data"):
         return {}
