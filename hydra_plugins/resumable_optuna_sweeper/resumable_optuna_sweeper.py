@@ -65,6 +65,8 @@ DIRECTIONS = {"max": "maximize", "min": "minimize"}
 JOB_DIR_ATTR = "job_dir"
 # A trial's user attribute: why it was asked but not run.
 NOT_RUN_ATTR = "not_run"
+# A retry's system attribute (set by the retry callback): the numbers of the trials it stands in for.
+RETRY_HISTORY_ATTR = "retry_history"
 # Adds a stale trial's retry (once: a retry whose worker is gone too stays failed); RetryFailedTrialCallback before
 # Optuna 4.9, which deprecates that name. Experimental in Optuna's eyes since 2.8: its warning would reach every run
 # through Hydra's plugin scan.
@@ -229,7 +231,7 @@ def open_study(
 
 def retried(trials: list[FrozenTrial]) -> set[int]:
     """The numbers of the trials a retry stands in for (RetryFailedTrialCallback's `retry_history`)."""
-    return {number for trial in trials for number in trial.system_attrs.get("retry_history", [])}
+    return {number for trial in trials for number in trial.system_attrs.get(RETRY_HISTORY_ATTR, [])}
 
 
 def counted(trials: list[FrozenTrial]) -> list[FrozenTrial]:
@@ -427,7 +429,7 @@ class ResumableOptunaSweeper(Sweeper):
             again = [
                 t.number
                 for t in self.study.get_trials(deepcopy=False)
-                if trial.number in t.system_attrs.get("retry_history", [])
+                if trial.number in t.system_attrs.get(RETRY_HISTORY_ATTR, [])
             ]
             tried = f"its parameters are tried again as trial {again[0]}" if again else "it was a retry already"
             log.warning(
