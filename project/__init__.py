@@ -1,8 +1,14 @@
 """A Lightning + Hydra training template: the entry points here, the worked example in example/, the machinery in
 engine/, and parts you may delete in optional/."""
 
-from project.engine import hints, run_dir, schedules
-from project.engine.upstream_noise import silence_upstream_noise
+from project.engine import startup
+
+# First, before the imports below (seconds): a SIGTERM while a training run starts is one line (engine/startup.py).
+if startup.launched_as_training():
+    startup.arm()
+
+from project.engine import hints, run_dir, schedules  # noqa: E402
+from project.engine.upstream_noise import silence_upstream_noise  # noqa: E402
 
 # Every entry point composes conf/, whose run directory uses `${launch_dir:}`, schedules `${run_steps:}` and recipes
 # `${subfolders:<dir>}`.

@@ -1,4 +1,4 @@
-"""The bad input that must end a run at once, in one `error:` line (exit status 2), and a callback that faults a run.
+"""The bad input that must end a run at once, in one `error:` line (exit status 2), and callbacks that fault a run.
 
 Each `BadInput` (tests/faults.py) is run by `tests/test_faults.py` as `python -m <module> <args>` in a directory of
 its own; the optional parts' cases are in their own test folders. Its args and the names its error line must contain
@@ -9,14 +9,18 @@ Damaged MNIST files have cases of their own in tests/test_bad_data_files.py, and
 corrupt or foreign checkpoint is in tests/test_workflow.py; they are not repeated here.
 """
 
+import os
 import random
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 
+from project.engine.ranks import process_rank
 from tests.faults import BadInput
 
 
@@ -149,3 +153,26 @@ class SigtermAtFirstBatch(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0 and batch_idx == 0:
             signal.raise_signal(signal.SIGTERM)
+
+
+class SigtermAtSetup(L.Callback):
+    """Sends SIGTERM to rank 0 as the run sets up: after DDP's ranks have met, before the first epoch (Lightning
+    registers its own SIGTERM handler only then); in a sweep's job `job` alone, where given."""
+
+    def __init__(self, job: int | None = None) -> None:
+        self.job = job
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.global_rank == 0 and (self.job is None or HydraConfig.get().job.num == self.job):
+            signal.raise_signal(signal.SIGTERM)
+
+
+class HeldRank(L.Callback):
+    """Holds rank `rank` as its run is built, before it could meet the other ranks (a node that is slow to start),
+    once it has written its pid to `marker`: rank 0 then waits for it inside torch's rendezvous."""
+
+    def __init__(self, rank: int, marker: str) -> None:
+        if process_rank() == rank:
+            Path(marker).write_text(str(os.getpid()))
+            while True:
+                time.sleep(1)

@@ -187,12 +187,15 @@ def become(request: dict, descriptors: list[int], client: int) -> None:
     if "module" in request:
         sys.path[:] = [request["cwd"], *pythonpath, *BASE_PATH]
         sys.argv[:] = [request["module"], *request["args"]]
+        sys.orig_argv = [sys.executable, "-m", request["module"], *request["args"]]
     elif "script" in request:
         sys.path[:] = [os.path.dirname(os.path.realpath(request["script"])), *pythonpath, *BASE_PATH]
         sys.argv[:] = [request["script"], *request["args"]]
+        sys.orig_argv = [sys.executable, request["script"], *request["args"]]
     else:
         sys.path[:] = ["", *pythonpath, *BASE_PATH]
         sys.argv[:] = ["-c", *request["args"]]
+        sys.orig_argv = [sys.executable, "-c", request.get("code", ""), *request["args"]]
     # torch sized its thread pool as the server imported it (with no OMP_NUM_THREADS: one thread per core).
     threads = request["env"].get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:

@@ -118,6 +118,16 @@ ROWS = [
             f"{FAULTS}::test_sigterm_at_the_first_step_names_what_to_resume_from",
         ],
     ),
+    (
+        "SIGTERM while the run starts",
+        "143",
+        [
+            f"{FAULTS}::test_sigterm_while_python_imports_the_libraries_is_one_line",
+            f"{FAULTS}::test_sigterm_while_ddp_ranks_meet_is_one_line_and_leaves_no_process",
+            f"{FAULTS}::test_sigterm_after_the_ranks_met_and_before_the_first_epoch_is_one_line",
+            f"{FAULTS}::test_sigterm_while_a_sweeps_second_job_starts_says_how_to_carry_the_sweep_on",
+        ],
+    ),
     ("Ctrl-C", "130", [f"{FAULTS}::test_ctrl_c_stops_the_run_with_130_naming_the_checkpoint_to_resume_from"]),
     (
         "SIGTERM or Ctrl-C in a `-m` sweep",

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -164,6 +165,93 @@ def test_sigterm_at_the_first_step_names_what_to_resume_from(tmp_path: Path, cal
     assert last.exists() == (callbacks == "callbacks=default")
     if last.exists():
         assert resume_from(line) == last.resolve() and torch.load(last, weights_only=True)["global_step"] == 1
+    assert_no_process_left(tmp_path)
+
+
+# A SIGTERM before the first epoch: one line from the first second, no process left.
+STOPPED_WHILE_STARTING = "error: stopped by SIGTERM while starting: nothing was trained and no checkpoint written: "
+
+
+def handles_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler of its own for SIGTERM (Linux /proc: the caught signals' mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & 1 << (signal.SIGTERM - 1))
+
+
+def test_sigterm_while_python_imports_the_libraries_is_one_line(tmp_path: Path):
+    """The launch's first moments, in a fresh interpreter (not the tests' preloaded one): signalled as soon as it
+    handles SIGTERM, which `project/__init__.py` makes it do before importing torch (seconds), and not before."""
+    run = [sys.executable, "-m", "project.train", *DDP, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    with open(tmp_path / "stdout.txt", "w") as stdout, open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen(run, cwd=tmp_path, stdout=stdout, stderr=stderr, env=os.environ | ENV)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not handles_sigterm(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run never handled SIGTERM"
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGTERM)
+    status = end_of(proc, tmp_path)
+    line = assert_ends_in_error_line(status, *output_of(tmp_path), STOPPED_BY_SIGTERM)
+    assert line == STOPPED_WHILE_STARTING + "run the same command again"
+    assert sorted(tmp_path.rglob("*.ckpt")) == []
+    assert_no_process_left(tmp_path)
+
+
+def wait_for_text(text: str, proc, cwd: Path, timeout: float = START_TIMEOUT) -> None:
+    """Until the stderr of the `background_run` in `cwd` holds `text`, while it goes on."""
+    deadline = time.monotonic() + timeout
+    while text not in output_of(cwd)[1]:
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {text!r} in:\n{output_of(cwd)[1][-3000:]}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["to-rank-0", "to-every-rank"])
+def test_sigterm_while_ddp_ranks_meet_is_one_line_and_leaves_no_process(tmp_path: Path, group: bool):
+    """Rank 1 is held before it meets rank 0, which waits inside torch's C++ rendezvous, where Python runs no signal
+    handler (to the whole group, rank 1 is gone and the rendezvous would never end): rank 0 says the one line at once,
+    rank 1 nothing, and no process is left."""
+    run_dir, held = tmp_path / "run", tmp_path / "held"
+    hold = ["+callbacks.held._target_=tests.fault_cases.HeldRank", "+callbacks.held.rank=1"]
+    hold.append(f"+callbacks.held.marker={held}")
+    args = [*LONG_TOY_RUN, *DDP, *hold, f"hydra.run.dir={run_dir}"]
+    with background_run(args, tmp_path, new_session=True, env=TESTS_IMPORTABLE) as proc:
+        wait_for_file(held, proc, tmp_path)
+        wait_for_text("Initializing distributed: GLOBAL_RANK: 0", proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        (os.killpg if group else os.kill)(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    line = assert_ends_in_error_line(status, *output_of(tmp_path), STOPPED_BY_SIGTERM)
+    assert line == STOPPED_WHILE_STARTING + "run the same command again"
+    assert sorted(tmp_path.rglob("*.ckpt")) == []
+    assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigterm_after_the_ranks_met_and_before_the_first_epoch_is_one_line(tmp_path: Path, processes: int):
+    """The data's setup and a checkpoint's restore come before Lightning handles SIGTERM (just before the first
+    epoch): a SIGTERM there is the same one line."""
+    ddp = DDP if processes == 2 else ()
+    signals = "+callbacks.sigterm._target_=tests.fault_cases.SigtermAtSetup"
+    args = ["logger=none", *ddp, signals, f"hydra.run.dir={tmp_path / 'run'}"]
+    result = run_module("project.train", *args, cwd=tmp_path, timeout=START_TIMEOUT, env=TESTS_IMPORTABLE)
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, STOPPED_BY_SIGTERM)
+    assert line == STOPPED_WHILE_STARTING + "run the same command again"
+    assert sorted(tmp_path.rglob("*.ckpt")) == []
+    assert_no_process_left(tmp_path)
+
+
+def test_sigterm_while_a_sweeps_second_job_starts_says_how_to_carry_the_sweep_on(tmp_path: Path):
+    """Each job of a sweep starts anew; the first trained, so the line is the second's, and names the sweep."""
+    sweep_dir = tmp_path / "sweep"
+    signals = ["+callbacks.sigterm._target_=tests.fault_cases.SigtermAtSetup", "+callbacks.sigterm.job=1"]
+    sweep = ["-m", "seed=1,2", "logger=none", *signals, f"hydra.sweep.dir={sweep_dir}"]
+    result = run_module("project.train", *sweep, cwd=tmp_path, timeout=START_TIMEOUT, env=TESTS_IMPORTABLE)
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, STOPPED_BY_SIGTERM)
+    carry_on = "carry the sweep on with the same command (its finished jobs are not run again)"
+    assert line == STOPPED_WHILE_STARTING + carry_on
+    assert (sweep_dir / "0" / "results.json").exists()
+    assert not list((sweep_dir / "1").rglob("*.ckpt")) and not (sweep_dir / "1" / "results.json").exists()
     assert_no_process_left(tmp_path)
 
 

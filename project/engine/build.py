@@ -21,6 +21,7 @@ from project.engine.checks import check_config, check_launched_on_every_node, mi
 from project.engine.divergence import DivergenceGuard
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
 from project.engine.hints import give_hints
+from project.engine.job import TrainingStarts
 from project.engine.networks import CompileNetworks
 from project.engine.run_config import RunConfigCallback, command_line_overrides, overridden_key
 from project.engine.schedules import ScheduleLengthCheck
@@ -57,7 +58,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     module: L.LightningModule = instantiate_group("model", cfg.model)
     callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
     callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), PartWayResumeCheck()]
-    callbacks += [ResumedWeightsCheck(cfg.ckpt_path)]
+    callbacks += [ResumedWeightsCheck(cfg.ckpt_path), TrainingStarts()]
     callbacks += extra_callbacks
     if cfg.get("compile"):
         callbacks.append(CompileNetworks())

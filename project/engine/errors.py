@@ -33,7 +33,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 from torch.multiprocessing.spawn import ProcessRaisedException
 
-from project.engine.run_dir import process_rank
+from project.engine.ranks import process_rank, started_by_rank_zero
 from project.engine.run_log import DISK_ERRORS, report, to_log_file
 from project.engine.sweeps import ERROR_FILE
 from project.engine.typos import typo_message
@@ -253,13 +253,6 @@ def record_failed_job(line: str) -> None:
     """Leave the error line in the sweep job's directory, where the sweep summary finds it."""
     if process_rank() == 0:
         Path(HydraConfig.get().runtime.output_dir, ERROR_FILE).write_text(line + "\n")
-
-
-def started_by_rank_zero() -> bool:
-    """Whether this process is a rank that rank 0 itself started (Lightning's own DDP launcher), which then reports
-    for it. Ranks srun or torchrun start each report: a signal may end rank 0 before it can (Slurm's requeue)."""
-    launched = "SLURM_PROCID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
-    return process_rank() != 0 and not launched
 
 
 def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:

@@ -7,6 +7,8 @@ is destroyed, and the environment variables and torch thread count a launch sets
 its trainer held is freed (`FreeJobMemory`).
 
 A job that ends early is reported by what happened first, in one line (`project.engine.errors`):
+- SIGTERM before its first epoch starts (imports, composing, DDP's ranks meeting, the data's setup): `project.engine.
+  startup` stops the process, exit 143; `StartupStops` and `TrainingStarts` tell it when a job starts and trains.
 - SIGTERM (what Slurm, Kubernetes and `timeout` send): Lightning stops after the step it is in and raises its
   `SIGTERMException`, a `SystemExit` that would end the process with status 0 (a mid-epoch checkpoint callback writes
   `last.ckpt` at that step); here it is a `RunStopped`, exit 143, naming the file to resume from.
@@ -44,6 +46,7 @@ from project.engine.checkpoints import checkpoint_step
 from project.engine.ddp import HydraJobLauncher, HydraJobRanks
 from project.engine.errors import RunStopped, UserError, find_user_error, in_sweep_job
 from project.engine.peers import TIMEOUT_KEY, collective_timed_out, silent_ranks
+from project.engine.startup import RUN_AGAIN, arm, disarm
 from project.engine.sweeps import continue_hint
 
 # What a launch may change in this process's environment: restored when the job ends.
@@ -219,3 +222,22 @@ class FreeJobMemory(Callback):
         job_return.hydra_cfg = None
         job_return.cfg = None
         gc.collect()
+
+
+class StartupStops(Callback):
+    """A SIGTERM while a job starts stops it in one line (`project.engine.startup`), for each job of a sweep too; the
+    process that launches a sweep trains nothing itself (its jobs do, here or on a cluster), so it is not starting."""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        disarm()
+
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        arm(continue_hint() if in_sweep_job() else RUN_AGAIN)
+
+
+class TrainingStarts(L.Callback):
+    """Ends the start-up as training starts: Lightning's SIGTERM handler, registered by now, stops the run at a step
+    from here on (`isolated_job` reports it)."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        disarm()

@@ -33,6 +33,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from project.engine.ranks import process_rank
 from project.engine.sweeps import check_same_sweep
 
 TIME_FORMAT = "%Y-%m-%d/%H-%M-%S"
@@ -171,15 +172,6 @@ def check_run_dir_is_this_runs(directory: Path, ckpt_path: str | None) -> None:
         )
         sys.exit(2)
     claim_file.write_text(this_launch)
-
-
-def process_rank() -> int:
-    """This process's rank as its launcher announced it (torchrun: RANK, srun: SLURM_PROCID, Lightning: LOCAL_RANK)."""
-    for variable in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
-        rank = int(os.environ.get(variable, "0"))
-        if rank > 0:
-            return rank
-    return 0
 
 
 def on_rank_zero(value: str) -> str | None:

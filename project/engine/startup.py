@@ -1,0 +1,118 @@
+"""A SIGTERM while a training run starts ends it in one line, exit 143, with no process left.
+
+A run spends its first seconds (minutes, on a busy cluster) starting: Python imports torch and Lightning, Hydra
+composes the config, DDP starts its ranks and they meet, the data is set up, a checkpoint is read. Lightning registers
+its SIGTERM handler only after all that, so a SIGTERM then (a `kill`, Slurm's `scancel`, a time limit) would end the
+run by Python's default: status 143 and not a word. From the first line `python -m project.train` runs
+(`project/__init__.py`), and again as each job of a sweep starts (`project.engine.job.StartupStops`), until the first
+training epoch starts, a SIGTERM ends the process here instead: rank 0, and every rank a launcher (srun, torchrun)
+started, prints `error: stopped by SIGTERM while starting...`; the ranks rank 0 started itself end silently, as they
+do for every stop it reports; Lightning's DDP children die with rank 0 (`project.engine.ddp`).
+
+Python runs a signal handler only between bytecodes of its main thread, and the main thread spends seconds inside
+torch's C++ rendezvous waiting for the other ranks (for good, if a signal to the whole group has ended them). So the
+signal's number is also written to a pipe the moment it arrives (`signal.set_wakeup_fd`), where a thread reads it:
+whichever of the two sees it first acts.
+
+From the first epoch on, Lightning's handler is in charge; it calls this one too, which then does nothing. Where this
+handler is called by itself once training has started (Lightning restores it after `fit`), SIGTERM does what it does
+by default.
+
+Standard library only: it is armed before the libraries are imported.
+"""
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+from project.engine.ranks import started_by_rank_zero
+from project.engine.run_log import report, to_log_file
+
+STOPPED_STATUS = 128 + signal.SIGTERM
+RUN_AGAIN = "run the same command again"
+
+
+class StartupStop:
+    """The state this module's handler and its thread share: whether the process is still starting, and the hint
+    its line ends with. Changed under a lock, so that one signal is acted on once, by one of the two."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.starting = False
+        self.stopping = False
+        self.hint = RUN_AGAIN
+        self.reader: threading.Thread | None = None
+
+    def stop(self) -> None:
+        """End the process as a SIGTERM while starting does, if it is still starting and no other handler (Lightning's)
+        has taken SIGTERM over; otherwise nothing."""
+        with self.lock:
+            if not self.starting or self.stopping or signal.getsignal(signal.SIGTERM) is not on_sigterm:
+                return
+            self.stopping = True
+        line = f"error: stopped by SIGTERM while starting: nothing was trained and no checkpoint written: {self.hint}"
+        if started_by_rank_zero():
+            to_log_file(line, logging.ERROR)
+        else:
+            report(line, sys.stderr, logging.ERROR)
+        os._exit(STOPPED_STATUS)
+
+
+STARTUP = StartupStop()
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM's handler, in the main thread: stop while starting; called by itself after start-up (training has
+    started, Lightning's handler has been removed), do what SIGTERM does by default; called by Lightning's handler,
+    which chains it, nothing."""
+    STARTUP.stop()
+    with STARTUP.lock:
+        after_startup = not STARTUP.starting and signal.getsignal(signal.SIGTERM) is on_sigterm
+    if after_startup:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def read_signals(pipe: int) -> None:
+    """The thread that acts on a SIGTERM while the main thread cannot (inside C++: torch's rendezvous, an import)."""
+    while True:
+        numbers = os.read(pipe, 64)
+        if signal.SIGTERM in numbers:
+            STARTUP.stop()
+
+
+def arm(hint: str = RUN_AGAIN) -> None:
+    """From now until `disarm`, a SIGTERM stops this process as the module docstring says, its line ending
+    in `hint` (how to start it again). Only the main thread can install a signal handler; elsewhere this does
+    nothing, and so it does where a handler of another program is installed (submitit's, in the jobs it starts)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, on_sigterm):
+        return
+    with STARTUP.lock:
+        STARTUP.starting, STARTUP.hint = True, hint
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if STARTUP.reader is None:
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)  # a full pipe must not block the C handler that writes to it
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        STARTUP.reader = threading.Thread(target=read_signals, args=(read_end,), daemon=True, name="startup-sigterm")
+        STARTUP.reader.start()
+
+
+def disarm() -> None:
+    """The process is no longer starting: its training has started, or it launches a sweep's jobs instead of
+    training; a SIGTERM is then Lightning's to handle, or does what it does by default."""
+    with STARTUP.lock:
+        STARTUP.starting = False
+
+
+def launched_as_training() -> bool:
+    """Whether this Python was started to run `project.train` (`python [options] -m project.train ...`, or
+    `python project/train.py ...`), as the package is imported, before that module runs."""
+    arguments = sys.orig_argv
+    module = ["-m", "project.train"] in (arguments[i : i + 2] for i in range(len(arguments)))
+    script = os.path.join("project", "train.py")
+    return module or any(argument.endswith(script) for argument in arguments[1:])
