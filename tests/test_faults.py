@@ -241,6 +241,29 @@ def test_sigterm_after_the_ranks_met_and_before_the_first_epoch_is_one_line(tmp_
     assert_no_process_left(tmp_path)
 
 
+def test_sigterm_under_ddp_spawn_ends_its_processes_and_names_the_checkpoint_to_resume_from(tmp_path: Path):
+    """ddp_spawn's processes handle SIGTERM among themselves; the process that started them, the one a scheduler or
+    `kill` signals, only waits for them: it ends them at once, and no process is left training into the run dir."""
+    run_dir = tmp_path / "run"
+    with background_run([*LONG_TOY_RUN, "trainer=ddp_spawn", f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        os.kill(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    line = assert_ends_in_error_line(status, *output_of(tmp_path), STOPPED_BY_SIGTERM)
+    stop = re.match(
+        r"error: stopped by SIGTERM: the ddp_spawn processes were ended at once, not after a step: resume from its "
+        r"last checkpoint \(step (\d+)\) with the same command plus ckpt_path=",
+        line,
+    )
+    assert stop, line
+    last = run_dir.resolve() / "checkpoints" / "last.ckpt"
+    assert resume_from(line) == last and torch.load(last, weights_only=False)["global_step"] == int(stop.group(1))
+    assert_nothing_half_written(tmp_path)
+    assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
 def test_sigterm_while_a_sweeps_second_job_starts_says_how_to_carry_the_sweep_on(tmp_path: Path):
     """Each job of a sweep starts anew; the first trained, so the line is the second's, and names the sweep."""
     sweep_dir = tmp_path / "sweep"

@@ -16,7 +16,9 @@ whichever of the two sees it first acts.
 
 From the first epoch on, Lightning's handler is in charge; it calls this one too, which then does nothing. Where this
 handler is called by itself once training has started (Lightning restores it after `fit`), SIGTERM does what it does
-by default.
+by default. A process whose ranks are processes it only waits for (ddp_spawn's) has no Lightning handler: there a
+SIGTERM ends those processes where they stand, and the line says what to resume from (`stop_ranks_on_sigterm`).
+Either way the process's children are ended before it exits, whatever started them.
 
 Standard library only: it is armed before the libraries are imported.
 """
@@ -26,33 +28,37 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from project.engine.ranks import started_by_rank_zero
 from project.engine.run_log import report, to_log_file
 
 STOPPED_STATUS = 128 + signal.SIGTERM
 RUN_AGAIN = "run the same command again"
+STARTING = "stopped by SIGTERM while starting: nothing was trained and no checkpoint written"
 
 
 class StartupStop:
-    """The state this module's handler and its thread share: whether the process is still starting, and the hint
-    its line ends with. Changed under a lock, so that one signal is acted on once, by one of the two."""
+    """The state this module's handler and its thread share: whether a SIGTERM is this module's to act on, and the
+    line it ends the process with (made when the signal comes). Changed under a lock, so that one signal is acted on
+    once, by one of the two."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.starting = False
+        self.armed = False
         self.stopping = False
-        self.hint = RUN_AGAIN
+        self.line: Callable[[], str] = lambda: f"{STARTING}: {RUN_AGAIN}"
         self.reader: threading.Thread | None = None
 
     def stop(self) -> None:
-        """End the process as a SIGTERM while starting does, if it is still starting and no other handler (Lightning's)
-        has taken SIGTERM over; otherwise nothing."""
+        """End the process as the module docstring says, if a SIGTERM is this module's to act on and no other handler
+        (Lightning's) has taken SIGTERM over; otherwise nothing."""
         with self.lock:
-            if not self.starting or self.stopping or signal.getsignal(signal.SIGTERM) is not on_sigterm:
+            if not self.armed or self.stopping or signal.getsignal(signal.SIGTERM) is not on_sigterm:
                 return
             self.stopping = True
-        line = f"error: stopped by SIGTERM while starting: nothing was trained and no checkpoint written: {self.hint}"
+        end_children()
+        line = f"error: {self.line()}"
         if started_by_rank_zero():
             to_log_file(line, logging.ERROR)
         else:
@@ -63,13 +69,29 @@ class StartupStop:
 STARTUP = StartupStop()
 
 
+def end_children() -> None:
+    """SIGKILL this process's children (Linux /proc): ranks it started, their helpers. A checkpoint is written whole
+    or not at all (`project.engine.checkpoints`), so one being written is not lost: the last whole one stays."""
+    me = str(os.getpid())
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as file:
+                parent = file.read().rsplit(")", 1)[1].split()[1]
+            if parent == me:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, IndexError):  # it ended meanwhile
+            continue
+
+
 def on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM's handler, in the main thread: stop while starting; called by itself after start-up (training has
     started, Lightning's handler has been removed), do what SIGTERM does by default; called by Lightning's handler,
     which chains it, nothing."""
     STARTUP.stop()
     with STARTUP.lock:
-        after_startup = not STARTUP.starting and signal.getsignal(signal.SIGTERM) is on_sigterm
+        after_startup = not STARTUP.armed and signal.getsignal(signal.SIGTERM) is on_sigterm
     if after_startup:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -84,15 +106,25 @@ def read_signals(pipe: int) -> None:
 
 
 def arm(hint: str = RUN_AGAIN) -> None:
-    """From now until `disarm`, a SIGTERM stops this process as the module docstring says, its line ending
-    in `hint` (how to start it again). Only the main thread can install a signal handler; elsewhere this does
+    """From now until `disarm`, a SIGTERM stops this process while it starts, its line ending in `hint` (how to start
+    it again)."""
+    watch_sigterm(lambda: f"{STARTING}: {hint}")
+
+
+def stop_ranks_on_sigterm(line: Callable[[], str]) -> None:
+    """From now until `disarm`, a SIGTERM ends the ranks this process waits for and then the process, in `line()`."""
+    watch_sigterm(line)
+
+
+def watch_sigterm(line: Callable[[], str]) -> None:
+    """Act on SIGTERM here, ending in `line()`. Only the main thread can install a signal handler; elsewhere this does
     nothing, and so it does where a handler of another program is installed (submitit's, in the jobs it starts)."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, on_sigterm):
         return
     with STARTUP.lock:
-        STARTUP.starting, STARTUP.hint = True, hint
+        STARTUP.armed, STARTUP.line = True, line
     signal.signal(signal.SIGTERM, on_sigterm)
     if STARTUP.reader is None:
         read_end, write_end = os.pipe()
@@ -106,7 +138,7 @@ def disarm() -> None:
     """The process is no longer starting: its training has started, or it launches a sweep's jobs instead of
     training; a SIGTERM is then Lightning's to handle, or does what it does by default."""
     with STARTUP.lock:
-        STARTUP.starting = False
+        STARTUP.armed = False
 
 
 def launched_as_training() -> bool:
