@@ -11,8 +11,8 @@ do for every stop it reports; Lightning's DDP children die with rank 0 (`project
 
 Python runs a signal handler only between bytecodes of its main thread, and the main thread spends seconds inside
 torch's C++ rendezvous waiting for the other ranks (for good, if a signal to the whole group has ended them). So the
-signal's number is also written to a pipe the moment it arrives (`signal.set_wakeup_fd`), where a thread reads it:
-whichever of the two sees it first acts.
+signal's number is also written to a pipe the moment it arrives (`signal.set_wakeup_fd`), where a thread reads it
+and acts.
 
 From the first epoch on, Lightning's handler is in charge; it calls this one too, which then does nothing. Where this
 handler is called by itself once training has started (Lightning restores it after `fit`), SIGTERM does what it does
@@ -39,22 +39,25 @@ STARTING = "stopped by SIGTERM while starting: nothing was trained and no checkp
 
 
 class StartupStop:
-    """The state this module's handler and its thread share: whether a SIGTERM is this module's to act on, and the
-    line it ends the process with (made when the signal comes). Changed under a lock, so that one signal is acted on
-    once, by one of the two."""
+    """The state this module's handler, its thread and `disarm` share: whether a SIGTERM now is this module's to act
+    on, whether one came that is not acted on yet, and the line it ends the process with (made when the signal comes).
+    Changed under a lock (one the handler may take again, should the signal come while the main thread holds it), so
+    that one signal is acted on once."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.armed = False
+        self.pending = False
         self.stopping = False
         self.line: Callable[[], str] = lambda: f"{STARTING}: {RUN_AGAIN}"
         self.reader: threading.Thread | None = None
 
     def stop(self) -> None:
-        """End the process as the module docstring says, if a SIGTERM is this module's to act on and no other handler
-        (Lightning's) has taken SIGTERM over; otherwise nothing."""
+        """End the process as the module docstring says, if a SIGTERM came that is this module's to act on (the
+        handler noted it, or it is armed and no other handler, Lightning's, has taken SIGTERM over); else nothing."""
         with self.lock:
-            if not self.armed or self.stopping or signal.getsignal(signal.SIGTERM) is not on_sigterm:
+            ours = self.pending or (self.armed and signal.getsignal(signal.SIGTERM) is on_sigterm)
+            if self.stopping or not ours:
                 return
             self.stopping = True
         end_children()
@@ -86,15 +89,18 @@ def end_children() -> None:
 
 
 def on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM's handler, in the main thread: stop while starting; called by itself after start-up (training has
-    started, Lightning's handler has been removed), do what SIGTERM does by default; called by Lightning's handler,
-    which chains it, nothing."""
-    STARTUP.stop()
+    """SIGTERM's handler, run by the main thread between two steps of whatever it was doing, so it writes nothing (a
+    print it interrupted would fail): while starting it notes the signal, for the thread (or `disarm`, should the
+    start-up end first) to act on; called by itself after start-up (training has started, Lightning's handler has
+    been removed) it does what SIGTERM does by default; called by Lightning's handler, which chains it, nothing."""
     with STARTUP.lock:
-        after_startup = not STARTUP.armed and signal.getsignal(signal.SIGTERM) is on_sigterm
-    if after_startup:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if STARTUP.stopping or signal.getsignal(signal.SIGTERM) is not on_sigterm:
+            return
+        if STARTUP.armed:
+            STARTUP.pending = True
+            return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def read_signals(pipe: int) -> None:
@@ -136,9 +142,11 @@ def watch_sigterm(line: Callable[[], str]) -> None:
 
 def disarm() -> None:
     """The process is no longer starting: its training has started, or it launches a sweep's jobs instead of
-    training; a SIGTERM is then Lightning's to handle, or does what it does by default."""
+    training; a SIGTERM is then Lightning's to handle, or does what it does by default. One that came before, and
+    that the thread has not acted on yet, is acted on here."""
     with STARTUP.lock:
         STARTUP.armed = False
+    STARTUP.stop()
 
 
 def launched_as_training() -> bool:

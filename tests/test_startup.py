@@ -1,0 +1,107 @@
+"""project/engine/startup.py's decisions, in-process: which SIGTERM it acts on, who says the line, and when it steps
+aside. Real signals to real runs (imports, DDP's rendezvous, a sweep's job, ddp_spawn) are in tests/test_faults.py;
+here the moments those tests cannot aim at: a SIGTERM the handler noted just before training started."""
+
+import signal
+import sys
+
+import pytest
+
+from project.engine import startup
+
+
+class Exited(Exception):
+    """What `os._exit` raises here, with its status."""
+
+
+@pytest.fixture
+def armed(monkeypatch: pytest.MonkeyPatch) -> startup.StartupStop:
+    """A fresh start-up state, armed, its handler taken to be the process's (no real handler installed), ending the
+    test rather than the process, and starting no thread."""
+    state = startup.StartupStop()
+    state.armed = True
+    state.reader = object()  # taken as started
+    monkeypatch.setattr(startup, "STARTUP", state)
+    monkeypatch.setattr(startup.signal, "getsignal", lambda number: startup.on_sigterm)
+    monkeypatch.setattr(startup, "end_children", lambda: None)
+
+    def exit_status(status: int) -> None:
+        raise Exited(status)
+
+    monkeypatch.setattr(startup.os, "_exit", exit_status)
+    for variable in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(variable, raising=False)
+    return state
+
+
+def test_a_sigterm_noted_as_training_starts_is_acted_on_there(armed, capsys):
+    """The handler only notes the signal; where the start-up ends before the thread acts, `disarm` does."""
+    startup.on_sigterm(signal.SIGTERM, None)
+    assert armed.pending and not armed.stopping
+    with pytest.raises(Exited) as exited:
+        startup.disarm()
+    assert exited.value.args == (143,)
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
+
+
+def test_the_thread_acts_once_for_a_signal_the_handler_noted_too(armed, capsys):
+    startup.on_sigterm(signal.SIGTERM, None)
+    with pytest.raises(Exited):
+        armed.stop()
+    armed.stop()  # the other of the two: nothing more
+    startup.disarm()
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")] == [
+        f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
+    ]
+
+
+def test_once_started_a_sigterm_does_what_it_does_by_default(armed, monkeypatch, capsys):
+    """After the start-up, Lightning restores this handler after `fit`: called by itself it ends the process as
+    Python's default would, without a line."""
+    done = []
+    monkeypatch.setattr(startup.signal, "signal", lambda number, handler: done.append(("handler", handler)))
+    monkeypatch.setattr(startup.os, "kill", lambda pid, number: done.append(("kill", number)))
+    startup.disarm()
+    startup.on_sigterm(signal.SIGTERM, None)
+    armed.stop()
+    assert done == [("handler", signal.SIG_DFL), ("kill", signal.SIGTERM)]
+    assert capsys.readouterr().err == ""
+
+
+def test_under_lightnings_handler_it_does_nothing(armed, monkeypatch, capsys):
+    """Lightning's handler, registered just before the first epoch, calls the one it found: that one then leaves the
+    stop to Lightning, even while still armed."""
+    monkeypatch.setattr(startup.signal, "getsignal", lambda number: signal.default_int_handler)
+    startup.on_sigterm(signal.SIGTERM, None)
+    armed.stop()
+    assert not armed.pending and not armed.stopping
+    assert capsys.readouterr().err == ""
+
+
+def test_a_rank_that_rank_zero_started_ends_without_a_line(armed, monkeypatch, capsys):
+    """Rank 0 says it for the run; a rank srun or torchrun started says it itself."""
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(Exited):
+        armed.stop()
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    armed.stopping = False
+    with pytest.raises(Exited):
+        armed.stop()
+    assert capsys.readouterr().err.startswith("error: stopped by SIGTERM while starting")
+
+
+@pytest.mark.parametrize(
+    ("command", "training"),
+    [
+        (["python", "-m", "project.train", "trainer=ddp"], True),
+        (["python", "-u", "-X", "importtime", "-m", "project.train"], True),
+        (["/usr/bin/python3", "project/train.py", "logger=none"], True),
+        (["python", "-m", "project.evaluate", "ckpt_path=x"], False),
+        (["python", "-m", "pytest", "project.train"], False),
+        (["python", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"], False),
+    ],
+)
+def test_only_a_training_launch_is_armed_as_the_package_is_imported(monkeypatch, command, training):
+    monkeypatch.setattr(sys, "orig_argv", command)
+    assert startup.launched_as_training() is training
