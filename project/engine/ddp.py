@@ -19,7 +19,6 @@ once Lightning starts Hydra children as single runs of the current job.
 """
 
 import ctypes
-import functools
 import inspect
 import logging
 import os
@@ -56,12 +55,9 @@ PR_SET_PDEATHSIG = 1
 STOP_GRACE_SECONDS = 30.0
 
 
-def _die_with_parent(parent: int) -> None:
-    """Runs in the child before exec: the kernel sends SIGKILL when the parent process ends (Linux only). A parent
-    that ended before that (a SIGTERM as the run starts, `project.engine.startup`) is not waited for."""
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel sends SIGKILL when the parent process ends (Linux only)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _quoted(value: str) -> str:
@@ -142,7 +138,7 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             WORLD_SIZE=str(self.num_processes * self.num_nodes),
         )
         command = child_command(ckpt_path)
-        die_with_parent = functools.partial(_die_with_parent, os.getpid()) if sys.platform == "linux" else None
+        die_with_parent = _die_with_parent if sys.platform == "linux" else None
         for local_rank in range(1, self.num_processes):
             environment = os.environ | {"LOCAL_RANK": str(local_rank)}
             child = subprocess.Popen(command, env=environment, cwd=get_original_cwd(), preexec_fn=die_with_parent)

@@ -73,9 +73,10 @@ STARTUP = StartupStop()
 
 
 def end_children() -> None:
-    """SIGKILL this process's children (Linux /proc): ranks it started, their helpers. A checkpoint is written whole
-    or not at all (`project.engine.checkpoints`), so one being written is not lost: the last whole one stays."""
-    me = str(os.getpid())
+    """SIGKILL this process's children (Linux /proc): ranks it started, their helpers, and a child forked a moment
+    ago that has not yet asked to die with its parent (`project.engine.ddp`). A checkpoint is written whole or not at
+    all (`project.engine.checkpoints`), so one being written is not lost: the last whole one stays."""
+    me = os.readlink("/proc/self")  # the pid its children name as their parent, as /proc has it
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
