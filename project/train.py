@@ -47,7 +47,7 @@ def train(cfg: DictConfig) -> dict:
         trainer.test(module, datamodule=datamodule, ckpt_path=None if weights == "last" else weights, verbose=False)
         stop_if_signalled(trainer)
         results |= metrics_of(trainer)
-        results |= summarise_history(cfg.run_dir, trainer.world_size) | {"weights": weights}
+        results |= summarise_history(cfg.run_dir, trainer.world_size, trainer.current_epoch) | {"weights": weights}
         # Inside the job: its end closes the loggers, after this last write to them.
         log_hyperparameters(trainer, cfg, results)
     return results

@@ -61,10 +61,11 @@ def test_the_speed_is_none_when_some_batchs_size_could_not_be_read(tmp_path: Pat
 
 
 def test_a_run_without_a_history_file_reports_its_size_but_no_speed(tmp_path: Path):
-    """callbacks=none records no history: the results table still gets the run's world size and place."""
-    summary = summarise_history(str(tmp_path), world_size=2)
-    assert summary["world_size"] == 2 and summary["epochs"] == 0 and summary["run_dir"] == str(tmp_path)
-    assert math.isnan(summary["fit_seconds"])
+    """callbacks=none records no history: the results table still gets the run's epochs (the trainer's count), world
+    size and place, and says it has no time or speed rather than make them up."""
+    summary = summarise_history(str(tmp_path), world_size=2, epochs=3)
+    assert summary["world_size"] == 2 and summary["epochs"] == 3 and summary["run_dir"] == str(tmp_path)
+    assert math.isnan(summary["fit_seconds"]) and summary["samples_per_second"] is None
 
 
 def test_a_saved_history_loads_back_equal(tmp_path: Path):

@@ -61,3 +61,13 @@ def test_a_warning_line_during_training_starts_below_the_bar(tmp_path: Path):
     assert status == 0, output[-2000:]
     [warning] = [line for line in output.split("\n") if "warning:" in line]
     assert warning.startswith("warning: optimized_metric=val/nothing is not logged by ClassifierModule"), warning
+
+
+@pytest.mark.slow
+def test_no_callbacks_draw_no_bar(tmp_path: Path):
+    """`callbacks=none` means no progress either: Lightning, left to itself, would add its own bar, redraws and all."""
+    status, output = run_into_one_file(tmp_path, "callbacks=none", "logger=none")
+
+    assert status == 0, output[-2000:]
+    assert "\r" not in output and "Epoch 0" not in output, repr(output[-600:])
+    assert "\nepochs      3\n" in output, "the run reported its results, and the epochs it trained"

@@ -13,7 +13,7 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.checkpoints import PartWayResumeCheck, ResumedWeightsCheck, check_checkpoint_dirs, resume_path
@@ -66,10 +66,17 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     if cfg.get("stop_when_diverged", True):
         callbacks.insert(0, DivergenceGuard())  # first: it checks before any checkpoint callback writes
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
-    # Checkpoints come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add its own.
+    # Checkpoints and progress come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add
+    # its own checkpoints, and its own bar, whose redraws a log file or a pipe keeps (`project.engine.progress`).
     checkpointing = any(isinstance(callback, ModelCheckpoint) for callback in callbacks)
+    no_bar = {} if any(isinstance(callback, ProgressBar) for callback in callbacks) else {"enable_progress_bar": False}
     trainer: L.Trainer = instantiate_group(
-        "trainer", cfg.trainer, callbacks=callbacks, logger=loggers or False, enable_checkpointing=checkpointing
+        "trainer",
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        enable_checkpointing=checkpointing,
+        **no_bar,
     )
     check_launched_on_every_node(trainer)
     return TrainingSetup(datamodule, module, trainer, cfg.ckpt_path)

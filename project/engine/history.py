@@ -135,9 +135,11 @@ def first_dimensions(batch: object) -> Iterator[int]:
             yield from first_dimensions(getattr(batch, item.name))
 
 
-def summarise_history(run_dir: str, world_size: int) -> dict:
-    """Epochs, time and speed from rank 0's history file (written by every strategy, spawned workers included)."""
+def summarise_history(run_dir: str, world_size: int, epochs: int) -> dict:
+    """Epochs, time and speed from rank 0's history file (written by every strategy, spawned workers included); where
+    there is none (callbacks=none records no history), `epochs` (the trainer's count), and no time or speed."""
     history_file = Path(run_dir) / "history.rank0.json"
-    if not history_file.is_file():  # callbacks=none: no history recorded
-        return TrainingHistory(world_size=world_size, fit_seconds=float("nan")).run_summary(run_dir)
+    if not history_file.is_file():
+        summary = TrainingHistory(world_size=world_size, fit_seconds=float("nan")).run_summary(run_dir)
+        return summary | {"epochs": epochs, "samples_per_second": None}
     return TrainingHistory.load(history_file).run_summary(run_dir)

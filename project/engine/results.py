@@ -45,12 +45,14 @@ def format_results_table(results: dict) -> str:
     if not metrics:
         lines.append("metrics     none logged (self.log in the module's steps puts them here)")
     speed = results["samples_per_second"]
+    speed_of = "(training samples, all processes)"
+    if speed is None:
+        speed_of = "(not known: no history was kept, or a batch's size could not be read)"
     lines += [
         f"epochs      {results['epochs']}",
         f"processes   {results['world_size']}",
         f"wall time   {format_seconds(results['fit_seconds'])} (fit: train + validation)",
-        f"samples/s   {'-' if speed is None else format(speed, '.0f')} "
-        + ("(training samples, all processes)" if speed is not None else "(the batches' size could not be read)"),
+        f"samples/s   {'-' if speed is None else format(speed, '.0f')} {speed_of}",
         f"weights     {results.get('weights', 'last')} (val and test)",
         f"run dir     {results['run_dir']}",
     ]
