@@ -361,7 +361,7 @@ class ResumableOptunaSweeper(Sweeper):
 
     def _run_batch(self, asked: list[optuna.Trial], fixed: list[str]) -> None:
         """Run the trials that fit in `n_trials` (`counted`); tell the others they were not run."""
-        for trial in asked:  # at once: a running trial that never had a heartbeat is never taken for stale (RDB)
+        for trial in asked:  # at once: a running trial without one is stale once its start is grace_period old
             record_heartbeat(self.study, trial)
         places = [trial.number for trial in counted(self.study.get_trials(deepcopy=False))][: self.n_trials]
         run = [trial for trial in asked if trial.number in places]

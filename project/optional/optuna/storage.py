@@ -8,16 +8,18 @@
 
 Several workers share a study through its storage, and a worker that dies leaves its trial running: the sweeper
 tells such a trial from a live one by its heartbeat (`record_heartbeat`, `stale_trial_ids`), which its worker
-records every `heartbeat_interval` seconds while the trial runs. RDBStorage keeps Optuna's own heartbeats; Optuna's
-JournalStorage has none, so `HeartbeatJournalStorage` records them as a system attribute of the trial, stamped with
-the worker's clock (the workers' clocks must agree to well within `grace_period`, as NTP keeps them).
-Optuna records and reads heartbeats inside `Study.optimize` only; an ask-and-tell worker reaches them through
-`record_heartbeat`, `stale_trials` and `mark_failed` below, the one place that touches Optuna's private names
-(`study._storage`, `trial._trial_id`, `_get_stale_trial_ids`).
+records every `heartbeat_interval` seconds while the trial runs, the first as soon as it has asked for the trial.
+RDBStorage keeps Optuna's own heartbeats, but never takes a trial without one for stale: `HeartbeatRDBStorage` does,
+counted from its start (a worker that died between asking for it and its first heartbeat), or the other workers
+would wait for it without end. Optuna's JournalStorage has none, so `HeartbeatJournalStorage` records them as a
+system attribute of the trial. Both stamp with the workers' clocks, which must agree to well within `grace_period`,
+as NTP keeps them. Optuna records and reads heartbeats inside `Study.optimize` only; an ask-and-tell worker reaches
+them through `record_heartbeat`, `stale_trials` and `mark_failed` below, the one place that touches Optuna's private
+names (`study._storage`, `trial._trial_id`, `_get_stale_trial_ids`, the RDB's tables).
 """
 
-import time
 import warnings
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import optuna
@@ -25,6 +27,8 @@ import sqlalchemy.exc
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
@@ -43,13 +47,13 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         self.heartbeat_interval, self.grace_period = heartbeat_interval, grace_period
 
     def record_heartbeat(self, trial_id: int) -> None:
-        self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+        self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, datetime.now().timestamp())
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         """Running trials whose last heartbeat is older than the grace period; a trial with none yet counts from its
         start (a retry copies its original's attributes, so the later of the two counts)."""
         grace = self.grace_period or 2 * (self.heartbeat_interval or 0)
-        now = time.time()
+        now = datetime.now().timestamp()
         return [
             trial._trial_id
             for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
@@ -64,6 +68,25 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
 
     def get_failed_trial_callback(self) -> None:  # the name of the same question before Optuna 4.9
         return None
+
+
+class HeartbeatRDBStorage(RDBStorage):
+    """Optuna's RDBStorage, where a running trial that never had a heartbeat is stale too once its start is older
+    than the grace period, as in `HeartbeatJournalStorage`."""
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        grace = self.grace_period or 2 * (self.heartbeat_interval or 0)
+        started_before = datetime.now() - timedelta(seconds=grace)  # a trial's start reads back in local time
+        with _create_scoped_session(self.scoped_session) as session:
+            never_beat = (
+                session.query(models.TrialModel.trial_id)
+                .filter(models.TrialModel.study_id == study_id)
+                .filter(models.TrialModel.state == TrialState.RUNNING)
+                .filter(~models.TrialModel.heartbeats.any())
+                .all()
+            )
+        old = [trial_id for (trial_id,) in never_beat if self.get_trial(trial_id).datetime_start < started_before]
+        return super()._get_stale_trial_ids(study_id) + old
 
 
 def record_heartbeat(study: optuna.Study, trial: optuna.Trial) -> None:
@@ -96,7 +119,7 @@ def open_storage(url: str, heartbeat_interval: int | None = None, grace_period: 
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         for attempt in range(CREATION_ATTEMPTS):
             try:
-                return RDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+                return HeartbeatRDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as error:
                 # Another worker made the database's tables at the same moment (`UNIQUE constraint failed`,
                 # `table ... already exists`): the next attempt finds them made.

@@ -2,6 +2,7 @@
 gets instead (the searches themselves run in tests/test_search_*.py and tests/fault_cases.py)."""
 
 import random
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import (
     search_space,
 )
 from project.engine.errors import UserError
+from project.optional.optuna import storage as storage_module
+from project.optional.optuna.storage import open_storage, record_heartbeat, stale_trials
 
 HEARTBEATS = (10, 60)  # seconds: interval, grace period
 
@@ -126,3 +129,22 @@ def test_a_batch_is_launched_in_runs_of_consecutive_trials_so_that_job_n_is_tria
     asked = [study.ask() for _ in range(9)]
     mine = [asked[n] for n in (2, 3, 4, 7, 8)]
     assert [[trial.number for trial in run] for run in consecutive_runs(mine)] == [[2, 3, 4], [7, 8]]
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{dir}/study.db", "journal://{dir}/study.log"])
+def test_a_running_trial_that_never_had_a_heartbeat_is_stale_once_its_start_is_older_than_the_grace_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+):
+    """A worker that died between asking for its trial and the trial's first heartbeat: the other workers must take
+    the trial for stale (Optuna's RDBStorage never does), or they would wait for it without end. A trial with a
+    heartbeat as old, and a finished one, are not."""
+    storage = open_storage(url.format(dir=tmp_path), heartbeat_interval=1, grace_period=2)
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    orphan, beating, finished = study.ask(), study.ask(), study.ask()
+    study.tell(finished, 1.0)
+    assert stale_trials(study) == []
+
+    later = datetime.now() + timedelta(seconds=5)  # the workers' clock, 5 s on (the database keeps its own)
+    monkeypatch.setattr(storage_module, "datetime", type("Later", (datetime,), {"now": staticmethod(lambda: later)}))
+    record_heartbeat(study, beating)  # as its worker does every second
+    assert [trial.number for trial in stale_trials(study)] == [orphan.number]
