@@ -13,9 +13,9 @@ PAGE = DocsPage(
     REPO / "docs" / "optuna.md",
     not_run_here={
         ARRAY: (
-            "a Slurm cluster's (the slurm part): each array task is a worker as the line above is; workers sharing a "
-            "study, one killed: tests/optional/optuna/test_search_workers.py; train.sbatch passing its arguments to "
-            "project.train: tests/optional/slurm/test_slurm.py"
+            "a Slurm cluster's (the slurm part): run there on the local cluster, two tasks on small MNIST, by "
+            "tests/optional/slurm/test_slurm.py::test_a_search_spread_over_a_slurm_array_shares_one_study; workers "
+            "sharing a study, one killed: tests/optional/optuna/test_search_workers.py"
         )
     },
     smaller={

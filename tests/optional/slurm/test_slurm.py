@@ -29,6 +29,7 @@ from tests.helpers import (
     part_present,
     python,
     read_json,
+    requires,
     run_module,
     simulated_slurm_nodes,
     weight_gap,
@@ -271,6 +272,35 @@ def test_submitit_sweep_runs_each_point_as_a_slurm_job_and_summarises_them(
         assert f"model.optimizer.lr={lr}" in line and f"{val_acc:.4f}" in line and str(job) in line
         final_losses.append(histories(job)[0]["step_losses"][-1])
     assert final_losses[0] != final_losses[1], "the two jobs trained with different learning rates"
+
+
+@requires("optuna")
+def test_a_search_spread_over_a_slurm_array_shares_one_study(
+    tmp_path: Path, mnist_root: Path, slurm_env: dict, job_ids: list[str]
+):
+    """docs/optuna.md's array line, two tasks: each is a worker of one search on one journal file; together they run
+    the study's n_trials, each trial once, and each task's log names the trials it ran."""
+    search = ["hparams_search=mnist_optuna", "hydra.sweeper.storage=journal://outputs/search.log"]
+    overrides = [*small_mnist(mnist_root, "trainer.max_epochs=1", experiment="mnist"), *search]
+    overrides.append("hydra.sweeper.n_trials=4")
+    job_id, sbatch = submit(
+        TRAIN_SBATCH, *overrides, cwd=tmp_path, env=slurm_env, job_ids=job_ids, options=("--array=0-1", "--nodes=1")
+    )
+    assert_job_succeeded(sbatch, tmp_path / "outputs" / f"train-{job_id}.out")
+
+    from optuna import load_study  # the optuna part's package, here only where that part is
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    journal = JournalStorage(JournalFileBackend(str(tmp_path / "outputs" / "search.log")))
+    trials = load_study(study_name="mnist_optuna", storage=journal).trials
+    assert [trial.state.name for trial in trials] == ["COMPLETE"] * 4
+    logs = sorted((tmp_path / "outputs").glob("train-*.out"))
+    assert len(logs) == 2, logs
+    ran = [re.search(r"this worker ran trial\(s\) ([\d, ]+|none) of the study", job_log(log)) for log in logs]
+    assert all(ran), [job_log(log)[-2000:] for log in logs]
+    numbers = [int(n) for found in ran if found.group(1) != "none" for n in found.group(1).split(", ")]
+    assert sorted(numbers) == [0, 1, 2, 3], "each trial run once, by one of the two"
 
 
 def test_requeued_job_resumes_in_its_run_dir_and_equals_an_uninterrupted_run(
