@@ -176,3 +176,12 @@ class HeldRank(L.Callback):
             Path(marker).write_text(str(os.getpid()))
             while True:
                 time.sleep(1)
+
+
+class SigtermAfterFit(L.Callback):
+    """Sends SIGTERM to rank 0 as `fit` ends, after Lightning has put back the SIGTERM handler it found: before the
+    test and the results."""
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank == 0:
+            signal.raise_signal(signal.SIGTERM)

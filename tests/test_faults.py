@@ -241,6 +241,30 @@ def test_sigterm_after_the_ranks_met_and_before_the_first_epoch_is_one_line(tmp_
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigterm_after_training_before_the_results_names_the_checkpoint_that_completes_the_run(
+    tmp_path: Path, processes: int
+):
+    """Between `fit` and `test` Lightning has no SIGTERM handler registered: the stop is one line all the same, and
+    the command it names tests the trained weights and writes the results, training nothing more."""
+    run_dir = tmp_path / "run"
+    ddp = DDP if processes == 2 else ()
+    signals = "+callbacks.sigterm._target_=tests.fault_cases.SigtermAfterFit"
+    args = ["logger=none", *ddp, signals, f"hydra.run.dir={run_dir}"]
+    result = run_module("project.train", *args, cwd=tmp_path, timeout=START_TIMEOUT, env=TESTS_IMPORTABLE)
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, STOPPED_BY_SIGTERM)
+    expected = "error: stopped by SIGTERM after training, before the run's results were written: resume from its "
+    steps = 6 // processes  # 3 epochs of 2 steps, each rank taking its share
+    assert line.startswith(expected + f"last checkpoint (step {steps}) with the same command plus ckpt_path="), line
+    assert not (run_dir / "results.json").exists()
+    assert_nothing_half_written(tmp_path)
+    assert_no_process_left(tmp_path)
+
+    resumed = ["logger=none", *ddp, f"ckpt_path={resume_from(line)}", f"hydra.run.dir={run_dir}"]
+    check_ok(run_module("project.train", *resumed, cwd=tmp_path, timeout=START_TIMEOUT, env=ENV))
+    assert read_json(run_dir / "results.json")["epochs"] == 3
+
+
 def test_sigterm_under_ddp_spawn_ends_its_processes_and_names_the_checkpoint_to_resume_from(tmp_path: Path):
     """ddp_spawn's processes handle SIGTERM among themselves; the process that started them, the one a scheduler or
     `kill` signals, only waits for them: it ends them at once, and no process is left training into the run dir."""

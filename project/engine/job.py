@@ -9,7 +9,9 @@ its trainer held is freed (`FreeJobMemory`).
 A job that ends early is reported by what happened first, in one line (`project.engine.errors`):
 - SIGTERM before its first epoch starts (imports, composing, DDP's ranks meeting, the data's setup): `project.engine.
   startup` stops the process, exit 143; `StartupStops` and `TrainingStarts` tell it when a job starts and trains.
-  Under ddp_spawn, whose processes this one only waits for, a SIGTERM at any time ends them and names what to resume.
+  After `fit` (and `test`), where Lightning has no handler registered, it ends the job naming the checkpoint to
+  resume from. Under ddp_spawn, whose processes this one only waits for, a SIGTERM at any time ends them and names
+  what to resume.
 - SIGTERM (what Slurm, Kubernetes and `timeout` send): Lightning stops after the step it is in and raises its
   `SIGTERMException`, a `SystemExit` that would end the process with status 0 (a mid-epoch checkpoint callback writes
   `last.ckpt` at that step); here it is a `RunStopped`, exit 143, naming the file to resume from.
@@ -48,11 +50,13 @@ from project.engine.checkpoints import checkpoint_step
 from project.engine.ddp import HydraJobLauncher, HydraJobRanks
 from project.engine.errors import RunStopped, UserError, find_user_error, in_sweep_job
 from project.engine.peers import TIMEOUT_KEY, collective_timed_out, silent_ranks
-from project.engine.startup import RUN_AGAIN, arm, disarm, stop_ranks_on_sigterm
+from project.engine.startup import RUN_AGAIN, arm, disarm, stop_on_sigterm
 from project.engine.sweeps import continue_hint
 
 # What a SIGTERM does to ddp_spawn's processes, which cannot agree on a step to stop at with a process that only waits.
 SPAWNED_RANKS_ENDED = "the ddp_spawn processes were ended at once, not after a step"
+# When a SIGTERM that Lightning did not handle came, once training had started.
+AFTER_TRAINING = "after training, before the run's results were written"
 # What a launch may change in this process's environment: restored when the job ends.
 JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")
 
@@ -149,7 +153,7 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
     saved_threads = torch.get_num_threads()
     launcher = trainer.strategy.launcher
     if isinstance(launcher, _MultiProcessingLauncher):  # ddp_spawn: Lightning handles SIGTERM in its processes alone
-        stop_ranks_on_sigterm(lambda: f"stopped by SIGTERM: {SPAWNED_RANKS_ENDED}: {resume_hint(trainer)}")
+        stop_on_sigterm(lambda: f"stopped by SIGTERM: {SPAWNED_RANKS_ENDED}: {resume_hint(trainer)}")
     failed = True
     try:
         yield
@@ -244,7 +248,9 @@ class StartupStops(Callback):
 
 class TrainingStarts(L.Callback):
     """Ends the start-up as training starts: Lightning's SIGTERM handler, registered by now, stops the run at a step
-    from here on (`isolated_job` reports it)."""
+    while it trains (`isolated_job` reports it). Where Lightning has no handler registered, after `fit` (between it
+    and `test`, after `test`), a SIGTERM ends the job in one line: resuming from the last checkpoint then trains
+    nothing more, and tests and writes the results."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        disarm()
+        stop_on_sigterm(lambda: f"stopped by SIGTERM {AFTER_TRAINING}: {resume_hint(trainer)}")

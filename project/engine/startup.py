@@ -14,11 +14,12 @@ torch's C++ rendezvous waiting for the other ranks (for good, if a signal to the
 signal's number is also written to a pipe the moment it arrives (`signal.set_wakeup_fd`), where a thread reads it
 and acts.
 
-From the first epoch on, Lightning's handler is in charge; it calls this one too, which then does nothing. Where this
-handler is called by itself once training has started (Lightning restores it after `fit`), SIGTERM does what it does
-by default. A process whose ranks are processes it only waits for (ddp_spawn's) has no Lightning handler: there a
-SIGTERM ends those processes where they stand, and the line says what to resume from (`stop_ranks_on_sigterm`).
-Either way the process's children are ended before it exits, whatever started them.
+From the first epoch on, Lightning's handler is in charge while it trains, validates or tests; it calls this one
+too, which then does nothing. Between those (after `fit`, Lightning restores this handler), until the job ends, a
+SIGTERM ends the job in a line naming the checkpoint to resume from (`stop_on_sigterm`, `project.engine.job`). A
+process whose ranks are processes it only waits for (ddp_spawn's) has no Lightning handler: there a SIGTERM ends
+those processes where they stand, with such a line. Either way the process's children are ended before it exits,
+whatever started them. After the job (between a sweep's jobs), SIGTERM does what it does by default.
 
 Standard library only: it is armed before the libraries are imported.
 """
@@ -38,6 +39,10 @@ RUN_AGAIN = "run the same command again"
 STARTING = "stopped by SIGTERM while starting: nothing was trained and no checkpoint written"
 
 
+def starting_line() -> str:
+    return f"{STARTING}: {RUN_AGAIN}"
+
+
 class StartupStop:
     """The state this module's handler, its thread and `disarm` share: whether a SIGTERM now is this module's to act
     on, whether one came that is not acted on yet, and the line it ends the process with (made when the signal comes).
@@ -49,7 +54,7 @@ class StartupStop:
         self.armed = False
         self.pending = False
         self.stopping = False
-        self.line: Callable[[], str] = lambda: f"{STARTING}: {RUN_AGAIN}"
+        self.line: Callable[[], str] = starting_line
         self.reader: threading.Thread | None = None
 
     def stop(self) -> None:
@@ -60,6 +65,9 @@ class StartupStop:
             if self.stopping or not ours:
                 return
             self.stopping = True
+        # The main thread may be busy in Python meanwhile: without this, each of this thread's reads below would wait
+        # for the main thread's whole switch interval (5 ms) to get the interpreter back, seconds in all.
+        sys.setswitchinterval(1e-5)
         end_children()
         line = f"error: {self.line()}"
         if started_by_rank_zero():
@@ -118,9 +126,14 @@ def arm(hint: str = RUN_AGAIN) -> None:
     watch_sigterm(lambda: f"{STARTING}: {hint}")
 
 
-def stop_ranks_on_sigterm(line: Callable[[], str]) -> None:
-    """From now until `disarm`, a SIGTERM ends the ranks this process waits for and then the process, in `line()`."""
-    watch_sigterm(line)
+def stop_on_sigterm(line: Callable[[], str]) -> None:
+    """From now until `disarm`, a SIGTERM that no handler of Lightning's takes ends this process's children (the
+    ranks it waits for) and then the process, in `line()`: in a process a training launch armed, else nothing (a
+    run a test or a benchmark builds in its own process)."""
+    if STARTUP.reader is None:
+        return
+    with STARTUP.lock:  # the handler stays as it is: this one, or Lightning's, which chains it and puts it back
+        STARTUP.armed, STARTUP.line = True, line
 
 
 def watch_sigterm(line: Callable[[], str]) -> None:
@@ -148,6 +161,8 @@ def disarm() -> None:
     with STARTUP.lock:
         STARTUP.armed = False
     STARTUP.stop()
+    with STARTUP.lock:
+        STARTUP.line = starting_line  # nothing of the job it named is kept
 
 
 def launched_as_training() -> bool:
