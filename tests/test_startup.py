@@ -55,6 +55,15 @@ def test_the_thread_acts_once_for_a_signal_the_handler_noted_too(armed, capsys):
     ]
 
 
+def test_a_sigterm_noted_while_starting_is_reported_as_such_when_training_starts_before_the_thread_acts(armed, capsys):
+    """Training starting changes the line; a signal that came before is acted on first, with the line it came under
+    (the thread can lag the main thread by many steps)."""
+    startup.on_sigterm(signal.SIGTERM, None)
+    with pytest.raises(Exited):
+        startup.stop_on_sigterm(lambda: "stopped by SIGTERM after training")
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
+
+
 def test_once_started_a_sigterm_does_what_it_does_by_default(armed, monkeypatch, capsys):
     """After the start-up, Lightning restores this handler after `fit`: called by itself it ends the process as
     Python's default would, without a line."""

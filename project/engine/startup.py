@@ -65,16 +65,23 @@ class StartupStop:
             if self.stopping or not ours:
                 return
             self.stopping = True
+            make_line = self.line  # as it is now: the main thread may go on and change it
         # The main thread may be busy in Python meanwhile: without this, each of this thread's reads below would wait
         # for the main thread's whole switch interval (5 ms) to get the interpreter back, seconds in all.
         sys.setswitchinterval(1e-5)
         end_children()
-        line = f"error: {self.line()}"
+        line = f"error: {make_line()}"
         if started_by_rank_zero():
             to_log_file(line, logging.ERROR)
         else:
             report(line, sys.stderr, logging.ERROR)
         os._exit(STOPPED_STATUS)
+
+    def settle(self) -> None:
+        """Act on a SIGTERM the handler noted and the thread has not acted on yet, before what the process is doing,
+        and so the line, changes (`arm`, `stop_on_sigterm`, `disarm`)."""
+        if self.pending:
+            self.stop()
 
 
 STARTUP = StartupStop()
@@ -132,6 +139,7 @@ def stop_on_sigterm(line: Callable[[], str]) -> None:
     run a test or a benchmark builds in its own process)."""
     if STARTUP.reader is None:
         return
+    STARTUP.settle()
     with STARTUP.lock:  # the handler stays as it is: this one, or Lightning's, which chains it and puts it back
         STARTUP.armed, STARTUP.line = True, line
 
@@ -143,6 +151,7 @@ def watch_sigterm(line: Callable[[], str]) -> None:
         return
     if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, on_sigterm):
         return
+    STARTUP.settle()
     with STARTUP.lock:
         STARTUP.armed, STARTUP.line = True, line
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -160,7 +169,7 @@ def disarm() -> None:
     that the thread has not acted on yet, is acted on here."""
     with STARTUP.lock:
         STARTUP.armed = False
-    STARTUP.stop()
+    STARTUP.settle()
     with STARTUP.lock:
         STARTUP.line = starting_line  # nothing of the job it named is kept
 
