@@ -44,10 +44,10 @@ def starting_line() -> str:
 
 
 class StartupStop:
-    """The state this module's handler, its thread and `disarm` share: whether a SIGTERM now is this module's to act
-    on, whether one came that is not acted on yet, and the line it ends the process with (made when the signal comes).
-    Changed under a lock (one the handler may take again, should the signal come while the main thread holds it), so
-    that one signal is acted on once."""
+    """The state this module's handler, its thread and the main thread's changes share: whether a SIGTERM now is
+    this module's to act on, whether one came that is not acted on yet, and the line it ends the process with (made
+    when the signal comes). Changed under a lock (one the handler may take again, should the signal come while the
+    main thread holds it), so that one signal is acted on once."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -79,9 +79,15 @@ class StartupStop:
 
     def settle(self) -> None:
         """Act on a SIGTERM the handler noted and the thread has not acted on yet, before what the process is doing,
-        and so the line, changes (`arm`, `stop_on_sigterm`, `disarm`)."""
+        and so the line, changes (`take`, `disarm`)."""
         if self.pending:
             self.stop()
+
+    def take(self, line: Callable[[], str]) -> None:
+        """From now, a SIGTERM this module handles ends the process in `line()` (one noted before, in its own)."""
+        self.settle()
+        with self.lock:
+            self.armed, self.line = True, line
 
 
 STARTUP = StartupStop()
@@ -106,9 +112,10 @@ def end_children() -> None:
 
 def on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM's handler, run by the main thread between two steps of whatever it was doing, so it writes nothing (a
-    print it interrupted would fail): while starting it notes the signal, for the thread (or `disarm`, should the
-    start-up end first) to act on; called by itself after start-up (training has started, Lightning's handler has
-    been removed) it does what SIGTERM does by default; called by Lightning's handler, which chains it, nothing."""
+    print it interrupted would fail): while armed it notes the signal, for the thread to act on (or the next change
+    of what the process is doing, should that come first: `StartupStop.settle`); called by itself once disarmed
+    (after a job, between a sweep's jobs) it does what SIGTERM does by default; called by Lightning's handler,
+    which chains it, nothing."""
     with STARTUP.lock:
         if STARTUP.stopping or signal.getsignal(signal.SIGTERM) is not on_sigterm:
             return
@@ -137,11 +144,8 @@ def stop_on_sigterm(line: Callable[[], str]) -> None:
     """From now until `disarm`, a SIGTERM that no handler of Lightning's takes ends this process's children (the
     ranks it waits for) and then the process, in `line()`: in a process a training launch armed, else nothing (a
     run a test or a benchmark builds in its own process)."""
-    if STARTUP.reader is None:
-        return
-    STARTUP.settle()
-    with STARTUP.lock:  # the handler stays as it is: this one, or Lightning's, which chains it and puts it back
-        STARTUP.armed, STARTUP.line = True, line
+    if STARTUP.reader is not None:  # the handler stays as it is: this one, or Lightning's, which chains it back
+        STARTUP.take(line)
 
 
 def watch_sigterm(line: Callable[[], str]) -> None:
@@ -151,9 +155,7 @@ def watch_sigterm(line: Callable[[], str]) -> None:
         return
     if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, on_sigterm):
         return
-    STARTUP.settle()
-    with STARTUP.lock:
-        STARTUP.armed, STARTUP.line = True, line
+    STARTUP.take(line)
     signal.signal(signal.SIGTERM, on_sigterm)
     if STARTUP.reader is None:
         read_end, write_end = os.pipe()
@@ -164,9 +166,8 @@ def watch_sigterm(line: Callable[[], str]) -> None:
 
 
 def disarm() -> None:
-    """The process is no longer starting: its training has started, or it launches a sweep's jobs instead of
-    training; a SIGTERM is then Lightning's to handle, or does what it does by default. One that came before, and
-    that the thread has not acted on yet, is acted on here."""
+    """The job has ended, or this process launches a sweep's jobs instead of training: a SIGTERM then does what it
+    does by default. One that came before, and that the thread has not acted on yet, is acted on here."""
     with STARTUP.lock:
         STARTUP.armed = False
     STARTUP.settle()
