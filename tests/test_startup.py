@@ -49,7 +49,7 @@ def test_the_thread_acts_once_for_a_signal_the_handler_noted_too(armed, capsys):
     with pytest.raises(Exited):
         armed.stop()
     armed.stop()  # the other of the two: nothing more
-    startup.disarm()
+    startup.on_sigterm(signal.SIGTERM, None)  # a second signal meanwhile: nothing more either
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")] == [
         f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
     ]
@@ -62,6 +62,22 @@ def test_a_sigterm_noted_while_starting_is_reported_as_such_when_training_starts
     with pytest.raises(Exited):
         startup.stop_on_sigterm(lambda: "stopped by SIGTERM after training")
     assert capsys.readouterr().err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
+
+
+def test_the_end_of_a_job_waits_for_a_stop_the_thread_is_making(armed, monkeypatch):
+    """A stop the thread has claimed ends the process shortly; the job's end must not write the run's results first."""
+
+    class Waited(Exception):
+        pass
+
+    class Forever:
+        def wait(self) -> None:
+            raise Waited
+
+    monkeypatch.setattr(startup.threading, "Event", Forever)
+    armed.stopping = True  # the thread's, mid-way
+    with pytest.raises(Waited):
+        startup.disarm()
 
 
 def test_once_started_a_sigterm_does_what_it_does_by_default(armed, monkeypatch, capsys):

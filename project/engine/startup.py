@@ -29,12 +29,15 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from project.engine.ranks import started_by_rank_zero
 from project.engine.run_log import report, to_log_file
 
 STOPPED_STATUS = 128 + signal.SIGTERM
+# How long the thread gives the main thread's handler to run before it takes the main thread for stuck in C.
+HANDLER_WAIT = 0.2
 RUN_AGAIN = "run the same command again"
 STARTING = "stopped by SIGTERM while starting: nothing was trained and no checkpoint written"
 
@@ -54,6 +57,7 @@ class StartupStop:
         self.armed = False
         self.pending = False
         self.stopping = False
+        self.handled = 0  # the handler's calls so far, Lightning's chained ones included
         self.line: Callable[[], str] = starting_line
         self.reader: threading.Thread | None = None
 
@@ -79,9 +83,11 @@ class StartupStop:
 
     def settle(self) -> None:
         """Act on a SIGTERM the handler noted and the thread has not acted on yet, before what the process is doing,
-        and so the line, changes (`take`, `disarm`)."""
-        if self.pending:
+        and so the line, changes (`take`, `disarm`). Where the thread is acting on it already, wait for it to end the
+        process: what the main thread would do next (write the run's results) must not come before the stop."""
+        if self.pending or self.stopping:
             self.stop()
+            threading.Event().wait()  # the thread that claimed the stop ends the process
 
     def take(self, line: Callable[[], str]) -> None:
         """From now, a SIGTERM this module handles ends the process in `line()` (one noted before, in its own)."""
@@ -117,6 +123,7 @@ def on_sigterm(signum: int, frame: object) -> None:
     (after a job, between a sweep's jobs) it does what SIGTERM does by default; called by Lightning's handler,
     which chains it, nothing."""
     with STARTUP.lock:
+        STARTUP.handled += 1
         if STARTUP.stopping or signal.getsignal(signal.SIGTERM) is not on_sigterm:
             return
         if STARTUP.armed:
@@ -127,10 +134,21 @@ def on_sigterm(signum: int, frame: object) -> None:
 
 
 def read_signals(pipe: int) -> None:
-    """The thread that acts on a SIGTERM while the main thread cannot (inside C++: torch's rendezvous, an import)."""
+    """The thread that acts on a SIGTERM while the main thread cannot (inside C++: torch's rendezvous, an import).
+
+    Where the main thread runs Python, its handler runs within moments of the signal and decides (it notes one that
+    is this module's; the thread then acts on the note); what the main thread does next may change what a signal
+    would mean now (Lightning's handler put back after `fit`), so only where the handler has not run within
+    `HANDLER_WAIT` is the signal taken by the state as it stands, which is then the state the signal found."""
     while True:
+        handled = STARTUP.handled
         numbers = os.read(pipe, 64)
-        if signal.SIGTERM in numbers:
+        if signal.SIGTERM not in numbers:
+            continue
+        deadline = time.monotonic() + HANDLER_WAIT
+        while STARTUP.handled == handled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if STARTUP.handled == handled or STARTUP.pending:
             STARTUP.stop()
 
 
