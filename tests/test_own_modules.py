@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import initialize_config_dir
 
 from project.engine.checkpoints import resume_path
 from project.engine.errors import UserError
 from tests.docs_commands import follow_steps, section_blocks
 from tests.helpers import (
+    CONF_DIR,
     REGRESSION,
     REPO,
     assert_each_rank_trained_its_half,
@@ -155,10 +157,12 @@ def test_ckpt_path_last_takes_the_newest_run_of_the_same_model_and_data(tmp_path
     write_checkpoint(
         outputs / "other" / "checkpoints" / "last.ckpt", "project.example.module.ClassifierModule", "my.Data"
     )
-    config = {"model": {"_target_": "my.Module"}, "data": {"_target_": "my.Data"}}
-    assert resume_path("last", tmp_path / "run", outputs, config) == str(mine)
-    with pytest.raises(UserError, match=r"none of the 2 earlier runs .* trained this model \(my.Module\) on this data"):
-        resume_path("last", tmp_path / "run", outputs, {**config, "data": {"_target_": "their.Data"}})
+    # A user's module and data, which their own config dir would name: here trusted_targets does.
+    config = {"model": {"_target_": "my.Module"}, "data": {"_target_": "my.Data"}, "trusted_targets": {"mine": "my.*"}}
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):  # conf/ names the example's module: trusted
+        assert resume_path("last", tmp_path / "run", outputs, config) == str(mine)
+        with pytest.raises(UserError, match=r"none of the 2 earlier runs .* trained this model \(my.Module\) on this"):
+            resume_path("last", tmp_path / "run", outputs, {**config, "data": {"_target_": "their.Data"}})
 
 
 @pytest.mark.slow

@@ -157,18 +157,18 @@ class PlainDataModule(L.LightningDataModule):
 
 
 def test_a_data_module_of_your_own_gets_its_labels_as_class_names_and_no_mistakes_drawn(tmp_path: Path):
-    """A checkpoint whose stored config names `PlainDataModule` and the toy network, predicted as `main` does."""
+    """A checkpoint whose stored config names `PlainDataModule` and the toy network, predicted as `main` does (the
+    user trusts their own module's package)."""
     torch.manual_seed(0)
     model = OmegaConf.load(CONF_DIR / "model" / "toy.yaml")
     data = {"_target_": f"{PlainDataModule.__module__}.PlainDataModule", "samples": 9}
     config = {"data": data, "model": OmegaConf.to_container(model)}
     torch.save({"config": config, "state_dict": instantiate(model).state_dict()}, tmp_path / "user.ckpt")
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "predict", overrides=[f"ckpt_path={tmp_path / 'user.ckpt'}", "trainer=cpu", f"run_dir={tmp_path}"]
-        )
-
-    outputs, module, datamodule = predict(cfg)
+        trusted = f"+trusted_targets.mine={PlainDataModule.__module__}.*"
+        overrides = [f"ckpt_path={tmp_path / 'user.ckpt'}", "trainer=cpu", f"run_dir={tmp_path}", trusted]
+        cfg = compose("predict", overrides=overrides)
+        outputs, module, datamodule = predict(cfg)
     written = write_predictions(outputs, module, datamodule, tmp_path)
     probabilities, labels = outputs["0"], outputs["1"]
     predictions = Predictions(labels, probabilities, class_names(datamodule, probabilities.shape[1]))

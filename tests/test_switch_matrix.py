@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -164,13 +165,16 @@ def config_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     return {"default": (CONF_DIR, "train"), "config-dir": (copy, "train"), "config-name": (copy, OTHER_NAME)}
 
 
-def compose_train(config_dir: Path, name: str, overrides: list[str]) -> tuple[DictConfig, DictConfig]:
-    """The job's config as `hydra.main` hands it over, and the `hydra` node beside it."""
+@contextmanager
+def composed_train(config_dir: Path, name: str, overrides: list[str]) -> Iterator[tuple[DictConfig, DictConfig]]:
+    """The job's config as `hydra.main` hands it over, and the `hydra` node beside it, while Hydra holds the config
+    dir as its source, as it does for a run's whole job (a resumed checkpoint's stored config is checked against
+    the targets the config files name)."""
     with initialize_config_dir(str(config_dir), version_base="1.3"):
         cfg = compose(name, overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        hydra_cfg = cfg.pop("hydra")
-    return cfg, hydra_cfg
+        with open_dict(cfg):
+            hydra_cfg = cfg.pop("hydra")
+        yield cfg, hydra_cfg
 
 
 def is_mnist_family(recipe: str) -> bool:
@@ -198,10 +202,9 @@ def earlier_runs(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> 
     for kind, overrides in families:
         outputs = tmp_path_factory.mktemp("outputs")
         run_dir = outputs / "earlier"
-        cfg, _ = compose_train(
-            CONF_DIR, "train", [*overrides, "trainer=cpu", "trainer.max_epochs=1", f"run_dir={run_dir}"]
-        )
-        run = build(cfg, outputs)
+        overrides = [*overrides, "trainer=cpu", "trainer.max_epochs=1", f"run_dir={run_dir}"]
+        with composed_train(CONF_DIR, "train", overrides) as (cfg, _):
+            run = build(cfg, outputs)
         run.trainer.fit(run.module, datamodule=run.datamodule)
         saved = outputs.parent / f"{outputs.name}.ckpt"
         shutil.copy(run_dir / "checkpoints" / "last.ckpt", saved)
@@ -242,12 +245,15 @@ def test_every_pair_of_switches_builds_or_refuses_in_one_line(
     resume_file, outputs = earlier_runs[family(combination["recipe"])]
     run_dir = tmp_path / "run"
     config_dir, config_name = config_dirs[combination["source"]]
-    cfg, hydra_cfg = compose_train(config_dir, config_name, combination_overrides(combination, resume_file, run_dir))
     refusal = expected_refusal(combination)
-    if cfg.trainer.num_nodes > 1:
-        os.environ.update(SRUN_TASK_ZERO)  # put back by the `unchanged_environment` fixture
     try:
-        run = build(cfg, outputs)
+        with composed_train(config_dir, config_name, combination_overrides(combination, resume_file, run_dir)) as (
+            cfg,
+            hydra_cfg,
+        ):
+            if cfg.trainer.num_nodes > 1:
+                os.environ.update(SRUN_TASK_ZERO)  # put back by the `unchanged_environment` fixture
+            run = build(cfg, outputs)
     except Exception as error:
         user_error = find_user_error(error)
         if user_error is None:

@@ -134,7 +134,10 @@ def test_a_torchrun_restart_carries_on_from_its_own_last_checkpoint(tmp_path: Pa
     other = {
         "model": {**config["model"], "network": {**network, "_target_": "project.example.networks.DeepNeuralNetwork"}}
     }
-    with pytest.raises(UserError, match="holds another model .*DeepNeuralNetwork.* with a new --rdzv-id"):
+    with (
+        initialize_config_dir(str(CONF_DIR), version_base="1.3"),  # conf/ names the stored network: trusted
+        pytest.raises(UserError, match="holds another model .*DeepNeuralNetwork.* with a new --rdzv-id"),
+    ):
         resume_path(None, run, tmp_path, other)
 
 

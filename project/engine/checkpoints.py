@@ -2,8 +2,10 @@
 fit the module built and resumes the data cannot carry on, and writing them atomically."""
 
 import contextlib
+import io
 import math
 import os
+import pickle
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,13 +18,16 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.nn.parameter import is_lazy
 
 from project.engine.errors import UserError, disk_refuses, nearest_existing, unwritable
+from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, check_stored_config
 
 
-def load_lightning_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
-    """The Lightning checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one.
+def load_lightning_checkpoint(path: str | Path, trust: TrustedTargets, tensors: bool = True) -> dict[str, Any]:
+    """The Lightning checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one, or if
+    its stored config names a target `trust` does not trust (`project.engine.trusted_targets`).
 
     A Lightning checkpoint holds the module's weights (`state_dict`); one of ours also holds its run's `config`
     (stored by `project.engine.run_config`), and a foreign one (a plain `Trainer.save_checkpoint`) is used with the
@@ -32,7 +37,10 @@ def load_lightning_checkpoint(path: str | Path, tensors: bool = True) -> dict[st
     """
     path = Path(path)
     if is_sharded(path):
-        return plain_checkpoint(path) if tensors else read_metadata(path)
+        metadata = read_metadata(path)
+        check_stored_config(metadata.get("config"), f"ckpt_path={path}", trust)
+        check_shards(path)  # before a resume hands the files to DCP, which would run what they name
+        return plain_checkpoint(path) if tensors else metadata
     if path.is_dir():
         inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
         files = ", ".join(str(file) for file in inside[:3]) or "<run dir>/checkpoints/last.ckpt"
@@ -50,6 +58,7 @@ def load_lightning_checkpoint(path: str | Path, tensors: bool = True) -> dict[st
             f"ckpt_path={path} {not_ours(checkpoint)}: give a checkpoint project.train wrote ({LAST}), or one of "
             "Lightning's Trainer.save_checkpoint"
         )
+    check_stored_config(checkpoint.get("config"), f"ckpt_path={path}", trust)
     return checkpoint
 
 
@@ -119,9 +128,10 @@ def same_data(first: dict, second: dict) -> bool:
     return (first.get("data") or {}).get("_target_") == (second.get("data") or {}).get("_target_")
 
 
-def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict) -> Path:
+def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict, trust: TrustedTargets) -> Path:
     """`checkpoints/last.ckpt` of the most recently written run under `outputs_dir`, other than `exclude`, that
-    trained the same model on the same kind of data as `run_config`."""
+    trained the same model on the same kind of data as `run_config`. Each one read, newest first, must name only
+    targets `trust` trusts: a file planted there is refused, not passed over."""
     files = outputs_dir.rglob("checkpoints/last.ckpt")
     candidates = sorted(
         (path for path in files if exclude.resolve() not in path.resolve().parents),
@@ -134,7 +144,7 @@ def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict) -
             "train once first, or give the checkpoint's path"
         )
     for path in candidates:
-        stored = stored_config(path)
+        stored = stored_config(path, trust)
         if stored and what_it_trains(stored) == what_it_trains(run_config) and same_data(stored, run_config):
             return path
     model, data = run_config["model"].get("_target_"), (run_config.get("data") or {}).get("_target_")
@@ -145,10 +155,13 @@ def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict) -
     )
 
 
-def stored_config(path: Path) -> dict | None:
-    """The run config a checkpoint stores, or None for a file that is not one of ours."""
+def stored_config(path: Path, trust: TrustedTargets) -> dict | None:
+    """The run config a checkpoint stores, or None for a file that is not one of ours; one that names a target `trust`
+    does not trust is refused."""
     try:
-        return load_lightning_checkpoint(path, tensors=False).get("config")
+        return load_lightning_checkpoint(path, trust, tensors=False).get("config")
+    except UntrustedConfig:
+        raise
     except UserError:
         return None
 
@@ -174,7 +187,10 @@ def resume_path(
     restart count is no guide there (a node whose own workers did not fail restarts them with the count unchanged).
     Lightning resumes by itself from its `hpc_ckpt_*.ckpt` (written when Slurm signals the job) when given no path,
     so that one is left to it only when it is newer than last.ckpt.
+
+    Every checkpoint read here must name only targets this run trusts (`TrustedTargets.of(run_config)`).
     """
+    trust = TrustedTargets.of(run_config)
     own_last = run_dir / "checkpoints" / "last.ckpt"
     carried_on = sweep_dir is not None or "TORCHELASTIC_RUN_ID" in os.environ
     if carried_on and own_last.exists():  # a file, or a sharded checkpoint (a directory)
@@ -187,10 +203,10 @@ def resume_path(
     elif ckpt_path == "last" and own_last.exists():
         path = own_last
     elif ckpt_path == "last":  # chosen among the runs of this model and data: nothing left to check
-        return str(newest_last_checkpoint(outputs_dir, exclude=sweep_dir or run_dir, run_config=run_config))
+        return str(newest_last_checkpoint(outputs_dir, sweep_dir or run_dir, run_config, trust))
     else:
         path = Path(ckpt_path)
-    checkpoint = load_lightning_checkpoint(path, tensors=False)
+    checkpoint = load_lightning_checkpoint(path, trust, tensors=False)
     if "config" not in checkpoint:  # a foreign checkpoint: its weights are checked against the module built
         return str(path)
     trained = what_it_trains(checkpoint["config"])
@@ -311,6 +327,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 def plain_checkpoint(path: str | Path) -> dict[str, Any]:
     """A sharded checkpoint as the dict of a single-file Lightning checkpoint: `state_dict` with whole tensors,
     `optimizer_states` as `Optimizer.state_dict()` gives them, and the rest from `meta.pt`."""
+    check_shards(path)
     with tempfile.TemporaryDirectory() as scratch:
         whole = Path(scratch) / "whole.pt"
         dcp_to_torch_save(Path(path), whole)
@@ -320,6 +337,76 @@ def plain_checkpoint(path: str | Path) -> dict[str, Any]:
         "state_dict": tensors["state_dict"],
         "optimizer_states": [optimizer_state_by_index(tensors[key]) for key in optimizers],
     }
+
+
+# DCP's index of the shards, a pickle of these classes of torch's (and torch's dtypes): what DCP itself writes there.
+SHARDS_INDEX = ".metadata"
+SHARDS_INDEX_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+}
+
+
+DTYPES = {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
+
+
+class ShardsIndexUnpickler(pickle.Unpickler):
+    """Reads DCP's index taking only the classes DCP writes there (`SHARDS_INDEX_CLASSES`), where DCP's own
+    `pickle.load` would call whatever the file names."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in SHARDS_INDEX_CLASSES or (module == "torch" and name in DTYPES):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}")
+
+
+def check_shards(path: str | Path) -> None:
+    """Refuse, before torch's DCP reads them, the files of a sharded checkpoint that hold more than tensors and plain
+    values: DCP unpickles its index (`.metadata`) and loads the non-tensor values with `torch.load(weights_only=False)`,
+    either of which runs code a file names. Here the index is read with only DCP's own classes, and each value with
+    `weights_only=True`, from the checkpoint's own files."""
+    root = Path(path).resolve()
+
+    def refuse(what: str) -> UserError:
+        return UserError(
+            f"ckpt_path={path} is a sharded checkpoint whose {what}: it is not opened (reading it would run code it "
+            "names); give a checkpoint project.train wrote"
+        )
+
+    try:
+        with (root / SHARDS_INDEX).open("rb") as file:
+            index = ShardsIndexUnpickler(file).load()
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, TypeError, ValueError) as error:
+        raise refuse(f"{SHARDS_INDEX} is not DCP's index of shards ({error})") from None
+    if not isinstance(index, Metadata):
+        raise refuse(f"{SHARDS_INDEX} holds a {type(index).__name__}, not DCP's index of shards")
+    for where, stored in index.storage_data.items():
+        shard = (root / stored.relative_path).resolve()
+        if shard.parent != root or stored.transform_descriptors:
+            raise refuse(f"index points {where.fqn} at {stored.relative_path}, outside its own files as written")
+        if isinstance(index.state_dict_metadata.get(where.fqn), BytesStorageMetadata):
+            with shard.open("rb") as file:
+                file.seek(stored.offset)
+                value = file.read(stored.length)
+            try:
+                torch.load(io.BytesIO(value), weights_only=True)
+            except Exception as error:  # torch raises many types for what it will not load
+                raise refuse(f"value {where.fqn} is more than a plain value ({error.__class__.__name__})") from None
 
 
 def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,9 @@ were trained, except for the `data` keys given on the command line (`data.root=<
 machine). A Lightning checkpoint this project did not write (a plain `Trainer.save_checkpoint`, from before the
 template) carries no config: its module and data are the ones the command line chooses, `model=<option>
 data=<option>` as `project.train` takes them. Either way the weights load strictly, a mismatch named in one line.
-Loading uses `weights_only=True`; a file that is not a Lightning checkpoint is refused in one line.
+Loading uses `weights_only=True`; a file that is not a Lightning checkpoint is refused in one line, and so is a stored
+config that names code this checkout does not name or trust (`project.engine.trusted_targets`): it is checked whole
+before any of it is imported.
 """
 
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from project.engine.build import instantiate_group
 from project.engine.checkpoints import LAST, check_weights_fit, load_lightning_checkpoint
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error
+from project.engine.trusted_targets import trusted_instantiation, trusted_targets
 
 
 def data_given(cfg: DictConfig) -> dict[str, Any]:
@@ -64,13 +67,15 @@ def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
     """
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise UserError(f"give the checkpoint: python -m {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
-    checkpoint = load_lightning_checkpoint(cfg.ckpt_path)
-    if "config" in checkpoint:
-        datamodule, module = rebuild_from_stored_config(cfg, checkpoint["config"])
-        advice = "use it with the version of the project that trained it"
-    else:
-        datamodule, module = build_from_command_line(cfg)
-        advice = "give the model= (and model.<key>=) that trained it"
+    trust = trusted_targets(cfg)
+    checkpoint = load_lightning_checkpoint(cfg.ckpt_path, trust)
+    with trusted_instantiation(trust):
+        if "config" in checkpoint:
+            datamodule, module = rebuild_from_stored_config(cfg, checkpoint["config"])
+            advice = "use it with the version of the project that trained it"
+        else:
+            datamodule, module = build_from_command_line(cfg)
+            advice = "give the model= (and model.<key>=) that trained it"
     check_weights_fit(module, checkpoint["state_dict"], cfg.ckpt_path, advice)
     module.load_state_dict(checkpoint["state_dict"], strict=True)
     data_state = checkpoint.get(type(datamodule).__qualname__)

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from project.engine.checkpoints import is_sharded
+from project.engine.checkpoints import check_shards, is_sharded
 from project.engine.ddp import HydraJobRanks
 from project.engine.errors import UserError
 from project.engine.networks import networks_of
@@ -143,6 +143,7 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
         the optimizer's state with FSDP1's helper, which fails for an optimizer that keeps none (plain SGD)."""
         path = Path(self.broadcast(str(checkpoint_path)))
         if is_sharded(path):
+            check_shards(path)
             return super().load_checkpoint(path, weights_only)
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
         whole = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)

@@ -1,0 +1,197 @@
+"""Which `_target_`s a config read from disk may name: a checkpoint is data, and opening one runs no code it names.
+
+`project.evaluate` and `project.predict` rebuild a run's module and data from the config stored in its checkpoint,
+and Hydra's `instantiate` imports and calls whatever a `_target_` names. Checkpoints are handed around (a
+colleague's run, a paper's file, a run dir copied off a cluster), so every config read from one is checked whole
+(`check_stored_config`) before anything of it is imported or resolved: each `_target_`, at any depth, `_partial_`
+ones too, must be
+
+- named by a config file on this run's search path (`conf/`, `--config-dir`, `hydra.searchpath`), or by the run's
+  own composed config (its command line), exactly as written there; or
+- trusted by `trusted_targets` (conf/trusted_targets.yaml): an exact name, or `<package>.*`, which takes what is
+  defined under that package, once imported: a class, or a function of a module, not a method (`<Class>.<method>`
+  can write a file), nor a name the package imported from elsewhere (`<package>.os.system` is `os.system`).
+
+Anything else ends the run in one line naming the key, the target and how to trust it, before its first import. An
+interpolation (`${...}`) in a stored config is refused too: the template stores its configs resolved, and a resolver
+acts as it resolves (`${launch_dir:<dir>}` makes a directory). Hydra 1.4 has an allow-list of its own for
+`instantiate` (its execution whitelist); there the same list is also Hydra's (`trusted_instantiation`), so one rule
+holds on both versions.
+"""
+
+import functools
+import importlib
+import inspect
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import hydra.utils
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from project.engine.errors import UserError
+
+TARGET_KEY = "_target_"
+
+
+class UntrustedConfig(UserError):
+    """A config read from disk that names a target this run does not trust (or holds an interpolation)."""
+
+
+@dataclass(frozen=True)
+class TrustedTargets:
+    """What a config read from disk may name: `composed`, the targets of the run's own config; the config files' (read
+    when first needed, `named`); `patterns`, the values of `trusted_targets` (exact names, or `<package>.*`)."""
+
+    composed: frozenset[str]
+    patterns: tuple[str, ...]
+
+    @classmethod
+    def of(cls, config: dict) -> "TrustedTargets":
+        """What the run whose resolved config is `config` trusts."""
+        given = config.get("trusted_targets") or {}
+        if not isinstance(given, dict) or not all(isinstance(value, str) or value is None for value in given.values()):
+            raise UserError(
+                f"trusted_targets must map names to targets (<package>.* or a full name), got {given}: e.g. "
+                "+trusted_targets.mine=my_project.*"
+            )
+        patterns = tuple(value for value in given.values() if value is not None)  # null switches a default off
+        return cls(frozenset(targets_in(config)), patterns)
+
+    @functools.cached_property
+    def named(self) -> frozenset[str]:
+        return self.composed | named_in_config_files()
+
+    def trusts(self, target: str) -> bool:
+        """Whether `target` may be imported and called: named, or trusted by a pattern as the module docstring says
+        (the package a pattern trusts is imported to tell)."""
+        if target in self.composed or target in self.patterns or target in self.named:
+            return True
+        if not self.under_a_pattern(target):
+            return False
+        found = located(target)
+        if found is None:  # nothing there to run: instantiate reports it as it would any missing target
+            return True
+        defined_here = inspect.isclass(found) or (inspect.isfunction(found) and "." not in found.__qualname__)
+        return defined_here and self.under_a_pattern(f"{found.__module__}.{found.__qualname__}")
+
+    def under_a_pattern(self, name: str) -> bool:
+        return any(name.startswith(pattern[:-1]) for pattern in self.patterns if pattern.endswith(".*"))
+
+    def as_whitelist(self) -> list[str]:
+        """The same list in the form of Hydra 1.4's execution whitelist."""
+        return sorted(self.named) + list(self.patterns)
+
+
+def trusted_targets(cfg: DictConfig) -> TrustedTargets:
+    """What `cfg`'s run trusts: the targets of `cfg` itself and of the config files on its search path, and
+    `cfg.trusted_targets`."""
+    return TrustedTargets.of(OmegaConf.to_container(cfg, resolve=True))
+
+
+def named_in_config_files() -> frozenset[str]:
+    """Every `_target_` the config files on Hydra's search path name as plain text (not by `${...}`): `conf/`, the
+    user's `--config-dir` and `hydra.searchpath` dirs, and the installed packages' configs Hydra knows of."""
+    if not GlobalHydra.instance().is_initialized():
+        return frozenset()
+    found: set[str] = set()
+    for source in GlobalHydra.instance().config_loader().get_sources():
+        for name in config_names(source, ""):
+            config = source.load_config(name).config
+            found.update(target for target in targets_in(OmegaConf.to_container(config)) if "${" not in target)
+    return frozenset(found)
+
+
+def config_names(source: Any, group: str) -> Iterator[str]:
+    """The config files of a Hydra config source (a directory, a package, structured configs), in `group` and
+    below, as the source names them."""
+    for entry in source.list(group, results_filter=None):
+        path = f"{group}/{entry}" if group else entry
+        if source.is_group(path):
+            yield from config_names(source, path)
+        if source.is_config(path):
+            yield path
+
+
+def targets_in(node: Any) -> Iterator[str]:
+    """The `_target_` values of a plain config (dicts and lists), at any depth."""
+    for _, target in target_keys(node):
+        yield target
+
+
+def target_keys(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """(the key, its value) of every `_target_` in a plain config, keys dotted from the root (`model.network`)."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            where = f"{key}.{name}" if key else str(name)
+            if name == TARGET_KEY:
+                yield where, value
+            else:
+                yield from target_keys(value, where)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from target_keys(value, f"{key}[{index}]")
+
+
+def check_stored_config(config: Any, source: str, trust: TrustedTargets) -> None:
+    """Refuse, in one line, a config read from `source` (a checkpoint) that names a target `trust` does not trust,
+    or holds an interpolation, before any of it is imported or resolved."""
+    interpolated = next(interpolations(config), None)
+    if interpolated is not None:
+        key, value = interpolated
+        raise UntrustedConfig(
+            f"{source}: its stored config holds {key}={value}, an interpolation, which the project never stores (it "
+            "stores its configs resolved) and which could act as it resolves: it is not opened; use a checkpoint "
+            "project.train wrote"
+        )
+    for key, target in target_keys(config):
+        if not isinstance(target, str) or not trust.trusts(target):
+            label = str(target).split(".")[0] or "mine"
+            raise UntrustedConfig(
+                f"{source}: its stored config names {key}={target}, which no config file here names and "
+                f"trusted_targets does not trust, so it is neither imported nor run: if you trust that code, add "
+                f"+trusted_targets.{label}={target} (or give the config dir that names it, "
+                "'hydra.searchpath=[file://<dir>]')"
+            )
+
+
+def interpolations(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    """(key, value) of each string of a plain config that holds `${`."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            yield from interpolations(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from interpolations(value, f"{key}[{index}]")
+    elif isinstance(node, str) and "${" in node:
+        yield key, node
+
+
+def located(target: str) -> Any:
+    """What the dotted name `target` names, found as Hydra finds a target (attributes first, then submodules),
+    importing the modules it passes through; None where nothing is."""
+    parts = target.split(".")
+    try:
+        found = importlib.import_module(parts[0])
+    except ImportError:
+        return None
+    for index, part in enumerate(parts[1:], start=1):
+        if hasattr(found, part):
+            found = getattr(found, part)
+            continue
+        if not inspect.ismodule(found):
+            return None
+        try:
+            found = importlib.import_module(".".join(parts[: index + 1]))
+        except ImportError:
+            return None
+    return found
+
+
+def trusted_instantiation(trust: TrustedTargets) -> AbstractContextManager:
+    """Where Hydra has an execution whitelist (1.4), `trust` as that whitelist for every `instantiate` inside, in
+    place of the one around it; nothing on Hydra 1.3, where `check_stored_config` is the rule."""
+    whitelist = getattr(hydra.utils, "execution_whitelist", None)
+    return nullcontext() if whitelist is None else whitelist(trust.as_whitelist(), reset=True)
