@@ -165,6 +165,7 @@ class BadInput:
     module: str = "project.train"
     mnist: bool = False  # run the MNIST recipe on the small test files (tests.helpers.mnist_overrides)
     prepare: Callable[[Path, Path], None] | None = None  # (case dir, a finished toy run's last.ckpt)
+    check: Callable[[Path], None] | None = None  # what else must hold of the case dir after the run
 
 
 def run_bad_input(case: BadInput, case_dir: Path, data: Path, ckpt: Path) -> subprocess.CompletedProcess:
@@ -196,6 +197,8 @@ def bad_input_test(cases: list[BadInput]) -> Callable:
         assert not (case_dir / "run" / "results.json").exists()
         assert_nothing_half_written(case_dir / "run")  # (the case's own damaged checkpoints lie beside it)
         assert_no_process_left(case_dir)
+        if case.check:
+            case.check(case_dir)
 
     test.__name__ = BAD_INPUT_TEST
     return test
