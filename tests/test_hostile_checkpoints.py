@@ -11,19 +11,22 @@ a file it would create, one it would change, and the files it would read.
 
 import contextlib
 import io
+import json
 import pickle
 import shutil
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
@@ -31,7 +34,9 @@ from project.engine.checkpoints import check_shards, resume_path
 from project.engine.errors import UserError
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import UntrustedConfig, trusted_targets
+from project.evaluate import evaluate
 from tests.faults import ENV, BadInput, bad_input_test
+from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule
 from tests.helpers import CONF_DIR, check_ok, run_module
 
 
@@ -307,6 +312,72 @@ def test_a_sharded_checkpoint_that_would_run_code_is_refused_before_dcp_reads_it
             with pytest.raises(UserError, match=f"ckpt_path={sharded}"):
                 rebuild_trained(cfg, "project.evaluate")
     bait.assert_untouched()
+
+
+# What still opens: a checkpoint written before trusted_targets existed, a user's own module named by their config
+# dir, one they trust by trusted_targets. (The example's own, and a foreign Lightning checkpoint with model=/data=:
+# tests/test_workflow.py, tests/test_foreign_checkpoints.py.)
+
+BEFORE = Path(__file__).parent / "checkpoints" / "before-trusted-targets"
+
+
+def test_a_checkpoint_written_before_trusted_targets_evaluates_to_its_runs_results_and_resumes(tmp_path: Path):
+    """A toy run's last.ckpt written by main 0d60c1c, before this check existed, and its run's results.json."""
+    results = json.loads((BEFORE / "results.json").read_text())
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        metrics = evaluate(compose("evaluate", overrides=[f"ckpt_path={BEFORE / 'last.ckpt'}", "accelerator=cpu"]))
+        run_config = OmegaConf.to_container(compose("train", overrides=[f"run_dir={tmp_path}"]), resolve=True)
+        assert resume_path(str(BEFORE / "last.ckpt"), tmp_path / "run", tmp_path, run_config) == str(
+            BEFORE / "last.ckpt"
+        )
+    assert metrics == {"test/loss": results["test/loss"], "test/acc": results["test/acc"]}
+
+
+def own_module_checkpoint(directory: Path) -> Path:
+    """A checkpoint as project.train stores one of the user's own regression module and data (tests/foreign_modules
+    .py), whose config files are in their config dir (tests/foreign_conf), not in conf/."""
+    searchpath = f"hydra.searchpath=[file://{FOREIGN_CONF}]"
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["model=regression", "data=regression", f"run_dir={directory}", searchpath])
+    path = directory / "own.ckpt"
+    config = OmegaConf.to_container(cfg, resolve=True)
+    torch.save({"config": config, "state_dict": instantiate(cfg.model).state_dict()}, path)
+    return path
+
+
+def test_a_module_of_your_own_opens_with_your_config_dir_or_trusted_targets_and_not_without(tmp_path: Path):
+    checkpoint = own_module_checkpoint(tmp_path)
+    opened = {
+        "your config dir on the search path": [f"hydra.searchpath=[file://{FOREIGN_CONF}]"],
+        "your package trusted": ["+trusted_targets.mine=tests.foreign_modules.*"],
+    }
+    with (
+        initialize_config_dir(str(CONF_DIR), version_base="1.3"),
+        pytest.raises(UntrustedConfig, match=r"data\._target_=tests\.foreign_modules\.RegressionData"),
+    ):
+        rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}"]), "project.evaluate")
+    for how, overrides in opened.items():
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"), as_a_run_holds_it() as hydra_node:
+            cfg = compose("evaluate", overrides=[f"ckpt_path={checkpoint}", *overrides], return_hydra_config=True)
+            datamodule, module = rebuild_trained(hydra_node(cfg), "project.evaluate")
+        assert isinstance(module, RegressionModule) and isinstance(datamodule, RegressionData), how
+
+
+@contextmanager
+def as_a_run_holds_it() -> Iterator[Callable[[DictConfig], DictConfig]]:
+    """A function that takes a config composed with its `hydra` node and sets that node as `hydra.main` does for a
+    run (`HydraConfig`: its search path as composed, `hydra.searchpath` included), returning the job's keys."""
+
+    def hold(cfg: DictConfig) -> DictConfig:
+        HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return cfg
+
+    try:
+        yield hold
+    finally:
+        HydraConfig.instance().cfg = None
 
 
 # The same as users meet them: the entry points in processes of their own, on a finished toy run's last.ckpt (and,

@@ -21,14 +21,18 @@ holds on both versions.
 
 import functools
 import importlib
+import importlib.resources
 import inspect
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import hydra.utils
+import yaml
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.errors import UserError
@@ -92,27 +96,48 @@ def trusted_targets(cfg: DictConfig) -> TrustedTargets:
 
 
 def named_in_config_files() -> frozenset[str]:
-    """Every `_target_` the config files on Hydra's search path name as plain text (not by `${...}`): `conf/`, the
-    user's `--config-dir` and `hydra.searchpath` dirs, and the installed packages' configs Hydra knows of."""
-    if not GlobalHydra.instance().is_initialized():
-        return frozenset()
+    """Every `_target_` the config files on this run's search path name as plain text (not by `${...}`): `conf/`, the
+    user's `--config-dir` and `hydra.searchpath` dirs, and the config packages Hydra was given. (Structured configs,
+    which hold only Hydra's own plugins, are left out.)"""
     found: set[str] = set()
-    for source in GlobalHydra.instance().config_loader().get_sources():
-        for name in config_names(source, ""):
-            config = source.load_config(name).config
-            found.update(target for target in targets_in(OmegaConf.to_container(config)) if "${" not in target)
+    for text in config_file_texts():
+        try:
+            content = yaml.safe_load(text)
+        except yaml.YAMLError:  # not a config this run can compose either; Hydra says so where one is used
+            continue
+        found.update(target for target in targets_in(content) if isinstance(target, str) and "${" not in target)
     return frozenset(found)
 
 
-def config_names(source: Any, group: str) -> Iterator[str]:
-    """The config files of a Hydra config source (a directory, a package, structured configs), in `group` and
-    below, as the source names them."""
-    for entry in source.list(group, results_filter=None):
-        path = f"{group}/{entry}" if group else entry
-        if source.is_group(path):
-            yield from config_names(source, path)
-        if source.is_config(path):
-            yield path
+def config_sources() -> list[tuple[str, str]]:
+    """(scheme, path) of each config source of this run: from the run's Hydra config (its search path as composed,
+    `hydra.searchpath` included), or else, for a config composed by Hydra's compose API, from Hydra's loader."""
+    if HydraConfig.initialized():
+        return [(source.schema, source.path) for source in HydraConfig.get().runtime.config_sources]
+    if GlobalHydra.instance().is_initialized():
+        return [(source.scheme(), source.path) for source in GlobalHydra.instance().config_loader().get_sources()]
+    return []
+
+
+def config_file_texts() -> Iterator[str]:
+    """The text of every YAML file of this run's config sources: directories (`file`) and packages (`pkg`)."""
+    for scheme, path in config_sources():
+        if scheme == "file" and Path(path).is_dir():
+            yield from (file.read_text() for file in sorted(Path(path).rglob("*.yaml")))
+        elif scheme == "pkg":
+            try:
+                yield from yaml_texts(importlib.resources.files(path))
+            except (ModuleNotFoundError, TypeError):  # a package that is not there: Hydra warns of it itself
+                continue
+
+
+def yaml_texts(folder: Any) -> Iterator[str]:
+    """The YAML files' texts in a package's folder (an `importlib.resources` Traversable), and below."""
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            yield from yaml_texts(entry)
+        elif entry.name.endswith(".yaml"):
+            yield entry.read_text()
 
 
 def targets_in(node: Any) -> Iterator[str]:
