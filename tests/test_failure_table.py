@@ -10,6 +10,7 @@ from tests.fault_cases import BAD_INPUTS
 from tests.helpers import REPO
 
 FAULTS = "tests/test_faults.py"
+HOSTILE = "tests/test_hostile_checkpoints.py"
 # (a fragment of the row's first column, its exit column, the tests that inject that fault). A test is
 # "<file>::<function>", or "bad_input:<id>" for a case of tests/fault_cases.py (run by test_faults.py, exit 2).
 PAGE = REPO / "docs" / "failures.md"
@@ -66,6 +67,15 @@ ROWS = [
             "tests/test_foreign_checkpoints.py::test_a_foreign_checkpoint_into_another_module_is_one_line_naming_its_keys",
             "tests/test_foreign_checkpoints.py::test_a_foreign_checkpoint_without_model_or_data_names_what_to_give",
             "tests/test_foreign_checkpoints.py::test_train_resumes_a_foreign_checkpoint_and_its_own_checkpoints_then_refuse_model_and_data",
+        ],
+    ),
+    (
+        "a checkpoint's stored config names code that no config file here names",
+        "2",
+        [
+            f"{HOSTILE}::test_evaluate_and_train_refuse_a_hostile_stored_config_before_it_runs",
+            f"{HOSTILE}::test_a_target_behind_an_interpolation_or_a_resolver_that_acts_is_refused_unresolved",
+            f"{HOSTILE}::test_a_sharded_checkpoint_that_would_run_code_is_refused_before_dcp_reads_it",
         ],
     ),
     (
