@@ -157,6 +157,23 @@ def search_space(overrides: list[str]) -> tuple[dict[str, BaseDistribution], lis
     return space, list(fixed.values())
 
 
+def outside_the_space(params: dict[str, Any], space: dict[str, BaseDistribution]) -> str | None:
+    """`key=value` of the first parameter that `space` does not hold (another key, a value not among a choice's, a
+    number out of an interval or range, or no number), or None."""
+    if set(params) != set(space):
+        return f"the parameters {sorted(params)} (the space's: {sorted(space)})"
+    for key, value in params.items():
+        dist = space[key]
+        if isinstance(dist, CategoricalDistribution):
+            inside = value in dist.choices
+        else:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            inside = number and dist.low <= value <= dist.high
+        if not inside:
+            return f"{key}={value}"
+    return None
+
+
 def search_direction(optimized_mode: str, direction: str | None) -> str:
     """Optuna's direction for `optimized_mode`; a `hydra.sweeper.direction` that says otherwise is refused."""
     follows = DIRECTIONS[optimized_mode]
@@ -340,7 +357,7 @@ class ResumableOptunaSweeper(Sweeper):
             if room > 0:
                 if not self.reseeded and len(study.get_trials(deepcopy=False)) > len(self.ran):
                     self._reseed(f"the study {self.study_name} is shared with other workers")
-                self._run_batch([study.ask(space) for _ in range(min(self.n_jobs, room))], fixed)
+                self._run_batch(self._ask(space, min(self.n_jobs, room)), fixed)
                 waiting = False
             elif running:  # other workers': wait, to retry one whose worker dies
                 if not waiting:
@@ -350,6 +367,29 @@ class ResumableOptunaSweeper(Sweeper):
             else:
                 break
         self._log_best()
+
+    def _ask(self, space: dict[str, BaseDistribution], count: int) -> list[optuna.Trial]:
+        """`count` trials of the study, or the search ended in one line (its asked trials told failed) where the
+        stored study gave one values outside the search space. A waiting trial in the storage (how a retry is
+        queued) is asked with its stored values, which become its job's overrides: a study is data, and may not
+        choose what a job runs. Optuna itself refuses a value of another type, and only warns of a number out of
+        its range."""
+        asked: list[optuna.Trial] = []
+        try:
+            for _ in range(count):
+                asked.append(self.study.ask(space))
+                outside = outside_the_space(asked[-1].params, space)
+                if outside is not None:
+                    raise ValueError(outside)
+        except ValueError as error:
+            for trial in asked:
+                self.study.tell(trial, state=TrialState.FAIL)
+            refuse(
+                f"the study {self.study_name} ({self.storage}) holds a trial whose values lie outside the search "
+                f"space ({' '.join(str(error).split())}): a stored study's values are not run; give a new "
+                "hydra.sweeper.study_name (or a new hydra.sweep.dir) to search afresh"
+            )
+        return asked
 
     def _finished_or_running(self) -> int:
         return sum(t.state != TrialState.WAITING for t in counted(self.study.get_trials(deepcopy=False)))

@@ -2,6 +2,7 @@
 gets instead (the searches themselves run in tests/test_search_*.py and tests/fault_cases.py)."""
 
 import random
+import warnings
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import (
     NOT_RUN_ATTR,
+    ResumableOptunaSweeper,
     consecutive_runs,
     counted,
     open_study,
@@ -114,6 +116,28 @@ def test_a_retry_takes_its_originals_place_and_a_trial_not_run_takes_none():
         trial(5, TrialState.FAIL),  # a failed job: it counts
     ]
     assert [t.number for t in counted(trials)] == [0, 3, 2, 5]
+
+
+def test_a_stored_trial_whose_values_lie_outside_the_search_space_ends_the_search_before_it_runs(tmp_path: Path):
+    """A study is data: a waiting trial in its storage (how a retry is queued) is asked with its stored values, which
+    become a job's overrides. A retry's own values are the space's; a value planted there (a resolver that would
+    make a directory, a number out of range) ends the search in one line before any job, its trials failed."""
+    space, _ = search_space(["model.optimizer.lr=interval(0.01, 0.1)", "model.network.num_layers=choice(2, 4)"])
+    sweeper = ResumableOptunaSweeper(
+        "sqlite:///" + str(tmp_path / "study.db"), "s", 9, 1, 5, 20, None, None, None, None
+    )
+    sweeper.study = optuna.create_study(storage=sweeper.storage, study_name="s")
+    sweeper.study.enqueue_trial({"model.optimizer.lr": 0.05, "model.network.num_layers": 4})  # a retry's
+    assert sweeper._ask(space, 1)[0].params == {"model.optimizer.lr": 0.05, "model.network.num_layers": 4}
+    planted = {"model.optimizer.lr": 7.0, "model.network.num_layers": f"${{launch_dir:{tmp_path}/x}}"}
+    for key, value in planted.items():
+        sweeper.study.enqueue_trial({"model.optimizer.lr": 0.05, "model.network.num_layers": 2, key: value})
+        with pytest.raises(SystemExit) as stopped, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna's own, of a value out of range
+            sweeper._ask(space, 1)
+        assert stopped.value.code == 2
+    assert not (tmp_path / "x").exists()
+    assert [trial.state for trial in sweeper.study.get_trials()][1:] == [TrialState.FAIL, TrialState.RUNNING]
 
 
 def test_the_direction_is_optimized_modes_and_an_older_configs_direction_must_agree():
