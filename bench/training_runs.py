@@ -25,6 +25,7 @@ from torch import Tensor, nn
 import project  # noqa: F401  (registers the resolvers conf/ uses)
 from project.engine.build import build as build_lightning
 from project.engine.history import HistoryCallback
+from project.engine.hydra_versions import VERSION_BASE
 from project.example.data import InMemoryDataModule, InMemoryDataset
 
 CONF_DIR = Path(project.__file__).resolve().parents[1] / "conf"
@@ -32,7 +33,7 @@ CONF_DIR = Path(project.__file__).resolve().parents[1] / "conf"
 
 def compose_config(overrides: list[str], run_dir: Path) -> DictConfig:
     """conf/train.yaml with `overrides`, writing into `run_dir` (there is no Hydra run dir outside `main`)."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=[*overrides, f"run_dir={run_dir}"])
 
 

@@ -6,12 +6,13 @@ printed test metrics equal those of the training run's results table for the sam
 final ones).
 """
 
-import hydra
 import lightning as L
 from omegaconf import DictConfig
 
 from project.engine.errors import exit_on_user_error, run_hydra_app
+from project.engine.hydra_versions import hydra_main
 from project.engine.trained_run import blamed_on_data_given, rebuild_trained
+from project.engine.trusted_targets import job_whitelist
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -23,7 +24,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     return {name: value.item() for name, value in trainer.callback_metrics.items()}
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+@hydra_main("../conf", "evaluate", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     metrics = evaluate(cfg)

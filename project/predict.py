@@ -12,7 +12,6 @@ module with a `predict_split` attribute is told the split (`split=`); one withou
 
 from pathlib import Path
 
-import hydra
 import lightning as L
 import torch
 import torch.distributed as dist
@@ -22,10 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from project.engine import predictions
 from project.engine.build import instantiate_group
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
+from project.engine.hydra_versions import hydra_main
 from project.engine.job import isolated_job
 from project.engine.run_config import RunConfigCallback
 from project.engine.run_log import capture_logs, report
 from project.engine.trained_run import blamed_on_data_given, rebuild_trained
+from project.engine.trusted_targets import job_whitelist
 
 SPLITS = ("test", "val", "train")
 
@@ -90,7 +91,7 @@ def gathered_shares(outputs: predictions.Outputs) -> list[predictions.Outputs]:
     return shares
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="predict")
+@hydra_main("../conf", "predict", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     capture_logs()

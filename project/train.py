@@ -8,7 +8,6 @@ so Hydra sweepers can optimise it (None where it is not a finite number).
 import math
 from pathlib import Path
 
-import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd
@@ -21,10 +20,12 @@ from project.engine.errors import exit_on_user_error, in_sweep_job, run_hydra_ap
 from project.engine.hints import give_hints
 from project.engine.history import summarise_history
 from project.engine.hparams import log_hyperparameters
+from project.engine.hydra_versions import hydra_main
 from project.engine.job import isolated_job, stop_if_signalled
 from project.engine.results import format_results_table, save_results
 from project.engine.run_log import capture_logs, report
 from project.engine.sweeps import finished_results
+from project.engine.trusted_targets import job_whitelist
 
 
 def train(cfg: DictConfig) -> dict:
@@ -58,7 +59,7 @@ def metrics_of(trainer: L.Trainer) -> dict[str, float]:
     return {name: value.item() for name, value in trainer.callback_metrics.items()}
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra_main("../conf", "train", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
     capture_logs()

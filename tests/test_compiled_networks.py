@@ -12,13 +12,14 @@ from torch import nn
 
 from project.engine.checks import check_config
 from project.engine.errors import UserError
+from project.engine.hydra_versions import VERSION_BASE
 from project.engine.networks import compile_networks
 from tests.foreign_modules import RegressionModule
 from tests.helpers import CONF_DIR
 
 
 def compose_train(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=[*overrides, f"run_dir={tmp_path}"])
 
 

@@ -18,6 +18,7 @@ from project.engine.build import build
 from project.engine.checks import check_added_keys, check_config, mistyped_value
 from project.engine.errors import UserError, error_line
 from project.engine.hints import give_hints
+from project.engine.hydra_versions import VERSION_BASE
 from project.engine.run_config import command_line_overrides
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
 
@@ -36,7 +37,7 @@ def options(group: str) -> list[str]:
 
 
 def compose_train(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=[*overrides, f"run_dir={tmp_path}"])
 
 
@@ -109,7 +110,7 @@ def test_a_users_own_option_in_conf_composes_without_editing_train_yaml(tmp_path
     user_conf = tmp_path / "conf"
     shutil.copytree(CONF_DIR, user_conf)
     (user_conf / "data" / "mine.yaml").write_text("defaults:\n  - toy\nbatch_size: 1\n")
-    with initialize_config_dir(str(user_conf), version_base="1.3"):
+    with initialize_config_dir(str(user_conf), **VERSION_BASE):
         cfg = compose("train", overrides=["data=mine", f"run_dir={tmp_path}"])
     assert cfg.data.batch_size == 1 and cfg.data._target_ == compose_train(tmp_path).data._target_
 
@@ -126,7 +127,7 @@ def test_a_value_that_refers_to_a_key_the_config_lacks_is_one_line_naming_both(t
 
 def test_an_override_that_refers_to_another_key_is_taken_as_given(tmp_path: Path):
     """The command line's `${...}` belongs to the value it sets: the check for misspelt keys must not resolve it."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         overrides = ["model.optimizer.lr=${data.batch_size}", f"run_dir={tmp_path}"]
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))  # as a run holds it: without the job's keys
@@ -164,7 +165,7 @@ def test_values_are_judged_by_any_targets_annotations():
 def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_one_line(tmp_path: Path, monkeypatch):
     """`callbacks=none` then `+callbacks.early_stopping.enabled=true` would build a callback from that key alone."""
     monkeypatch.setenv("PL_GLOBAL_SEED", "0")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         overrides = ["callbacks=none", "+callbacks.early_stopping.enabled=true", *kept_in(tmp_path)]
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
@@ -182,7 +183,7 @@ def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_o
 def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(tmp_path: Path):
     """`model.network._target_=torchvision.models.resnet18` over model=cnn: the CNN's keys of the model's YAML are
     left out; what the command line gives (num_classes) is kept; the network builds."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         overrides = [
             "model=cnn",
             "model.network._target_=torchvision.models.resnet18",
@@ -201,7 +202,7 @@ def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(tmp_
 
 def test_optimizer_arguments_need_no_plus_and_a_swapped_optimizer_gets_only_those_it_names(tmp_path: Path):
     """The toy's SGD lists momentum and weight decay; AdamW by `_target_` is not handed SGD's momentum."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         momentum = compose("train", overrides=["model.optimizer.momentum=0.9", f"run_dir={tmp_path}"])
         overrides = ["model.optimizer._target_=torch.optim.AdamW", "model.optimizer.weight_decay=0.1"]
         cfg = compose("train", overrides=[*overrides, *kept_in(tmp_path)], return_hydra_config=True)

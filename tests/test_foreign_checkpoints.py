@@ -12,6 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from project.engine.hydra_versions import VERSION_BASE
 from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import CONF_DIR, REGRESSION, check_ok, error_lines, run_module, train_own
 
@@ -23,7 +24,7 @@ def foreign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     """(a checkpoint of one epoch of the toy, written by plain Lightning, with no config of this project's; the test
     accuracy its weights give in-process)."""
     directory = tmp_path_factory.mktemp("before-the-template")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=[*TOY, f"run_dir={directory}"])
     L.seed_everything(cfg.seed)
     module, datamodule = instantiate(cfg.model), instantiate(cfg.data)

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.checkpoints import check_shards, resume_path
 from project.engine.errors import UserError
+from project.engine.hydra_versions import VERSION_BASE
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import UntrustedConfig, trusted_targets
 from project.evaluate import evaluate
@@ -172,7 +173,7 @@ def plant_as_newest_last(checkpoint: Path, outputs: Path) -> None:
 def toy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint as project.train writes it, of the toy's untrained module: its whole run config and weights."""
     run_dir = tmp_path_factory.mktemp("toy")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=[f"run_dir={run_dir}"])
     config = OmegaConf.to_container(cfg, resolve=True)
     path = run_dir / "last.ckpt"
@@ -204,7 +205,7 @@ def test_evaluate_and_train_refuse_a_hostile_stored_config_before_it_runs(
     hostile = hostile_copy(toy_checkpoint, tmp_path / "hostile.ckpt", placement, HOSTILE[name](bait))
     plant_as_newest_last(hostile, tmp_path / "outputs")
     named = rf"names {placement}\._target_={name}, which no config file here names"
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("evaluate", overrides=[f"ckpt_path={hostile}"])
         with pytest.raises(UntrustedConfig, match=named):
             rebuild_trained(cfg, "project.evaluate")
@@ -229,7 +230,7 @@ def test_a_target_behind_an_interpolation_or_a_resolver_that_acts_is_refused_unr
     content = torch.load(toy_checkpoint, map_location="cpu", weights_only=True)
     content["config"]["data"]["seed"] = f"${{launch_dir:{made}}}"
     torch.save(content, tmp_path / "resolver.ckpt")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         for file, key in (("hidden.ckpt", "model.network._target_"), ("resolver.ckpt", "data.seed")):
             cfg = compose("evaluate", overrides=[f"ckpt_path={tmp_path / file}"])
             with pytest.raises(UntrustedConfig, match=rf"holds {key}=\$\{{.*, an interpolation"):
@@ -253,7 +254,7 @@ def test_a_target_behind_an_interpolation_or_a_resolver_that_acts_is_refused_unr
     ],
 )
 def test_a_trusted_package_trusts_what_it_defines_not_what_it_reaches(target: str, trusted: bool):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("evaluate", overrides=["ckpt_path=unused"])
         assert trusted_targets(cfg).trusts(target) is trusted
 
@@ -306,7 +307,7 @@ def test_a_sharded_checkpoint_that_would_run_code_is_refused_before_dcp_reads_it
     meta = torch.load(target / "meta.pt", weights_only=True)
     meta["config"]["model"] = HOSTILE["shutil.copyfile"](bait)
     torch.save(meta, target / "meta.pt")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         for sharded in (index, value, target):
             cfg = compose("evaluate", overrides=[f"ckpt_path={sharded}"])
             with pytest.raises(UserError, match=f"ckpt_path={sharded}"):
@@ -324,7 +325,7 @@ BEFORE = Path(__file__).parent / "checkpoints" / "before-trusted-targets"
 def test_a_checkpoint_written_before_trusted_targets_evaluates_to_its_runs_results_and_resumes(tmp_path: Path):
     """A toy run's last.ckpt written by main 0d60c1c, before this check existed, and its run's results.json."""
     results = json.loads((BEFORE / "results.json").read_text())
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         metrics = evaluate(compose("evaluate", overrides=[f"ckpt_path={BEFORE / 'last.ckpt'}", "accelerator=cpu"]))
         run_config = OmegaConf.to_container(compose("train", overrides=[f"run_dir={tmp_path}"]), resolve=True)
         assert resume_path(str(BEFORE / "last.ckpt"), tmp_path / "run", tmp_path, run_config) == str(
@@ -337,7 +338,7 @@ def own_module_checkpoint(directory: Path) -> Path:
     """A checkpoint as project.train stores one of the user's own regression module and data (tests/foreign_modules
     .py), whose config files are in their config dir (tests/foreign_conf), not in conf/."""
     searchpath = f"hydra.searchpath=[file://{FOREIGN_CONF}]"
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=["model=regression", "data=regression", f"run_dir={directory}", searchpath])
     path = directory / "own.ckpt"
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -352,12 +353,12 @@ def test_a_module_of_your_own_opens_with_your_config_dir_or_trusted_targets_and_
         "your package trusted": ["+trusted_targets.mine=tests.foreign_modules.*"],
     }
     with (
-        initialize_config_dir(str(CONF_DIR), version_base="1.3"),
+        initialize_config_dir(str(CONF_DIR), **VERSION_BASE),
         pytest.raises(UntrustedConfig, match=r"data\._target_=tests\.foreign_modules\.RegressionData"),
     ):
         rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}"]), "project.evaluate")
     for how, overrides in opened.items():
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"), as_a_run_holds_it() as hydra_node:
+        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), as_a_run_holds_it() as hydra_node:
             cfg = compose("evaluate", overrides=[f"ckpt_path={checkpoint}", *overrides], return_hydra_config=True)
             datamodule, module = rebuild_trained(hydra_node(cfg), "project.evaluate")
         assert isinstance(module, RegressionModule) and isinstance(datamodule, RegressionData), how

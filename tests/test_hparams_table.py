@@ -12,6 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import metadata
 
 from project.engine.hparams import log_to_tensorboard
+from project.engine.hydra_versions import VERSION_BASE
 from tests.helpers import CONF_DIR, requires
 
 
@@ -33,7 +34,7 @@ from tests.helpers import CONF_DIR, requires
 def test_the_keys_a_run_chose_are_marked_differing_and_the_optimised_metric_comes_first(
     tmp_path: Path, overrides: list[str], chosen: set[str]
 ):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=[*overrides, f"run_dir={tmp_path}"], return_hydra_config=True)
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
     logger = TensorBoardLogger(tmp_path, name="tensorboard", version="", default_hp_metric=False)

@@ -15,6 +15,7 @@ from hydra import initialize_config_dir
 
 from project.engine.checkpoints import resume_path
 from project.engine.errors import UserError
+from project.engine.hydra_versions import VERSION_BASE
 from tests.docs_commands import follow_steps, section_blocks
 from tests.helpers import (
     CONF_DIR,
@@ -159,7 +160,7 @@ def test_ckpt_path_last_takes_the_newest_run_of_the_same_model_and_data(tmp_path
     )
     # A user's module and data, which their own config dir would name: here trusted_targets does.
     config = {"model": {"_target_": "my.Module"}, "data": {"_target_": "my.Data"}, "trusted_targets": {"mine": "my.*"}}
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):  # conf/ names the example's module: trusted
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):  # conf/ names the example's module: trusted
         assert resume_path("last", tmp_path / "run", outputs, config) == str(mine)
         with pytest.raises(UserError, match=r"none of the 2 earlier runs .* trained this model \(my.Module\) on this"):
             resume_path("last", tmp_path / "run", outputs, {**config, "data": {"_target_": "their.Data"}})

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets
 
+from project.engine.hydra_versions import VERSION_BASE
 from project.example.predictions import Predictions, class_names
 from project.predict import gathered_shares, predict, write_predictions
 from tests.helpers import CONF_DIR, check_ok, mnist_overrides, one_rank_process_group, part_present, run_module
@@ -164,7 +165,7 @@ def test_a_data_module_of_your_own_gets_its_labels_as_class_names_and_no_mistake
     data = {"_target_": f"{PlainDataModule.__module__}.PlainDataModule", "samples": 9}
     config = {"data": data, "model": OmegaConf.to_container(model)}
     torch.save({"config": config, "state_dict": instantiate(model).state_dict()}, tmp_path / "user.ckpt")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         trusted = f"+trusted_targets.mine={PlainDataModule.__module__}.*"
         overrides = [f"ckpt_path={tmp_path / 'user.ckpt'}", "trainer=cpu", f"run_dir={tmp_path}", trusted]
         cfg = compose("predict", overrides=overrides)

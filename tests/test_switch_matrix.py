@@ -28,6 +28,7 @@ import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.build import build
 from project.engine.errors import find_user_error
 from project.engine.history import HistoryCallback
+from project.engine.hydra_versions import VERSION_BASE
 from project.engine.run_config import run_config_of
 from project.example.data import MNISTDataModule, ToyDataModule
 from project.example.networks import DeepNeuralNetwork, NeuralNetwork
@@ -170,7 +171,7 @@ def composed_train(config_dir: Path, name: str, overrides: list[str]) -> Iterato
     """The job's config as `hydra.main` hands it over, and the `hydra` node beside it, while Hydra holds the config
     dir as its source, as it does for a run's whole job (a resumed checkpoint's stored config is checked against
     the targets the config files name)."""
-    with initialize_config_dir(str(config_dir), version_base="1.3"):
+    with initialize_config_dir(str(config_dir), **VERSION_BASE):
         cfg = compose(name, overrides=overrides, return_hydra_config=True)
         with open_dict(cfg):
             hydra_cfg = cfg.pop("hydra")

@@ -21,6 +21,7 @@ from project.engine.build import build
 from project.engine.checkpoints import resume_path
 from project.engine.ddp import HydraJobLauncher, check_same_config_on_every_rank, differing_keys
 from project.engine.errors import UserError
+from project.engine.hydra_versions import VERSION_BASE
 from project.engine.job import isolated_job
 from tests.collective_counter import count_collectives
 from tests.helpers import (
@@ -40,7 +41,7 @@ from tests.helpers import (
 
 
 def compose_train(*overrides: str):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=list(overrides))
 
 
@@ -135,7 +136,7 @@ def test_a_torchrun_restart_carries_on_from_its_own_last_checkpoint(tmp_path: Pa
         "model": {**config["model"], "network": {**network, "_target_": "project.example.networks.DeepNeuralNetwork"}}
     }
     with (
-        initialize_config_dir(str(CONF_DIR), version_base="1.3"),  # conf/ names the stored network: trusted
+        initialize_config_dir(str(CONF_DIR), **VERSION_BASE),  # conf/ names the stored network: trusted
         pytest.raises(UserError, match="holds another model .*DeepNeuralNetwork.* with a new --rdzv-id"),
     ):
         resume_path(None, run, tmp_path, other)

@@ -4,13 +4,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from project.engine.hydra_versions import VERSION_BASE
 from project.engine.typos import dotted_keys, nearest_keys, typo_message
 from tests.helpers import CONF_DIR
 
 
 @pytest.fixture(scope="module")
 def keys() -> list[str]:
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return dotted_keys(compose("train", return_hydra_config=True))
 
 
@@ -44,6 +45,6 @@ def test_the_nearest_keys_are_beside_the_misspelt_one_or_under_the_nearest_paren
     ],
 )
 def test_hydras_composition_error_becomes_the_message_with_the_nearest(override: str, message: str):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"), pytest.raises(ConfigCompositionException) as error:
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), pytest.raises(ConfigCompositionException) as error:
         compose("train", overrides=[override])
     assert typo_message(error.value).startswith(message), typo_message(error.value)

@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.errors import error_line
+from project.engine.hydra_versions import VERSION_BASE
 from tests.faults import USER_ERROR, assert_ends_in_error_line
 from tests.helpers import CONF_DIR, REPO, check_ok, read_json, run_module, train_own
 
@@ -49,7 +50,7 @@ def test_a_static_graph_that_changes_is_one_line_saying_to_turn_it_off():
 
 @pytest.mark.parametrize("trainer", ["ddp", "ddp_spawn", "slurm"])
 def test_the_ddp_configs_pass_distributed_data_parallels_switches_without_a_plus(tmp_path: Path, trainer: str):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         switches = [f"{KEY}=true", "trainer.strategy.static_graph=true"]
         cfg = compose("train", overrides=[f"trainer={trainer}", *switches, f"run_dir={tmp_path}"])
     strategy = instantiate(cfg.trainer.strategy)

@@ -24,6 +24,7 @@ from hydra.utils import get_object
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from project.engine.hydra_versions import register_resolver
 from project.engine.run_config import command_line_overrides, overridden_key
 
 
@@ -86,4 +87,4 @@ def subfolders(directory: str) -> int:
 
 
 def register_resolvers() -> None:
-    OmegaConf.register_new_resolver("subfolders", subfolders, replace=True)
+    register_resolver("subfolders", subfolders, replace=True)

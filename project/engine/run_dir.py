@@ -33,6 +33,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from project.engine.hydra_versions import register_resolver
 from project.engine.ranks import process_rank
 from project.engine.sweeps import check_same_sweep
 
@@ -189,7 +190,7 @@ def register_resolvers() -> None:
     resolvers = {"launch_dir": launch_dir, "on_rank_zero": on_rank_zero, "rank_log_suffix": rank_log_suffix}
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, resolver, use_cache=True)
+            register_resolver(name, resolver, use_cache=True)
 
 
 class RunDirCheck(Callback):

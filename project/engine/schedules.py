@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import lightning as L
 import torch
-from omegaconf import OmegaConf
 
 from project.engine.errors import UserError
+from project.engine.hydra_versions import register_resolver
 
 RUN_STEPS = "<the run's optimizer steps>"
 RUN_EPOCHS = "<the run's epochs>"
@@ -39,7 +39,7 @@ def register_resolvers() -> None:
     """`${run_steps:}` and `${run_epochs:}`, or a fraction `${run_steps:0.05}` (every entry point composes conf/
     after importing `project`)."""
     for name, placeholder in (("run_steps", RUN_STEPS), ("run_epochs", RUN_EPOCHS)):
-        OmegaConf.register_new_resolver(name, functools.partial(part_of_the_run, placeholder), replace=True)
+        register_resolver(name, functools.partial(part_of_the_run, placeholder), replace=True)
 
 
 def part_of_the_run(placeholder: str, fraction: float | None = None) -> str:

@@ -24,18 +24,18 @@ import importlib
 import importlib.resources
 import inspect
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hydra.utils
 import yaml
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.errors import UserError
+from project.engine.hydra_versions import execution_whitelist
 
 TARGET_KEY = "_target_"
 
@@ -87,6 +87,14 @@ class TrustedTargets:
     def as_whitelist(self) -> list[str]:
         """The same list in the form of Hydra 1.4's execution whitelist."""
         return sorted(self.named) + list(self.patterns)
+
+
+def job_whitelist(cfg: DictConfig) -> list[str]:
+    """What a job built from the composed `cfg` may instantiate (Hydra 1.4's whitelist for it): the targets of `cfg`
+    and of its Hydra config (a sweeper's pruner, built in the job), and `trusted_targets`."""
+    hydra_node = OmegaConf.to_container(HydraConfig.get(), resolve=False) if HydraConfig.initialized() else {}
+    trust = TrustedTargets.of(OmegaConf.to_container(cfg, resolve=True))
+    return sorted(trust.composed | set(targets_in(hydra_node))) + list(trust.patterns)
 
 
 def trusted_targets(cfg: DictConfig) -> TrustedTargets:
@@ -218,5 +226,4 @@ def located(target: str) -> Any:
 def trusted_instantiation(trust: TrustedTargets) -> AbstractContextManager:
     """Where Hydra has an execution whitelist (1.4), `trust` as that whitelist for every `instantiate` inside, in
     place of the one around it; nothing on Hydra 1.3, where `check_stored_config` is the rule."""
-    whitelist = getattr(hydra.utils, "execution_whitelist", None)
-    return nullcontext() if whitelist is None else whitelist(trust.as_whitelist(), reset=True)
+    return execution_whitelist(trust.as_whitelist())

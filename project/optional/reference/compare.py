@@ -15,15 +15,16 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.checks import check_config
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
+from project.engine.hydra_versions import hydra_main
 from project.engine.peers import reserved_port
 from project.engine.run_config import command_line_overrides, config_source_arguments
+from project.engine.trusted_targets import job_whitelist
 from project.optional.reference.loop import (
     require_one_device,
     require_the_classifier,
@@ -153,7 +154,7 @@ def differences(lightning: RunOutputs, reference: RunOutputs) -> dict[str, float
         raise UserError(f"the two sides trained different runs, which compare cannot line up: {error}") from None
 
 
-@hydra.main(version_base="1.3", config_path="../../../conf", config_name="train")
+@hydra_main("../../../conf", "train", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()

@@ -9,12 +9,13 @@ across ranks in `backward`), let rank 0 alone evaluate and write, and leave the 
 epoch's loss and accuracy need no extra line: the shared metric sums them over ranks when they are computed.)
 """
 
-import hydra
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.history import TrainingHistory
+from project.engine.hydra_versions import hydra_main
+from project.engine.trusted_targets import job_whitelist
 from project.optional.reference.environment import joined_process_group, require_environment
 from project.optional.reference.loop import Trainer, build, fit_and_report
 
@@ -30,7 +31,7 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
         fit_and_report(cfg, trainer, datamodule, train_loader, is_main=rank == 0)
 
 
-@hydra.main(version_base="1.3", config_path="../../../conf", config_name="train")
+@hydra_main("../../../conf", "train", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     env = require_environment(

@@ -6,13 +6,14 @@ first one, where the loss is computed and the gradients summed. The checkpoint s
 network, so its keys carry no `module.` prefix.
 """
 
-import hydra
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.history import TrainingHistory
+from project.engine.hydra_versions import hydra_main
+from project.engine.trusted_targets import job_whitelist
 from project.optional.reference.loop import Trainer, build, fit_and_report, pick_device
 
 
@@ -25,7 +26,7 @@ def gpu_ids(devices: int | str | list) -> list[int]:
     return [int(index) for index in devices]
 
 
-@hydra.main(version_base="1.3", config_path="../../../conf", config_name="train")
+@hydra_main("../../../conf", "train", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     device = pick_device()

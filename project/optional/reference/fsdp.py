@@ -9,7 +9,6 @@ reduce-scatters its gradients, averaged as DDP averages them). `ShardedTrainer` 
 the shards for the checkpoint and the final weights, and has every rank evaluate: each forward needs all of them.
 """
 
-import hydra
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
@@ -24,6 +23,8 @@ from torch.distributed.fsdp import fully_shard
 
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
 from project.engine.history import TrainingHistory
+from project.engine.hydra_versions import hydra_main
+from project.engine.trusted_targets import job_whitelist
 from project.optional.fsdp.strategy import mixed_precision_policy, shard_layers
 from project.optional.reference.environment import joined_process_group, require_environment
 from project.optional.reference.loop import Trainer, build, fit_and_report
@@ -72,7 +73,7 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
         fit_and_report(cfg, trainer, datamodule, train_loader, is_main=rank == 0)
 
 
-@hydra.main(version_base="1.3", config_path="../../../conf", config_name="train")
+@hydra_main("../../../conf", "train", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     env = require_environment(

@@ -3,15 +3,16 @@
 Everything else in `project/optional/reference/` is this file plus what its strategy needs.
 """
 
-import hydra
 from omegaconf import DictConfig
 
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.history import TrainingHistory
+from project.engine.hydra_versions import hydra_main
+from project.engine.trusted_targets import job_whitelist
 from project.optional.reference.loop import Trainer, build, fit_and_report, pick_device, require_one_device
 
 
-@hydra.main(version_base="1.3", config_path="../../../conf", config_name="train")
+@hydra_main("../../../conf", "train", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     require_one_device(cfg)

@@ -10,12 +10,13 @@ the node count (`SLURM_NTASKS`) and forks `trainer.devices` children with `torch
 
 import os
 
-import hydra
 import torch
 import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
+from project.engine.hydra_versions import hydra_main
+from project.engine.trusted_targets import job_whitelist
 from project.optional.reference.ddp import train_process
 from project.optional.reference.environment import require_environment
 
@@ -38,7 +39,7 @@ def node_child(local_rank: int, cfg: DictConfig, node: int, per_node: int, world
     train_process(cfg, rank=local_rank + node * per_node, local_rank=local_rank, world_size=world_size)
 
 
-@hydra.main(version_base="1.3", config_path="../../../conf", config_name="train")
+@hydra_main("../../../conf", "train", job_whitelist)
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     env = require_environment(

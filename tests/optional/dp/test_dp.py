@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from project.engine.build import build
 from project.engine.errors import UserError
+from project.engine.hydra_versions import VERSION_BASE
 from project.example.data import ToyDataModule
 from project.example.module import ClassifierModule
 from project.example.networks import NeuralNetwork
@@ -101,7 +102,7 @@ def test_dp_refuses_compile_before_training(tmp_path: Path, monkeypatch: pytest.
     """DataParallel's per-step copies of a network compiled in place would all run the original's compiled code."""
     for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # build seeds; later tests in this process must not inherit it
         monkeypatch.setenv(name, "0")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=["trainer=dp", "compile=true", "logger=none", f"run_dir={tmp_path}"])
     setup = build(cfg, tmp_path / "outputs")
     with pytest.raises(UserError, match="compile=true with trainer=dp: DataParallel copies the network"):

@@ -22,6 +22,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from project.engine.build import build
+from project.engine.hydra_versions import VERSION_BASE
 from tests.helpers import CONF_DIR, REPO, check_ok, free_port, read_json, run_module
 
 LOST_SERVER_WARNING = re.compile(r"^MLflow: \S+ failed; no more logging there, training goes on: ", re.MULTILINE)
@@ -234,7 +235,7 @@ def test_without_a_server_a_run_logs_into_the_store_under_outputs(tmp_path: Path
     for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # build seeds; later tests in this process must not inherit it
         monkeypatch.setenv(name, "0")
     run_dir = tmp_path / "outputs" / "2026-01-01" / "00-00-00"
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose(
             "train",
             overrides=[

@@ -12,6 +12,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.history import TrainingHistory
+from project.engine.hydra_versions import VERSION_BASE
 from project.optional.reference.ddp import train_process
 from project.optional.reference.loop import Trainer, build
 from project.optional.reference.parity import max_loss_difference, max_weight_difference, network_weights
@@ -32,7 +33,7 @@ BATCH = 25  # 350 training images: 7 steps of 2 × 25 per epoch, no padding
 
 
 def reference_cfg(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=[*overrides, f"run_dir={tmp_path}"])
 
 

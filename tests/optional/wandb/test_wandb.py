@@ -11,6 +11,7 @@ import pytest
 import wandb
 from hydra import compose, initialize_config_dir
 
+from project.engine.hydra_versions import VERSION_BASE
 from project.optional.wandb.login_state import logged_in
 from tests.helpers import CONF_DIR, check_ok, free_port, read_json, run_module
 from tests.optional.wandb.offline_runs import OfflineRun, offline_runs
@@ -112,7 +113,7 @@ def test_sweep_jobs_are_runs_of_one_group_named_after_the_sweep(tmp_path: Path):
 
 def test_many_adds_wandb_offline_whatever_the_login():
     """`logger=many` never sends a run anywhere unasked; `logger=wandb` decides by the machine's login."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         many = compose("train", overrides=["logger=many"])
         alone = compose("train", overrides=["logger=wandb"])
     assert many.logger.wandb._target_ == alone.logger.wandb._target_ == "project.optional.wandb.logger.WandbLogger"

@@ -1,0 +1,63 @@
+"""The calls that differ between Hydra 1.3 and 1.4 (and OmegaConf 2.3 and 2.4), made here so that the project reads
+the same on both, and neither prints a deprecation warning.
+
+- `version_base`: Hydra 1.3 wants `version_base="1.3"` (without it, it warns and keeps 1.1's defaults); 1.4 has
+  deprecated the argument, and its behaviour is that base's where the project relies on it. `VERSION_BASE` is what
+  to pass to `hydra.main`, `initialize`, `initialize_config_dir`.
+- Hydra 1.4 takes an execution whitelist for `instantiate` and warns where none is given (1.5 will refuse):
+  `hydra_main` gives the one Hydra itself needs before the job starts (its callbacks, a sweeper's, a launcher's, its
+  logging handlers, all from the composed config: the user's own files and command line, trusted as on Hydra 1.3),
+  and `execution_whitelist` is Hydra's context manager for everything the job instantiates (nothing on 1.3).
+  `project.engine.trusted_targets` decides what goes on that list.
+- OmegaConf 2.4 renames `register_new_resolver` to `register_resolver` (2.3's `register_resolver` is an older API).
+"""
+
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import hydra
+import hydra.utils
+import omegaconf
+from omegaconf import DictConfig, OmegaConf
+
+# Hydra 1.4's execution whitelist (`instantiate(_execution_whitelist_=...)`, `hydra.main(execution_whitelist=...)`).
+HAS_EXECUTION_WHITELIST = hasattr(hydra.utils, "execution_whitelist")
+VERSION_BASE: dict[str, str] = {} if HAS_EXECUTION_WHITELIST else {"version_base": "1.3"}
+OMEGACONF_2_4 = tuple(int(part) for part in omegaconf.__version__.split(".")[:2]) >= (2, 4)
+
+
+def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[DictConfig], list[str]]) -> Callable:
+    """`@hydra.main(config_path, config_name)` for an entry point, on either Hydra; on 1.4 every `instantiate` of the
+    job runs under the whitelist `job_whitelist(cfg)` (and Hydra's own, before the job, under none: the composed
+    config is the user's)."""
+    if not HAS_EXECUTION_WHITELIST:
+        return hydra.main(config_path=config_path, config_name=config_name, **VERSION_BASE)
+
+    def decorate(task: Callable[[DictConfig], Any]) -> Callable:
+        @functools.wraps(task)
+        def job(cfg: DictConfig) -> Any:
+            with execution_whitelist(job_whitelist(cfg)):
+                return task(cfg)
+
+        composed_is_the_users = hydra.utils.UNSAFE_DISABLE_EXECUTION_CHECKS
+        return hydra.main(config_path=config_path, config_name=config_name, execution_whitelist=composed_is_the_users)(
+            job
+        )
+
+    return decorate
+
+
+def execution_whitelist(targets: list[str]) -> AbstractContextManager:
+    """Hydra 1.4's whitelist `targets` (exact names and `<package>.*`) for every `instantiate` inside, in place of the
+    one around it; nothing on Hydra 1.3, which has none."""
+    if not HAS_EXECUTION_WHITELIST:
+        return nullcontext()
+    return hydra.utils.execution_whitelist(targets, reset=True)
+
+
+def register_resolver(name: str, resolver: Callable, replace: bool = False, use_cache: bool = False) -> None:
+    """`${name:...}` calls `resolver`, on OmegaConf 2.3 and 2.4."""
+    register = OmegaConf.register_resolver if OMEGACONF_2_4 else OmegaConf.register_new_resolver
+    register(name, resolver, replace=replace, use_cache=use_cache)
