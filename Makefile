@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-fast coverage bench lint lock tensorboard remove-part system-deps data-fashion-mnist clean
+.PHONY: train test test-fast test-hydra1.4 coverage bench lint lock tensorboard remove-part system-deps data-fashion-mnist clean
 
 # The versions a green CI run installed, for this Python (`make lock` writes them): installed where they exist, so a
 # fresh machine gets what CI tested; another Python resolves pyproject.toml's ranges afresh.
@@ -29,6 +29,22 @@ test: $(STAMP)  ## the whole test suite (skips, with the reason, what this machi
 
 test-fast: $(STAMP)  ## the inner loop: in-process tests only (a test that would start a process skips there)
 	PROJECT_TESTS_IN_PROCESS=1 $(BIN)/python -m pytest -m "not slow and not slurm and not gpu and not realdata" $(ARGS)
+
+# The next Hydra (a release candidate today) and the OmegaConf it requires, over the venv's own packages: a venv whose
+# own site-packages hold those two, with the main venv's site-packages (and so its editable install) below them.
+HYDRA_NEXT := hydra-core==1.4.0rc3 omegaconf==2.4.1rc1
+NEXT_VENV := .venv-hydra1.4
+NEXT_STAMP := $(NEXT_VENV)/.installed
+
+$(NEXT_STAMP): $(STAMP)
+	rm -rf $(NEXT_VENV) && $(PYTHON) -m venv --without-pip $(NEXT_VENV)
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > "$$($(NEXT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/main_venv.pth"
+	$(BIN)/python -m pip --python $(NEXT_VENV)/bin/python install --quiet --no-deps $(HYDRA_NEXT)
+	touch $(NEXT_STAMP)
+
+test-hydra1.4: $(NEXT_STAMP)  ## the in-process tests again on Hydra 1.4 (its release candidate), in .venv-hydra1.4
+	PROJECT_TESTS_IN_PROCESS=1 $(NEXT_VENV)/bin/python -m pytest -m "not slow and not slurm and not gpu and not realdata" $(ARGS)
 
 coverage: $(STAMP)  ## the whole suite, measuring what it runs of project/ (its processes too): outputs/coverage/index.html
 	$(BIN)/python -m pytest --cov --cov-report=term --cov-report=html $(ARGS)

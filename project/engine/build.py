@@ -21,10 +21,12 @@ from project.engine.checks import check_config, check_launched_on_every_node, mi
 from project.engine.divergence import DivergenceGuard
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
 from project.engine.hints import give_hints
+from project.engine.hydra_versions import execution_whitelist
 from project.engine.job import TrainingStarts
 from project.engine.networks import CompileNetworks
 from project.engine.run_config import RunConfigCallback, command_line_overrides, overridden_key
 from project.engine.schedules import ScheduleLengthCheck
+from project.engine.trusted_targets import composed_targets
 
 
 @dataclass
@@ -87,9 +89,11 @@ def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
 
     Lightning's Trainer, for one, checks `precision` and `devices` with a ValueError or TypeError (one of
     `CONSTRUCTOR_ERRORS`); the message already names the value, so it becomes one line naming the config group.
+    `node` is of the composed config: on Hydra 1.4 its own targets are the execution whitelist.
     """
     try:
-        return instantiate(node, **kwargs)
+        with execution_whitelist(composed_targets(node)):  # the composed config's own, which the user chose
+            return instantiate(node, **kwargs)
     except CONSTRUCTOR_ERRORS as error:
         user_error = find_user_error(error)
         cause = error.__cause__ if isinstance(error, InstantiationException) else error

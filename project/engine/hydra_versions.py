@@ -13,6 +13,8 @@ the same on both, and neither prints a deprecation warning.
 """
 
 import functools
+import importlib
+import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -51,10 +53,44 @@ def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[Dict
 
 def execution_whitelist(targets: list[str]) -> AbstractContextManager:
     """Hydra 1.4's whitelist `targets` (exact names and `<package>.*`) for every `instantiate` inside, in place of the
-    one around it; nothing on Hydra 1.3, which has none."""
+    one around it; nothing on Hydra 1.3, which has none.
+
+    Hydra 1.4 also checks what a target returns, where that is callable (a network, a transform), by the name of
+    its class where it is defined (`torchvision.transforms.v2._geometry.RandomCrop` for the config's
+    `torchvision.transforms.v2.RandomCrop`): an exact name is given with that name beside it.
+    """
     if not HAS_EXECUTION_WHITELIST:
         return nullcontext()
-    return hydra.utils.execution_whitelist(targets, reset=True)
+    defined_as = [defined_name(located(target)) for target in targets if not target.endswith(".*")]
+    return hydra.utils.execution_whitelist([*targets, *filter(None, defined_as)], reset=True)
+
+
+def defined_name(found: Any) -> str | None:
+    """`<module>.<qualified name>` where a class or function is defined; None for anything else."""
+    if not (inspect.isclass(found) or inspect.isfunction(found)):
+        return None
+    return f"{found.__module__}.{found.__qualname__}"
+
+
+def located(target: str) -> Any:
+    """What the dotted name `target` names, found as Hydra finds a target (attributes first, then submodules),
+    importing the modules it passes through; None where nothing is."""
+    parts = target.split(".")
+    try:
+        found = importlib.import_module(parts[0])
+    except ImportError:
+        return None
+    for index, part in enumerate(parts[1:], start=1):
+        if hasattr(found, part):
+            found = getattr(found, part)
+            continue
+        if not inspect.ismodule(found):
+            return None
+        try:
+            found = importlib.import_module(".".join(parts[: index + 1]))
+        except ImportError:
+            return None
+    return found
 
 
 def register_resolver(name: str, resolver: Callable, replace: bool = False, use_cache: bool = False) -> None:

@@ -35,7 +35,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.errors import UserError
-from project.engine.hydra_versions import execution_whitelist
+from project.engine.hydra_versions import defined_name, execution_whitelist, located
 
 TARGET_KEY = "_target_"
 
@@ -79,7 +79,7 @@ class TrustedTargets:
         if found is None:  # nothing there to run: instantiate reports it as it would any missing target
             return True
         defined_here = inspect.isclass(found) or (inspect.isfunction(found) and "." not in found.__qualname__)
-        return defined_here and self.under_a_pattern(f"{found.__module__}.{found.__qualname__}")
+        return defined_here and self.under_a_pattern(defined_name(found))
 
     def under_a_pattern(self, name: str) -> bool:
         return any(name.startswith(pattern[:-1]) for pattern in self.patterns if pattern.endswith(".*"))
@@ -87,6 +87,11 @@ class TrustedTargets:
     def as_whitelist(self) -> list[str]:
         """The same list in the form of Hydra 1.4's execution whitelist."""
         return sorted(self.named) + list(self.patterns)
+
+
+def composed_targets(node: DictConfig) -> list[str]:
+    """The targets a node of the composed config names (all of them trusted: the user chose them)."""
+    return sorted(set(targets_in(OmegaConf.to_container(node, resolve=True))))
 
 
 def job_whitelist(cfg: DictConfig) -> list[str]:
@@ -200,27 +205,6 @@ def interpolations(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
             yield from interpolations(value, f"{key}[{index}]")
     elif isinstance(node, str) and "${" in node:
         yield key, node
-
-
-def located(target: str) -> Any:
-    """What the dotted name `target` names, found as Hydra finds a target (attributes first, then submodules),
-    importing the modules it passes through; None where nothing is."""
-    parts = target.split(".")
-    try:
-        found = importlib.import_module(parts[0])
-    except ImportError:
-        return None
-    for index, part in enumerate(parts[1:], start=1):
-        if hasattr(found, part):
-            found = getattr(found, part)
-            continue
-        if not inspect.ismodule(found):
-            return None
-        try:
-            found = importlib.import_module(".".join(parts[: index + 1]))
-        except ImportError:
-            return None
-    return found
 
 
 def trusted_instantiation(trust: TrustedTargets) -> AbstractContextManager:
