@@ -24,7 +24,7 @@ from tests.helpers import CONF_DIR, requires
         ),
         # The search's space, not the fixed overrides its trials repeat (data.root).
         pytest.param(
-            ["experiment=mnist", "hparams_search=mnist_optuna", "data.root=/data"],
+            ["hydra.mode=MULTIRUN", "experiment=mnist", "hparams_search=mnist_optuna", "data.root=/data"],
             {"model/optimizer/lr", "data/batch_size"},
             id="optuna",
             marks=requires("optuna"),

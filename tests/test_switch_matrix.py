@@ -143,7 +143,7 @@ LAUNCH_OVERRIDES = {
     "plain": [],
     "multirun": ["hydra.mode=MULTIRUN", "seed=7"],  # one job of `-m seed=1,7`
     # One trial: the sweeper adds its suggested values to the job's overrides.
-    "optuna": ["hparams_search=mnist_optuna", "model.optimizer.lr=0.0005", "data.batch_size=64"],
+    "optuna": ["hydra.mode=MULTIRUN", "hparams_search=mnist_optuna", "model.optimizer.lr=0.0005", "data.batch_size=64"],
     "submitit": ["hydra/launcher=slurm", "hydra.mode=MULTIRUN"],
 }
 
@@ -404,6 +404,7 @@ def test_an_optuna_search_under_ddp_runs_each_trial_once_on_both_ranks(tmp_path:
         run_module(
             "project.train",
             *mnist_overrides(mnist_root, "trainer=ddp", "trainer.devices=2", "trainer.max_epochs=1"),
+            "-m",
             "hparams_search=mnist_optuna",
             "hydra.sweeper.n_trials=2",
             "hydra.sweeper.sampler.n_startup_trials=2",

@@ -11,11 +11,13 @@ import typing
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import get_class, get_object
 from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.errors import UserError
+from project.engine.ranks import process_rank
 from project.engine.run_config import command_line_overrides
 
 
@@ -51,6 +53,25 @@ def check_config(cfg: DictConfig) -> None:
             "Lightning's strategy names"
         )
     check_added_keys()
+    check_a_search_is_a_sweep()
+
+
+def check_a_search_is_a_sweep() -> None:
+    """A sweeper chosen for a single run (`hparams_search=` chooses Optuna's) would be ignored: the run would train
+    once, with the search's defaults. Hydra 1.4 lets no config file make a run a sweep (`hydra.mode`), so a search
+    takes `-m` on the command line, on either Hydra. (A DDP rank that rank 0 starts for a search's job is a single
+    run of that job: rank 0 alone is asked.)"""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN or process_rank() != 0:
+        return
+    choices = HydraConfig.get().runtime.choices
+    sweeper = choices.get("hydra/sweeper")
+    if sweeper in (None, "basic"):
+        return
+    chosen_by = f" (chosen by hparams_search={choices['hparams_search']})" if choices.get("hparams_search") else ""
+    raise UserError(
+        f"hydra/sweeper={sweeper}{chosen_by} runs a search, a sweep of runs, and this command starts one run: add -m "
+        "(python -m project.train -m <the same overrides>)"
+    )
 
 
 def check_added_keys() -> None:

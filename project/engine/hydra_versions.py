@@ -10,8 +10,14 @@ the same on both, and neither prints a deprecation warning.
   and `execution_whitelist` is Hydra's context manager for everything the job instantiates (nothing on 1.3).
   `project.engine.trusted_targets` decides what goes on that list.
 - OmegaConf 2.4 renames `register_new_resolver` to `register_resolver` (2.3's `register_resolver` is an older API).
+- Hydra 1.4 refuses to pickle a `_partial_` factory (its private `_DeferredTarget`, which checks at each call what
+  the call may run): a module holding one (the example's optimizer and schedule) cannot be sent to the workers of
+  `trainer=ddp_spawn`. It is pickled here as the `functools.partial` it is: its target was checked when it was made,
+  and a worker calls it only with what the module gives it. This can go once Hydra pickles them, or once no
+  strategy the project offers pickles the module.
 """
 
+import copyreg
 import functools
 import importlib
 import inspect
@@ -28,6 +34,17 @@ from omegaconf import DictConfig, OmegaConf
 HAS_EXECUTION_WHITELIST = hasattr(hydra.utils, "execution_whitelist")
 VERSION_BASE: dict[str, str] = {} if HAS_EXECUTION_WHITELIST else {"version_base": "1.3"}
 OMEGACONF_2_4 = tuple(int(part) for part in omegaconf.__version__.split(".")[:2]) >= (2, 4)
+
+
+def plain_partial(factory: functools.partial) -> tuple:
+    """How pickle rebuilds a Hydra 1.4 `_partial_` factory: as a plain `functools.partial` of the same call."""
+    return functools.partial(factory.func, *factory.args, **factory.keywords).__reduce__()
+
+
+if HAS_EXECUTION_WHITELIST:
+    from hydra._internal.execution_policy import _DeferredTarget
+
+    copyreg.pickle(_DeferredTarget, plain_partial)
 
 
 def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[DictConfig], list[str]]) -> Callable:

@@ -4,11 +4,13 @@ from tests.docs_commands import DocsPage, docs_page_tests
 from tests.helpers import REPO
 
 PRUNED = (
-    "python -m project.train experiment=mnist hparams_search=mnist_optuna 'hydra.sweeper.pruner={_target_:optuna."
+    "python -m project.train -m experiment=mnist hparams_search=mnist_optuna 'hydra.sweeper.pruner={_target_:optuna."
     "pruners.MedianPruner,n_startup_trials:5,n_warmup_steps:1}'"
 )
 SHARED = "hydra.sweeper.storage=journal://outputs/mnist_search.log"
-ARRAY = f"sbatch --array=0-3 --nodes=1 scripts/slurm/train.sbatch experiment=mnist hparams_search=mnist_optuna {SHARED}"
+ARRAY = (
+    f"sbatch --array=0-3 --nodes=1 scripts/slurm/train.sbatch -m experiment=mnist hparams_search=mnist_optuna {SHARED}"
+)
 PAGE = DocsPage(
     REPO / "docs" / "optuna.md",
     not_run_here={
@@ -19,8 +21,8 @@ PAGE = DocsPage(
         )
     },
     smaller={
-        f"python -m project.train experiment=mnist hparams_search=mnist_optuna {SHARED}": "hydra.sweeper.n_trials=2",
-        "python -m project.train experiment=mnist hparams_search=mnist_optuna": "hydra.sweeper.n_trials=2",
+        f"python -m project.train -m experiment=mnist hparams_search=mnist_optuna {SHARED}": "hydra.sweeper.n_trials=2",
+        "python -m project.train -m experiment=mnist hparams_search=mnist_optuna": "hydra.sweeper.n_trials=2",
         PRUNED: "hydra.sweeper.n_trials=2 trainer.max_epochs=1",
     },
 )

@@ -42,41 +42,47 @@ def a_search_over_a_misspelt_interval(case_dir: Path, ckpt: Path) -> None:
 
 BAD_INPUTS = [
     BadInput(
+        "search-without-m",
+        ("hparams_search=mnist_optuna",),
+        ("hydra/sweeper=optuna (chosen by hparams_search=mnist_optuna)", "add -m"),
+        mnist=True,
+    ),
+    BadInput(
         "search-with-a-damaged-optuna-db",
-        ("hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
+        ("-m", "hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
         ("{dir}/sweep/optuna.db", "is not a database"),
         mnist=True,
         prepare=a_damaged_optuna_db,
     ),
     BadInput(
         "search-with-an-optuna-2-db",
-        ("hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
+        ("-m", "hparams_search=mnist_optuna", "hydra.sweep.dir={dir}/sweep"),
         ("optuna storage upgrade --storage sqlite:///{dir}/sweep/optuna.db", "hydra.sweep.dir"),
         mnist=True,
         prepare=an_optuna_2_db,
     ),
     BadInput(
         "search-storage-journal-cannot-be-made",
-        ("hparams_search=mnist_optuna", "hydra.sweeper.storage=journal://{dir}/searches/study.log"),
+        ("-m", "hparams_search=mnist_optuna", "hydra.sweeper.storage=journal://{dir}/searches/study.log"),
         ("hydra.sweeper.storage=journal://{dir}/searches/study.log", "a journal file in a directory you can write"),
         mnist=True,
         prepare=a_file_where_the_journals_directory_would_be,
     ),
     BadInput(
         "search-storage-of-no-known-kind",
-        ("hparams_search=mnist_optuna", "hydra.sweeper.storage=jounral://{dir}/study.log"),
+        ("-m", "hparams_search=mnist_optuna", "hydra.sweeper.storage=jounral://{dir}/study.log"),
         ("hydra.sweeper.storage=jounral://{dir}/study.log", "journal://<file>"),
         mnist=True,
     ),
     BadInput(
         "search-grace-period-not-longer-than-the-heartbeat",
-        ("hparams_search=mnist_optuna", "hydra.sweeper.heartbeat_interval=10", "hydra.sweeper.grace_period=5"),
+        ("-m", "hparams_search=mnist_optuna", "hydra.sweeper.heartbeat_interval=10", "hydra.sweeper.grace_period=5"),
         ("hydra.sweeper.heartbeat_interval=10 and grace_period=5", "a grace period longer than it"),
         mnist=True,
     ),
     BadInput(
         "search-space-interval-not-a-number",
-        ("hydra.searchpath=[file://{dir}/conf]", "hparams_search=bad_space", "hydra.sweep.dir={dir}/sweep"),
+        ("hydra.searchpath=[file://{dir}/conf]", "-m", "hparams_search=bad_space", "hydra.sweep.dir={dir}/sweep"),
         ("model.optimizer.lr=interval(1, a)", "interval(low, high)"),
         mnist=True,
         prepare=a_search_over_a_misspelt_interval,
@@ -84,6 +90,7 @@ BAD_INPUTS = [
 ]
 PAGE = REPO / "docs" / "optuna.md"
 ROWS = [
+    ("a search started without `-m`", "2", ["bad_input:search-without-m"]),
     (
         "an Optuna search whose `optuna.db`",
         "2",
