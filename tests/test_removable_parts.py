@@ -15,8 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
 import pytest
 
+from scripts.remove_part import without_entry_points
 from tests.helpers import PARTS, REPO, check_ok, part_present, read_json, run_module
 
 # Where code lives that a part's removal must leave working, and the import names of the packages in parts.yaml.
@@ -107,6 +113,16 @@ def test_nothing_outside_a_part_imports_it_or_names_its_modules(part: str):
             if named:
                 users[name] = named
     assert users == {}, f"outside {part}, these name its modules: {users}"
+
+
+@pytest.mark.parametrize("part", PRESENT)
+def test_pyproject_names_a_parts_code_only_in_the_entry_points_its_removal_deletes(part: str):
+    """The optuna part's sweeper is found by Hydra 1.4 through an entry point: removing the part removes it, and
+    pyproject.toml is still valid TOML."""
+    modules = module_names(PARTS[part]["paths"])
+    left = without_entry_points((REPO / "pyproject.toml").read_text(), modules)
+    assert names_any(set(re.findall(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+", left)), modules) == []
+    tomllib.loads(left)
 
 
 @pytest.mark.parametrize("part", PRESENT)

@@ -1,7 +1,8 @@
 """ResumableOptunaSweeper: an Optuna search (Optuna 4 or 5, ask and tell) whose study any number of workers share.
 
-Hydra takes sweepers from the `hydra_plugins` package only, hence this file's place; importing it registers the
-`hydra/sweeper: optuna` config that conf/hparams_search/mnist_optuna.yaml overrides. Each batch of `n_jobs` trials is
+Hydra 1.3 takes sweepers from the `hydra_plugins` package only, hence this file's place (Hydra 1.4 finds it by the
+entry point pyproject.toml names); importing it registers the `hydra/sweeper: optuna` config that
+conf/hparams_search/mnist_optuna.yaml overrides. Each batch of `n_jobs` trials is
 asked of the study, launched through the configured launcher (in this process, or as Slurm jobs via submitit) with
 job number = trial number, and told what each job returned. The search space is `hydra.sweeper.params` plus the
 command line, in Hydra's override grammar; the direction is `optimized_mode`'s.
@@ -55,6 +56,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
+from project.engine.build import instantiate_group
 from project.engine.errors import UserError
 from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, refuse
 from project.optional.optuna.storage import JOURNAL_PREFIX, mark_failed, open_storage, record_heartbeat, stale_trials
@@ -299,6 +301,11 @@ def heartbeats(study: optuna.Study, trials: list[optuna.Trial], interval: int) -
         thread.join()
 
 
+def built(part: Any, name: str) -> Any:
+    """The sampler or pruner `part`, built where it is still its config."""
+    return instantiate_group(f"hydra.sweeper.{name}", part) if isinstance(part, DictConfig) else part
+
+
 class ResumableOptunaSweeper(Sweeper):
     def __init__(
         self,
@@ -308,15 +315,17 @@ class ResumableOptunaSweeper(Sweeper):
         n_jobs: int,
         heartbeat_interval: int,
         grace_period: int,
-        sampler: optuna.samplers.BaseSampler | None,
-        pruner: optuna.pruners.BasePruner | None,
+        sampler: optuna.samplers.BaseSampler | DictConfig | None,
+        pruner: optuna.pruners.BasePruner | DictConfig | None,
         params: DictConfig | None,
         direction: str | None,
     ) -> None:
-        """Hydra passes the sampler and pruner built from their configs (it instantiates the sweeper recursively)."""
+        """Hydra 1.3 passes the sampler and pruner built from their configs (it instantiates the sweeper recursively);
+        Hydra 1.4 passes their configs, built here."""
         self.storage, self.study_name = storage, study_name
         self.n_trials, self.n_jobs = n_trials, n_jobs
         self.heartbeat_interval, self.grace_period = heartbeat_interval, grace_period
+        sampler, pruner = (built(part, name) for part, name in ((sampler, "sampler"), (pruner, "pruner")))
         self.sampler, self.pruner, self.params = sampler, pruner or optuna.pruners.NopPruner(), params
         self.direction = direction
 

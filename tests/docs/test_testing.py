@@ -10,6 +10,7 @@ PAGE = DocsPage(
         "make test-fast": THIS_SUITE + " (its in-process part)",
         "make test": THIS_SUITE,
         "make coverage": THIS_SUITE + " (under coverage)",
+        "make test-hydra1.4": THIS_SUITE + " (its in-process part on Hydra 1.4: .ci/run runs it after make test)",
     },
 )
 

@@ -24,13 +24,13 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
+from project.engine.build import instantiate_group
 from project.engine.checks import targets_subclass_of
 from project.engine.divergence import DivergenceWatch, first_learning_rate
 from project.engine.errors import RunStopped, UserError
@@ -213,21 +213,21 @@ def build(
     require_what_the_reference_mirrors(cfg)
     give_hints(cfg)
     torch.manual_seed(cfg.seed)
-    datamodule: ClassificationDataModule = instantiate(cfg.data)
+    datamodule: ClassificationDataModule = instantiate_group("data", cfg.data)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    network = instantiate(cfg.model.network).to(device)
+    network = instantiate_group("model", cfg.model.network).to(device)
     if cfg.get("compile"):
         network.compile()  # in place, as project.engine.networks compiles the Lightning side's network
     if shard is not None:
         shard(network)
-    optimizer = instantiate(cfg.model.optimizer)(network.parameters())
+    optimizer = instantiate_group("model", cfg.model.optimizer)(network.parameters())
     schedule = None
     if cfg.model.get("scheduler") is not None:
         epochs = cfg.trainer.max_epochs
         settings = TrainerSettings.from_config(cfg.trainer)
         steps = steps_per_epoch(datamodule, settings) * epochs
-        schedule = build_schedule(instantiate(cfg.model.scheduler), optimizer, steps, epochs)
+        schedule = build_schedule(instantiate_group("model", cfg.model.scheduler), optimizer, steps, epochs)
         if schedule.monitor is not None and settings.check_val_every_n_epoch != 1:
             raise UserError(
                 f"model.scheduler follows {schedule.monitor}, which trainer.check_val_every_n_epoch="
