@@ -57,7 +57,7 @@ def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[Dict
     def decorate(task: Callable[[DictConfig], Any]) -> Callable:
         @functools.wraps(task)
         def job(cfg: DictConfig) -> Any:
-            with execution_whitelist(job_whitelist(cfg)):
+            with execution_whitelist(lambda: job_whitelist(cfg)):
                 return task(cfg)
 
         composed_is_the_users = hydra.utils.UNSAFE_DISABLE_EXECUTION_CHECKS
@@ -68,9 +68,9 @@ def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[Dict
     return decorate
 
 
-def execution_whitelist(targets: list[str]) -> AbstractContextManager:
-    """Hydra 1.4's whitelist `targets` (exact names and `<package>.*`) for every `instantiate` inside, in place of the
-    one around it; nothing on Hydra 1.3, which has none.
+def execution_whitelist(targets: Callable[[], list[str]]) -> AbstractContextManager:
+    """Hydra 1.4's whitelist `targets()` (exact names and `<package>.*`) for every `instantiate` inside, in place of
+    the one around it; nothing on Hydra 1.3, which has none (nor asks for the list).
 
     Hydra 1.4 also checks what a target returns, where that is callable (a network, a transform), by the name of
     its class where it is defined (`torchvision.transforms.v2._geometry.RandomCrop` for the config's
@@ -78,8 +78,9 @@ def execution_whitelist(targets: list[str]) -> AbstractContextManager:
     """
     if not HAS_EXECUTION_WHITELIST:
         return nullcontext()
-    defined_as = [defined_name(located(target)) for target in targets if not target.endswith(".*")]
-    return hydra.utils.execution_whitelist([*targets, *filter(None, defined_as)], reset=True)
+    listed = targets()
+    defined_as = [defined_name(located(target)) for target in listed if not target.endswith(".*")]
+    return hydra.utils.execution_whitelist([*listed, *filter(None, defined_as)], reset=True)
 
 
 def defined_name(found: Any) -> str | None:

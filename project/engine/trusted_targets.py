@@ -23,7 +23,7 @@ import functools
 import importlib
 import importlib.resources
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,9 +89,9 @@ class TrustedTargets:
         return sorted(self.named) + list(self.patterns)
 
 
-def composed_targets(node: DictConfig) -> list[str]:
-    """The targets a node of the composed config names (all of them trusted: the user chose them)."""
-    return sorted(set(targets_in(OmegaConf.to_container(node, resolve=True))))
+def composed_targets(node: DictConfig) -> Callable[[], list[str]]:
+    """The targets a node of the composed config names (all of them trusted: the user chose them), when asked."""
+    return lambda: sorted(set(targets_in(OmegaConf.to_container(node, resolve=True))))
 
 
 def job_whitelist(cfg: DictConfig) -> list[str]:
@@ -159,24 +159,24 @@ def targets_in(node: Any) -> Iterator[str]:
         yield target
 
 
-def target_keys(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
-    """(the key, its value) of every `_target_` in a plain config, keys dotted from the root (`model.network`)."""
-    if isinstance(node, dict):
-        for name, value in node.items():
-            where = f"{key}.{name}" if key else str(name)
-            if name == TARGET_KEY:
-                yield where, value
-            else:
-                yield from target_keys(value, where)
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from target_keys(value, f"{key}[{index}]")
+def target_keys(node: Any) -> Iterator[tuple[str, Any]]:
+    """(key, value) of every `_target_` of a plain config, keys dotted from the root (`model.network._target_`)."""
+    return ((key, value) for key, value in entries(node) if key.rsplit(".", 1)[-1] == TARGET_KEY)
+
+
+def entries(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every entry of a plain config's dicts and lists, at any depth, parents first."""
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for name, value in children:
+        where = f"{key}[{name}]" if isinstance(node, list) else f"{key}.{name}" if key else str(name)
+        yield where, value
+        yield from entries(value, where)
 
 
 def check_stored_config(config: Any, source: str, trust: TrustedTargets) -> None:
     """Refuse, in one line, a config read from `source` (a checkpoint) that names a target `trust` does not trust,
     or holds an interpolation, before any of it is imported or resolved."""
-    interpolated = next(interpolations(config), None)
+    interpolated = next(((k, v) for k, v in entries(config) if isinstance(v, str) and "${" in v), None)
     if interpolated is not None:
         key, value = interpolated
         raise UntrustedConfig(
@@ -195,19 +195,7 @@ def check_stored_config(config: Any, source: str, trust: TrustedTargets) -> None
             )
 
 
-def interpolations(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
-    """(key, value) of each string of a plain config that holds `${`."""
-    if isinstance(node, dict):
-        for name, value in node.items():
-            yield from interpolations(value, f"{key}.{name}" if key else str(name))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from interpolations(value, f"{key}[{index}]")
-    elif isinstance(node, str) and "${" in node:
-        yield key, node
-
-
 def trusted_instantiation(trust: TrustedTargets) -> AbstractContextManager:
     """Where Hydra has an execution whitelist (1.4), `trust` as that whitelist for every `instantiate` inside, in
     place of the one around it; nothing on Hydra 1.3, where `check_stored_config` is the rule."""
-    return execution_whitelist(trust.as_whitelist())
+    return execution_whitelist(trust.as_whitelist)
