@@ -256,6 +256,12 @@ def weight_gap(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) 
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
 
 
+# What a run resumed without the test-only callback its first part ran with (tests/crash_callback.py) gives, as a user
+# resuming a run without a callback of their own that its command line named would: the checkpoint's stored config
+# names it, and only what the run names or trusts opens (docs/checkpoints.md).
+TRUST_TEST_CODE = "+trusted_targets.test_code=tests.*"
+
+
 def signal_at(step: int, name: str) -> list[str]:
     """The overrides by which rank 0 of a run signals itself once optimizer step `step` has finished
     (tests/crash_callback.py)."""

@@ -46,6 +46,7 @@ from tests.faults import (
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
     STOPPED_BY_SIGTERM,
+    TRUST_TEST_CODE,
     check_ok,
     free_port,
     histories,
@@ -260,7 +261,7 @@ def test_sigterm_after_training_before_the_results_names_the_checkpoint_that_com
     assert_nothing_half_written(tmp_path)
     assert_no_process_left(tmp_path)
 
-    resumed = ["logger=none", *ddp, f"ckpt_path={resume_from(line)}", f"hydra.run.dir={run_dir}"]
+    resumed = ["logger=none", *ddp, f"ckpt_path={resume_from(line)}", TRUST_TEST_CODE, f"hydra.run.dir={run_dir}"]
     check_ok(run_module("project.train", *resumed, cwd=tmp_path, timeout=START_TIMEOUT, env=ENV))
     assert read_json(run_dir / "results.json")["epochs"] == 3
 
@@ -765,7 +766,13 @@ def test_checkpoints_dir_made_read_only_mid_run_exits_2_and_a_new_run_there_is_r
             assert torch.load(checkpoints / "last.ckpt", weights_only=False)["epoch"] == 0
 
             again = run_module(
-                "project.train", *LONG_TOY_RUN, "ckpt_path=last", f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV
+                "project.train",
+                *LONG_TOY_RUN,
+                "ckpt_path=last",
+                TRUST_TEST_CODE,
+                f"hydra.run.dir={run_dir}",
+                cwd=tmp_path,
+                env=ENV,
             )
             line = assert_ends_in_error_line(again.returncode, again.stdout, again.stderr, USER_ERROR, str(checkpoints))
             assert "cannot be written (a read-only disk, or no permission): make it writable, or" in line, line

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, check_ok, free_port, mnist_overrides, read_json, requires, run_module
+from tests.helpers import REPO, TRUST_TEST_CODE, check_ok, free_port, mnist_overrides, read_json, requires, run_module
 from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -91,7 +91,9 @@ def test_run_killed_after_epoch_one_resumes_to_the_same_weights(tmp_path: Path, 
     assert torch.load(tmp_path / "outputs/killed/checkpoints/last.ckpt", weights_only=True)["epoch"] == 0
 
     resumed = check_ok(
-        run_module("project.train", *args, "ckpt_path=last", "hydra.run.dir=outputs/resumed", cwd=tmp_path)
+        run_module(
+            "project.train", *args, "ckpt_path=last", TRUST_TEST_CODE, "hydra.run.dir=outputs/resumed", cwd=tmp_path
+        )
     )
     assert "outputs/killed/checkpoints/last.ckpt" in resumed.stdout + resumed.stderr
     assert read_json(tmp_path / "outputs/resumed/results.json")["epochs"] == 3

@@ -70,7 +70,7 @@ def check_a_search_is_a_sweep() -> None:
     chosen_by = f" (chosen by hparams_search={choices['hparams_search']})" if choices.get("hparams_search") else ""
     raise UserError(
         f"hydra/sweeper={sweeper}{chosen_by} runs a search, a sweep of runs, and this command starts one run: add -m "
-        "(python -m project.train -m <the same overrides>)"
+        "before the overrides (python -m project.train -m <the same overrides>), or hydra.mode=MULTIRUN among them"
     )
 
 

@@ -23,6 +23,7 @@ from tests.collective_counter import count_collectives
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
     REPO,
+    TRUST_TEST_CODE,
     check_ok,
     free_port,
     histories,
@@ -169,7 +170,13 @@ def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_on
     expected = last_weights(whole)
     for strategy, checkpoint in (("fsdp", last), ("ddp", last), ("fsdp", plain)):
         resumed_dir = tmp_path / f"resumed-{strategy}-{checkpoint.name}"
-        resume = [f"trainer={strategy}", *TOY, f"ckpt_path={checkpoint}", f"hydra.run.dir={resumed_dir}"]
+        resume = [
+            f"trainer={strategy}",
+            *TOY,
+            f"ckpt_path={checkpoint}",
+            TRUST_TEST_CODE,
+            f"hydra.run.dir={resumed_dir}",
+        ]
         check_ok(run_module("project.train", *resume, cwd=tmp_path, env=ENV))
         for again, once in zip(histories(resumed_dir), histories(whole), strict=True):
             assert again["first_step"] == 5 and again["step_losses"] == once["step_losses"][5:], (strategy, checkpoint)

@@ -26,6 +26,7 @@ from tests.faults import (
 from tests.helpers import (
     REPO,
     STOPPED_BY_SIGTERM,
+    TRUST_TEST_CODE,
     assert_resumed_exactly,
     check_ok,
     read_json,
@@ -159,7 +160,8 @@ def test_a_run_stopped_inside_an_epoch_resumes_to_the_same_augmented_batches(tmp
     assert signalled.returncode == STOPPED_BY_SIGTERM, signalled.stderr[-2000:]
     resumed = tmp_path / "resumed"
     last = f"ckpt_path={stopped / 'checkpoints' / 'last.ckpt'}"
-    check_ok(run_module("project.train", *overrides, last, f"hydra.run.dir={resumed}", cwd=tmp_path, env=env))
+    resume = [*overrides, last, TRUST_TEST_CODE, f"hydra.run.dir={resumed}"]
+    check_ok(run_module("project.train", *resume, cwd=tmp_path, env=env))
     assert_resumed_exactly(resumed, whole, first_step=9)
 
 

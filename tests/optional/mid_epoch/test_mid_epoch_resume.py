@@ -15,6 +15,7 @@ import torch
 from tests.helpers import (
     REPO,
     STOPPED_BY_SIGTERM,
+    TRUST_TEST_CODE,
     assert_resumed_exactly,
     check_ok,
     histories,
@@ -103,7 +104,15 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_neve
     assert (position["epoch"], position["batches_done"]) == (1, resumes_at - steps_per_epoch)
 
     check_ok(
-        run_module("project.train", *args, f"ckpt_path={last}", f"hydra.run.dir={resumed_dir}", cwd=tmp_path, env=ENV)
+        run_module(
+            "project.train",
+            *args,
+            f"ckpt_path={last}",
+            TRUST_TEST_CODE,
+            f"hydra.run.dir={resumed_dir}",
+            cwd=tmp_path,
+            env=ENV,
+        )
     )
     assert_resumed_exactly(resumed_dir, uninterrupted[processes], first_step=resumes_at)
 
@@ -135,7 +144,13 @@ def test_a_sigterm_in_an_epochs_closing_validation_keeps_that_epochs_training(
     assert (position["epoch"], position["batches_done"]) == (2, 0), "epoch 1 trained whole, epoch 2 next"
 
     resumed = run_module(
-        "project.train", *args, f"ckpt_path={last}", f"hydra.run.dir={resumed_dir}", cwd=tmp_path, env=ENV
+        "project.train",
+        *args,
+        f"ckpt_path={last}",
+        TRUST_TEST_CODE,
+        f"hydra.run.dir={resumed_dir}",
+        cwd=tmp_path,
+        env=ENV,
     )
     check_ok(resumed)
     assert "compute` method of metric" not in resumed.stderr, "the resumed epoch 1 had nothing to count"
@@ -171,6 +186,7 @@ def test_a_mid_epoch_checkpoint_resumed_in_another_order_is_refused_in_one_line(
     changed = [arg.format(other_labels=other_labels) for arg in changed]
     before = mid_epoch_checkpoint.read_bytes()
     args = [*recipe(mnist_root, 1), *changed, f"ckpt_path={mid_epoch_checkpoint}", f"hydra.run.dir={tmp_path / 'run'}"]
+    args.append(TRUST_TEST_CODE)
     result = run_module("project.train", *args, cwd=tmp_path, env=ENV)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -210,7 +226,8 @@ def test_a_sigterm_inside_an_accumulation_window_stops_at_its_end_and_resumes_ex
     assert result.returncode == STOPPED_BY_SIGTERM, result.stderr[-2000:]
     last = stopped / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == stops_at_step
-    check_ok(run_module("project.train", *args, f"ckpt_path={last}", f"hydra.run.dir={resumed}", cwd=tmp_path, env=env))
+    resume = [*args, f"ckpt_path={last}", TRUST_TEST_CODE, f"hydra.run.dir={resumed}"]
+    check_ok(run_module("project.train", *resume, cwd=tmp_path, env=env))
     for again, once in zip(histories(resumed), histories(whole), strict=True):
         assert again["first_step"] == stops_at_step
         assert again["step_losses"] == once["step_losses"][-len(again["step_losses"]) :]

@@ -9,7 +9,8 @@ PRUNED = (
 )
 SHARED = "hydra.sweeper.storage=journal://outputs/mnist_search.log"
 ARRAY = (
-    f"sbatch --array=0-3 --nodes=1 scripts/slurm/train.sbatch -m experiment=mnist hparams_search=mnist_optuna {SHARED}"
+    "sbatch --array=0-3 --nodes=1 scripts/slurm/train.sbatch hydra.mode=MULTIRUN experiment=mnist "
+    f"hparams_search=mnist_optuna {SHARED}"
 )
 PAGE = DocsPage(
     REPO / "docs" / "optuna.md",

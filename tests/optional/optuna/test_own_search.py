@@ -22,7 +22,7 @@ def test_an_optuna_search_of_your_own_optimises_the_metric_your_module_logs(user
             user_dir,
             "model=regression",
             "data=regression",
-            "-m",
+            "hydra.mode=MULTIRUN",
             "hparams_search=line",
             "trainer.max_epochs=2",
             "logger=none",

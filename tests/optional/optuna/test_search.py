@@ -14,7 +14,7 @@ def test_optuna_search_runs_three_trials_and_prints_the_table(tmp_path: Path, mn
         run_module(
             "project.train",
             *mnist_overrides(mnist_root, "trainer.max_epochs=1"),
-            "-m",
+            "hydra.mode=MULTIRUN",
             "hparams_search=mnist_optuna",
             "hydra.sweeper.n_trials=3",
             "hydra.sweeper.sampler.n_startup_trials=3",

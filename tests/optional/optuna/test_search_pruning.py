@@ -21,7 +21,7 @@ BAD_TRIAL = 2
 def pruned_search(mnist_root: Path, sweep_dir: Path, trials: int, *extra: str) -> list[str]:
     return [
         *mnist_overrides(mnist_root, "data.batch_size=64", *extra),
-        "-m",
+        "hydra.mode=MULTIRUN",
         "hparams_search=mnist_optuna",
         f"hydra.sweeper.n_trials={trials}",
         "hydra.sweeper.sampler.seed=6",

@@ -18,7 +18,9 @@ KILLED_IN = 2  # the trial (and job) the first run is killed in: trials 0 and 1 
 
 
 def search_arguments(mnist_root: Path, sweep_dir: Path) -> list[str]:
-    overrides = mnist_overrides(mnist_root, "trainer.max_epochs=1", "-m", "hparams_search=mnist_optuna")
+    overrides = mnist_overrides(
+        mnist_root, "trainer.max_epochs=1", "hydra.mode=MULTIRUN", "hparams_search=mnist_optuna"
+    )
     return [
         *overrides,
         f"hydra.sweeper.n_trials={TRIALS}",
@@ -94,7 +96,7 @@ def test_a_search_whose_trial_fails_records_it_failed_and_runs_the_others(tmp_pa
     sweep_dir = tmp_path / "search"
     result = run_module(
         "project.train",
-        "-m",
+        "hydra.mode=MULTIRUN",
         "hparams_search=mnist_optuna",
         "trainer=cpu",
         "hydra.sweeper.n_trials=4",

@@ -32,7 +32,7 @@ def worker_arguments(tmp_path: Path, worker: int, storage: str) -> list[str]:
     """Toy trials of a few epochs, each worker its own sweep dir, one storage for all; heartbeats each second, a
     trial without one for 2 s taken for one whose worker is gone."""
     return [
-        "-m",
+        "hydra.mode=MULTIRUN",
         "hparams_search=mnist_optuna",
         "trainer=cpu",
         "trainer.max_epochs=5",

@@ -281,7 +281,11 @@ def test_a_search_spread_over_a_slurm_array_shares_one_study(
     """docs/optuna.md's array line, two tasks: each is a worker of one search on one journal file; together they run
     the study's n_trials, each trial once, and each task's log names the trials it ran (read from the logs and job
     dirs: the optuna part's package is its own)."""
-    search = ["-m", "hparams_search=mnist_optuna", "hydra.sweeper.storage=journal://outputs/search.log"]
+    search = [
+        "hydra.mode=MULTIRUN",
+        "hparams_search=mnist_optuna",
+        "hydra.sweeper.storage=journal://outputs/search.log",
+    ]
     overrides = [*small_mnist(mnist_root, "trainer.max_epochs=1", experiment="mnist"), *search]
     overrides.append("hydra.sweeper.n_trials=4")
     job_id, sbatch = submit(
