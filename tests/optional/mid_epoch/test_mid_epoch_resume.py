@@ -7,6 +7,7 @@ batches of 25, 14 steps per epoch alone and 7 per rank under DDP(2), 3 epochs. T
 """
 
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -103,18 +104,15 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_losses_and_weights_of_a_run_neve
     position = checkpoint["MNISTDataModule"]["position"]
     assert (position["epoch"], position["batches_done"]) == (1, resumes_at - steps_per_epoch)
 
-    check_ok(
-        run_module(
-            "project.train",
-            *args,
-            f"ckpt_path={last}",
-            TRUST_TEST_CODE,
-            f"hydra.run.dir={resumed_dir}",
-            cwd=tmp_path,
-            env=ENV,
-        )
-    )
+    check_ok(resumed_from(last, args, resumed_dir))
     assert_resumed_exactly(resumed_dir, uninterrupted[processes], first_step=resumes_at)
+
+
+def resumed_from(last: Path, args: list[str], resumed_dir: Path) -> subprocess.CompletedProcess:
+    """The stopped run carried on as its line says, the same command plus `ckpt_path`, trusting the test callback
+    that stopped it (the checkpoint's config names it, the resumed run does not)."""
+    resume = [*args, f"ckpt_path={last}", TRUST_TEST_CODE, f"hydra.run.dir={resumed_dir}"]
+    return run_module("project.train", *resume, cwd=resumed_dir.parent, env=ENV)
 
 
 @pytest.mark.parametrize(
@@ -143,16 +141,7 @@ def test_a_sigterm_in_an_epochs_closing_validation_keeps_that_epochs_training(
     position = checkpoint["MNISTDataModule"]["position"]
     assert (position["epoch"], position["batches_done"]) == (2, 0), "epoch 1 trained whole, epoch 2 next"
 
-    resumed = run_module(
-        "project.train",
-        *args,
-        f"ckpt_path={last}",
-        TRUST_TEST_CODE,
-        f"hydra.run.dir={resumed_dir}",
-        cwd=tmp_path,
-        env=ENV,
-    )
-    check_ok(resumed)
+    resumed = check_ok(resumed_from(last, args, resumed_dir))
     assert "compute` method of metric" not in resumed.stderr, "the resumed epoch 1 had nothing to count"
     assert_resumed_exactly(resumed_dir, uninterrupted[processes], first_step=stopped_after)
 
