@@ -41,6 +41,9 @@ $(NEXT_STAMP): $(STAMP)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
 	  > "$$($(NEXT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/main_venv.pth"
 	$(BIN)/python -m pip --python $(NEXT_VENV)/bin/python install --quiet --no-deps $(HYDRA_NEXT)
+	# The commands the tests run beside python (tensorboard, wandb, torchrun), .venv's (not its pip: no install lands there).
+	for command in $(BIN)/*; do name=$$(basename $$command); case $$name in pip*) continue;; esac; \
+	  test -e $(NEXT_VENV)/bin/$$name || ln -s $(abspath $(BIN))/$$name $(NEXT_VENV)/bin/; done
 	touch $(NEXT_STAMP)
 
 test-hydra1.4: $(NEXT_STAMP)  ## the in-process tests again on Hydra 1.4 (its release candidate), in .venv-hydra1.4
