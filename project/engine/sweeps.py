@@ -98,12 +98,13 @@ def format_sweep_table(rows: list[JobRow], metric: str) -> str:
 class SweepSummaryCallback(Callback):
     """Prints the sweep's table once all its jobs have ended (Hydra calls it in the launching process).
 
-    Not where a stop (SIGTERM, Ctrl-C) ends the sweep: Hydra 1.4 calls this hook on the way out (1.3 does not), and
-    the stop's line, which says how to carry the sweep on, stays the last word, with the stop's exit status."""
+    Not where the sweep ends by an exception (a stop, SIGTERM or Ctrl-C, or a sweeper's fault): Hydra 1.4 calls this
+    hook on the way out (1.3 does not), and the stop's line, which says how to carry the sweep on, stays the last
+    word, with the stop's exit status (a fault keeps its traceback)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if not sweep_dir.is_dir() or isinstance(sys.exc_info()[1], (SystemExit, KeyboardInterrupt)):
+        if not sweep_dir.is_dir() or sys.exc_info()[1] is not None:
             return
         rows = job_rows(sweep_dir, config.optimized_metric)
         report(format_sweep_table(rows, config.optimized_metric))
