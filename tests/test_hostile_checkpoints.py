@@ -14,7 +14,6 @@ import io
 import json
 import pickle
 import shutil
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,9 +35,9 @@ from project.engine.hydra_versions import VERSION_BASE
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import UntrustedConfig, trusted_targets
 from project.evaluate import evaluate
-from tests.faults import ENV, BadInput, bad_input_test
+from tests.faults import BadInput, bad_input_test
 from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule
-from tests.helpers import CONF_DIR, check_ok, run_module
+from tests.helpers import CONF_DIR
 
 
 class TouchWhenUnpickled:
@@ -381,8 +380,9 @@ def as_a_run_holds_it() -> Iterator[Callable[[DictConfig], DictConfig]]:
         HydraConfig.instance().cfg = None
 
 
-# The same as users meet them: the entry points in processes of their own, on a finished toy run's last.ckpt (and,
-# for a sharded one, a trainer=fsdp run's), each ending in one line, exit 2, nothing of the bait touched.
+# The same as users meet them: the entry points in processes of their own, on a finished toy run's last.ckpt (and
+# the same written by DCP as trainer=fsdp writes it; tests/optional/fsdp opens trained ones), each ending in one
+# line, exit 2, nothing of the bait touched.
 
 
 def hostile_case(case_id: str, name: str, placement: str, module: str, *args: str) -> BadInput:
@@ -401,24 +401,9 @@ def hostile_case(case_id: str, name: str, placement: str, module: str, *args: st
     )
 
 
-SHARDED_LOCK = threading.Lock()
-TRAINED_SHARDED: list[Path] = []
-
-
-def a_trained_sharded_checkpoint(case_dir: Path) -> Path:
-    """A copy, in `case_dir`, of the last.ckpt of one trainer=fsdp toy run (trained once, by the first case asking)."""
-    with SHARDED_LOCK:
-        if not TRAINED_SHARDED:
-            run_dir = case_dir / "fsdp-run"
-            overrides = ("trainer=fsdp", "trainer.max_epochs=1", "logger=none", f"hydra.run.dir={run_dir}")
-            check_ok(run_module("project.train", *overrides, cwd=case_dir, env=ENV))
-            TRAINED_SHARDED.append((run_dir / "checkpoints" / "last.ckpt").resolve())
-    return Path(shutil.copytree(TRAINED_SHARDED[0], case_dir / "sharded.ckpt"))
-
-
 def sharded_case(case_id: str, make_hostile: Callable[[Path, Bait], Path], module: str, *args: str) -> BadInput:
     def prepare(case_dir: Path, ckpt: Path) -> None:
-        make_hostile(a_trained_sharded_checkpoint(case_dir), Bait(case_dir / "bait").lay())
+        make_hostile(sharded_copy(ckpt, case_dir / "sharded.ckpt"), Bait(case_dir / "bait").lay())
 
     return BadInput(
         case_id,
