@@ -223,7 +223,10 @@ def test_a_target_behind_an_interpolation_or_a_resolver_that_acts_is_refused_unr
     bait = Bait(tmp_path / "bait").lay()
     made = bait.directory / "made"
     content = torch.load(toy_checkpoint, map_location="cpu", weights_only=True)
-    content["config"]["model"]["network"] = {"_target_": "${model.hidden}", "_args_": [str(bait.source), "x"]}
+    content["config"]["model"]["network"] = {
+        "_target_": "${model.hidden}",
+        "_args_": [str(bait.source), str(bait.victim)],
+    }
     content["config"]["model"]["hidden"] = "shutil.copyfile"
     torch.save(content, tmp_path / "hidden.ckpt")
     content = torch.load(toy_checkpoint, map_location="cpu", weights_only=True)
