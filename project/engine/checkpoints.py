@@ -39,8 +39,10 @@ def load_lightning_checkpoint(path: str | Path, trust: TrustedTargets, tensors: 
     if is_sharded(path):
         metadata = read_metadata(path)
         check_stored_config(metadata.get("config"), f"ckpt_path={path}", trust)
+        if tensors:
+            return plain_checkpoint(path)  # which checks the shards' files before DCP reads them
         check_shards(path)  # before a resume hands the files to DCP, which would run what they name
-        return plain_checkpoint(path) if tensors else metadata
+        return metadata
     if path.is_dir():
         inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
         files = ", ".join(str(file) for file in inside[:3]) or "<run dir>/checkpoints/last.ckpt"
