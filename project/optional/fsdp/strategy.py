@@ -2,24 +2,26 @@
 
 Lightning's `FSDPStrategy` refuses CPUs and wraps with FSDP1; its `ModelParallelStrategy` runs FSDP2 on any device
 type (gloo on CPUs, NCCL on GPUs) but asks the LightningModule to shard itself in `configure_model`. This strategy
-shards a module that does not, in `shard_module`: every submodule of one of `layer_classes` becomes its own FSDP
-unit (its parameters all-gathered just before its forward and freed after), then each child of the LightningModule
-that holds parameters becomes a root unit, which gathers what its layers left over. The children, not the
-LightningModule, are the roots because FSDP2 names as root the first unit whose forward runs, and Lightning calls
-`training_step`, not `forward`: a module's steps call its children (`self.network(x)`), so a child always runs
-first. A module that implements `configure_model` shards itself there, as Lightning documents, and is left as it is.
+shards a module that does not, in `shard_module`: the submodules `project.optional.fsdp.units` chooses (whole blocks,
+or those of `layer_classes`) each become an FSDP unit of their own (their parameters all-gathered just before their
+forward and freed after), then each child of the LightningModule that holds parameters becomes a root unit, which
+gathers what its units left over. The children, not the LightningModule, are the roots because FSDP2 names as root
+the first unit whose forward runs, and Lightning calls `training_step`, not `forward`: a module's steps call its
+children (`self.network(x)`), so a child always runs first. A module that implements `configure_model` shards
+itself there, as Lightning documents, and is left as it is.
 
 Each rank holds 1/world_size of every parameter, gradient and optimizer state; the data is split over the ranks as
 under DDP (one data-parallel mesh dimension of world_size ranks), so the same global batch gives the same steps.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import get_class
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -34,9 +36,12 @@ from project.engine.ddp import HydraJobRanks
 from project.engine.errors import UserError
 from project.engine.networks import networks_of
 from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish, remove
+from project.optional.fsdp.units import KEY, UnitChoice, check_roots_share_nothing
 
 # Trainer precisions FSDP2 trains in here; the others are refused as the Trainer is built.
 FSDP_PRECISIONS = ("32-true", "32", "bf16-mixed")
+# torch's words for an operation given a sharded parameter (a DTensor) beside plain tensors.
+MIXED_TENSORS = "got mixed torch.Tensor and DTensor"
 
 
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
@@ -48,13 +53,12 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def shard_module(
-    module: nn.Module, layer_classes: tuple[type[nn.Module], ...], mesh: DeviceMesh, policy: MixedPrecisionPolicy
-) -> None:
-    """Shard `module` (a LightningModule) in place: each layer of `layer_classes`, innermost first, then each of its
-    networks (`project.engine.networks.networks_of`: the children that hold parameters; see the module docstring).
+def shard_module(module: nn.Module, units: UnitChoice, mesh: DeviceMesh, policy: MixedPrecisionPolicy) -> None:
+    """Shard `module` (a LightningModule) in place: its units, then each of its networks
+    (`project.engine.networks.networks_of`: the children that hold parameters; see the module docstring).
 
-    Parameters of `module`'s own (not in a child) would train unsharded and unreduced: refused in one line.
+    Parameters of `module`'s own (not in a child) would train unsharded and unreduced, and a parameter two networks
+    share would be sharded twice: both refused in one line.
     """
     own = [name for name, _ in module.named_parameters(recurse=False)]
     if own:
@@ -62,20 +66,49 @@ def shard_module(
             f"trainer=fsdp shards the submodules of {type(module).__name__}, which holds parameters of its own "
             f"({', '.join(own)}): move them into a submodule, or shard the module yourself in its configure_model"
         )
-    shard_layers(module, layer_classes, mesh, policy)
-    for network in networks_of(module).values():
+    networks = networks_of(module)
+    check_roots_share_nothing(module, networks)
+    shard_units(module, units, mesh, policy, roots=set(networks))
+    for network in networks.values():
         if not isinstance(network, FSDPModule):
             fully_shard(network, mesh=mesh, mp_policy=policy)
 
 
-def shard_layers(
-    module: nn.Module, layer_classes: tuple[type[nn.Module], ...], mesh: DeviceMesh, policy: MixedPrecisionPolicy
+def shard_units(
+    module: nn.Module, units: UnitChoice, mesh: DeviceMesh, policy: MixedPrecisionPolicy, roots: set[str]
 ) -> None:
-    """Make each submodule of `module` of one of `layer_classes` an FSDP unit of its own, innermost first (a unit's
-    parameters are those its units inside it leave over); `module` itself is the caller's to shard, or not."""
-    for layer in reversed(list(module.modules())):  # children before their parents
-        if layer is not module and isinstance(layer, layer_classes) and not isinstance(layer, FSDPModule):
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
+    """Make each unit `project.optional.fsdp.units` chooses in `module` an FSDP unit of its own, innermost first;
+    `module` itself and `roots` are the caller's to shard, or not."""
+    for name in units.of(module, roots):
+        fully_shard(module.get_submodule(name), mesh=mesh, mp_policy=policy)
+
+
+def reshard(module: nn.Module) -> None:
+    """Put every FSDP unit of `module` back in its shards. A forward that no backward follows (Lightning's count of
+    FLOPs on `example_input_array` as fitting starts) leaves a root unit's parameters gathered, as whole tensors,
+    where a sharded checkpoint reads and writes shards."""
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()
+
+
+@contextmanager
+def units_read_where_called() -> Iterator[None]:
+    """A step that met a unit's parameter still sharded (a module that reads a submodule's weight without calling
+    it, so FSDP never gathered it) ends in one line naming the key that chooses the units, not torch's traceback
+    from deep inside the model."""
+    try:
+        yield
+    except RuntimeError as error:
+        if MIXED_TENSORS not in str(error):
+            raise
+        operation = str(error).split(",")[0]  # torch's advice after the comma is for DTensor's own users
+        raise UserError(
+            "trainer=fsdp met a parameter still sharded: a module read the weight of a submodule that is an FSDP "
+            f"unit of its own without calling that submodule ({operation}). Set {KEY} to the "
+            f"classes of the blocks that hold both (a transformer's layer class), or to null (whole blocks, the "
+            "default)"
+        ) from error
 
 
 class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
@@ -85,12 +118,19 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
     `project.optional.fsdp.checkpoints` says how.
 
     `layer_classes`: import paths of the submodule classes that each become an FSDP unit (a transformer's block
-    class, say); the config's default is every Linear and Conv2d layer.
+    class, say); None, the config's default, makes units of whole blocks of at least `min_unit_params` parameters
+    (`project.optional.fsdp.units`).
     """
 
-    def __init__(self, layer_classes: list[str], timeout: timedelta | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        layer_classes: list[str] | None,
+        min_unit_params: int,
+        timeout: timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(timeout=timeout, **kwargs)
-        self.layer_classes = tuple(get_class(path) for path in layer_classes)
+        self.units = UnitChoice.from_config(layer_classes, min_unit_params)
 
     @ModelParallelStrategy.precision_plugin.setter
     def precision_plugin(self, precision_plugin: Precision | None) -> None:
@@ -123,8 +163,24 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
         if not any(isinstance(submodule, FSDPModule) for submodule in module.modules()):
             policy = mixed_precision_policy(str(self.precision_plugin.precision))
             module.to(self.root_device)
-            shard_module(module, self.layer_classes, self.device_mesh["data_parallel"], policy)
+            shard_module(module, self.units, self.device_mesh["data_parallel"], policy)
         ParallelStrategy.setup(self, trainer)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with units_read_where_called():
+            return super().training_step(*args, **kwargs)
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with units_read_where_called():
+            return super().validation_step(*args, **kwargs)
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with units_read_where_called():
+            return super().test_step(*args, **kwargs)
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with units_read_where_called():
+            return super().predict_step(*args, **kwargs)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
         """Lightning's sharded save (every rank its shard, rank 0 the rest in `meta.pt`) into a new directory, which
@@ -142,6 +198,7 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
         converter) every rank reads whole, keeping its shard of each tensor; Lightning's own reading of one renumbers
         the optimizer's state with FSDP1's helper, which fails for an optimizer that keeps none (plain SGD)."""
         path = Path(self.broadcast(str(checkpoint_path)))
+        reshard(self.model)  # either way, the checkpoint's tensors go into the shards
         if is_sharded(path):
             check_shards(path)
             return super().load_checkpoint(path, weights_only)

@@ -9,7 +9,6 @@ reduce-scatters its gradients, averaged as DDP averages them). `ShardedTrainer` 
 the shards for the checkpoint and the final weights, and has every rank evaluate: each forward needs all of them.
 """
 
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
@@ -25,7 +24,8 @@ from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
 from project.engine.history import TrainingHistory
 from project.engine.hydra_versions import hydra_main
 from project.engine.trusted_targets import job_whitelist
-from project.optional.fsdp.strategy import mixed_precision_policy, shard_layers
+from project.optional.fsdp.strategy import mixed_precision_policy, shard_units, units_read_where_called
+from project.optional.fsdp.units import UnitChoice
 from project.optional.reference.environment import joined_process_group, require_environment
 from project.optional.reference.loop import Trainer, build, fit_and_report
 
@@ -34,16 +34,16 @@ FULL_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def shard(network: nn.Module, cfg: DictConfig, mesh: DeviceMesh) -> None:
-    """The Lightning path's sharding of the layers (`shard_layers` of trainer=fsdp's strategy), with the network as
-    the one root."""
-    layer_classes = OmegaConf.select(cfg, "trainer.strategy.layer_classes")
-    if layer_classes is None:
+    """The Lightning path's sharding of the units (`shard_units` of trainer=fsdp's strategy), with the network as the
+    one root."""
+    strategy = OmegaConf.select(cfg, "trainer.strategy")
+    if not isinstance(strategy, DictConfig) or "min_unit_params" not in strategy:
         raise UserError(
-            "project.optional.reference.fsdp shards the layers trainer=fsdp names: run it with trainer=fsdp"
+            "project.optional.reference.fsdp shards the units trainer=fsdp chooses: run it with trainer=fsdp"
         )
-    layer_classes = tuple(get_class(path) for path in layer_classes)
+    units = UnitChoice.from_config(strategy.layer_classes, strategy.min_unit_params)
     policy = mixed_precision_policy(str(cfg.trainer.precision))
-    shard_layers(network, layer_classes, mesh, policy)
+    shard_units(network, units, mesh, policy, roots=set())
     fully_shard(network, mesh=mesh, mp_policy=policy)
 
 
@@ -70,7 +70,8 @@ def train_process(cfg: DictConfig, rank: int, local_rank: int, world_size: int) 
         sampler = datamodule.train_sampler_class(datamodule.train_set, cfg.seed, world_size, rank)
         train_loader = datamodule.loader(datamodule.train_set, sampler, train=True)
         trainer = ShardedTrainer(network, optimizer, schedule, device, TrainingHistory(rank, world_size))
-        fit_and_report(cfg, trainer, datamodule, train_loader, is_main=rank == 0)
+        with units_read_where_called():
+            fit_and_report(cfg, trainer, datamodule, train_loader, is_main=rank == 0)
 
 
 @hydra_main("../../../conf", "train", job_whitelist)

@@ -1,0 +1,140 @@
+"""Which submodules of a model `trainer=fsdp` makes FSDP units of their own: the choice, apart from the sharding.
+
+FSDP2 gathers a unit's parameters just before the unit's forward runs and frees them after it, so a parameter is
+whole only inside its unit's forward. Two ways that goes wrong with a model written elsewhere, where units are chosen
+by class alone (every `Linear`):
+- a module that reads a submodule's weight without calling it: `nn.MultiheadAttention` hands `out_proj.weight` (a
+  `Linear`) to its fused kernel, which then meets a weight still sharded ("mixed torch.Tensor and DTensor");
+- a parameter two modules hold (input and output embeddings tied, as GPT-2's): each unit shards its own copy, and
+  the two train apart.
+
+So the default (`layer_classes: null`) makes units of whole blocks, those a model calls as a whole, as torchtitan
+shards a transformer per block:
+- torch's transformer layers (`TRANSFORMER_LAYERS`);
+- the repeated blocks of a model: the items of a `ModuleList` or `Sequential` whose items holding parameters are
+  two or more of one class (a GPT's blocks, a ResNet stage's, an MLP's layers);
+- each of at least `min_unit_params` parameters: a smaller unit costs two gathers and a reduce-scatter per step for
+  little memory, and stays in the unit around it;
+- never a block that shares a parameter with a module outside it, nor one inside another unit.
+What no unit takes belongs to the root unit around it (the strategy's: each network of the LightningModule).
+
+`layer_classes` names the unit classes instead: every submodule of them, innermost first. A unit that would hold a
+parameter shared outside it is then refused in one line, before training.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hydra.utils import get_class
+from torch import nn
+
+from project.engine.errors import UserError
+
+TRANSFORMER_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+KEY = "trainer.strategy.layer_classes"
+
+
+def parameter_holders(root: nn.Module) -> dict[int, list[str]]:
+    """Every parameter of `root` (by identity) and each name it is held under: two or more for a shared one (tied
+    weights, a module used at two places)."""
+    holders: dict[int, list[str]] = {}
+    for module_name, module in root.named_modules(remove_duplicate=False):
+        for name, parameter in module.named_parameters(recurse=False):
+            holders.setdefault(id(parameter), []).append(f"{module_name}.{name}" if module_name else name)
+    return holders
+
+
+def shared_outside(name: str, module: nn.Module, holders: dict[int, list[str]]) -> tuple[str, str] | None:
+    """A parameter of `module` (at `name`) that a module outside it holds too: (its name inside, a name outside)."""
+    for parameter in module.parameters():
+        names = holders[id(parameter)]
+        outside = [held for held in names if not held.startswith(f"{name}.")]
+        if outside:
+            return next(held for held in names if held.startswith(f"{name}.")), outside[0]
+    return None
+
+
+def repeated_blocks(root: nn.Module) -> Iterable[str]:
+    """The names of the items of each `ModuleList`/`Sequential` in `root` whose items that hold parameters are two
+    or more of one class."""
+    for container_name, container in root.named_modules():
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+            continue
+        items = [(name, item) for name, item in container.named_children() if next(item.parameters(), None) is not None]
+        if len(items) >= 2 and len({type(item) for _, item in items}) == 1:
+            yield from (f"{container_name}.{name}" if container_name else name for name, _ in items)
+
+
+def parameter_count(module: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in module.parameters())
+
+
+def default_units(root: nn.Module, roots: set[str], min_unit_params: int) -> list[str]:
+    """The blocks the module docstring describes, outermost only, in the order `root` holds them."""
+    holders = parameter_holders(root)
+    blocks = set(repeated_blocks(root)) | {
+        name for name, module in root.named_modules() if isinstance(module, TRANSFORMER_LAYERS)
+    }
+    fit = {
+        name
+        for name in blocks - roots - {""}
+        if parameter_count(module := root.get_submodule(name)) >= min_unit_params
+        and shared_outside(name, module, holders) is None
+    }
+    outermost = [name for name in fit if not any(name.startswith(f"{other}.") for other in fit)]
+    order = {name: index for index, (name, _) in enumerate(root.named_modules())}
+    return sorted(outermost, key=order.__getitem__)
+
+
+def named_units(root: nn.Module, roots: set[str], layer_classes: tuple[type[nn.Module], ...]) -> list[str]:
+    """Every submodule of `layer_classes` but `root` and `roots`; refused where one holds a shared parameter."""
+    holders = parameter_holders(root)
+    units = []
+    for name, module in root.named_modules():
+        if name and name not in roots and isinstance(module, layer_classes):
+            shared = shared_outside(name, module, holders)
+            if shared is not None:
+                raise UserError(
+                    f"{KEY} makes {name} ({type(module).__name__}) an FSDP unit of its own, but its parameter "
+                    f"{shared[0]} is also {shared[1]}, outside it, and FSDP would train the two apart: set {KEY} to "
+                    f"classes whose units hold every module sharing it, or to null (whole blocks, the default)"
+                )
+            units.append(name)
+    return units
+
+
+@dataclass(frozen=True)
+class UnitChoice:
+    """How the units are chosen: `layer_classes`, or None for whole blocks of at least `min_unit_params`
+    parameters (the module docstring)."""
+
+    layer_classes: tuple[type[nn.Module], ...] | None
+    min_unit_params: int
+
+    @classmethod
+    def from_config(cls, layer_classes: list[str] | None, min_unit_params: int) -> "UnitChoice":
+        """From trainer=fsdp's keys: `layer_classes` as import paths."""
+        classes = None if layer_classes is None else tuple(get_class(path) for path in layer_classes)
+        return cls(classes, min_unit_params)
+
+    def of(self, root: nn.Module, roots: set[str]) -> list[str]:
+        """The names of the submodules of `root` to make FSDP units, innermost first (a unit's parameters are those
+        its units inside it leave over, so they are sharded first). `roots`: names the caller shards itself."""
+        if self.layer_classes is None:
+            units = default_units(root, roots, self.min_unit_params)
+        else:
+            units = named_units(root, roots, self.layer_classes)
+        return units[::-1]
+
+
+def check_roots_share_nothing(module: nn.Module, networks: dict[str, nn.Module]) -> None:
+    """Refuse networks that share a parameter: each is a root unit, and would shard its own copy of it."""
+    holders = parameter_holders(module)
+    for name, network in networks.items():
+        shared = shared_outside(name, network, holders)
+        if shared is not None:
+            raise UserError(
+                f"trainer=fsdp shards each network of {type(module).__name__} ({', '.join(networks)}) as a unit of "
+                f"its own, and {shared[0]} is also {shared[1]}: FSDP would train the two apart. Keep the modules "
+                "that share it in one network (one submodule of the LightningModule)"
+            )
