@@ -100,6 +100,22 @@ def test_a_module_that_logs_no_metric_is_told_which_it_logs_and_trains_on(user_d
 
 
 @pytest.mark.slow
+def test_a_grid_sweep_of_a_module_that_logs_no_metric_runs_every_job(user_dir: Path, tmp_path: Path):
+    """A grid needs no objective: each job trains to its end with one warning, the table shows `-` for the metric."""
+    sweep = tmp_path / "sweep"
+    overrides = ("model=boring", "data=boring", "trainer.max_epochs=2", "logger=none", f"hydra.sweep.dir={sweep}")
+    result = check_ok(train_own(user_dir, "-m", *overrides, "seed=1,2"))
+
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: optimized_metric=val/acc")]
+    assert len(warnings) == 2, "one per job, not one per epoch"
+    assert not error_lines(result.stderr)
+    summary = result.stdout[result.stdout.index("Sweep: 2 job(s)\n") :]
+    rows = [line.split() for line in summary.splitlines() if line[:1].isdigit()]
+    assert [(row[0], row[-2]) for row in rows] == [("0", "-"), ("1", "-")], summary
+    assert [read_json(sweep / job / "results.json")["epochs"] for job in ("0", "1")] == [2, 2]
+
+
+@pytest.mark.slow
 def test_dict_batches_sweep_under_ddp_with_the_metric_they_log(user_dir: Path, tmp_path: Path):
     """Two DDP jobs of one `-m` sweep on dict batches: each rank its half, the summary shows the module's metric."""
     sweep = tmp_path / "sweep"
