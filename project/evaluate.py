@@ -2,8 +2,8 @@
 
 The network and the data are rebuilt from the config stored in the checkpoint (`project.engine.trained_run`), with
 the `data` keys given (`data.root=<dir>` where the files are on this machine, as `project.predict` takes them); the
-printed test metrics equal those of the training run's results table for the same weights (`last.ckpt` holds the
-final ones).
+printed test metrics, in the results table's format (4 decimals), equal those of the training run's table for the
+same weights (`last.ckpt` holds the final ones).
 """
 
 import lightning as L
@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.hydra_versions import hydra_main
+from project.engine.results import metric_line
 from project.engine.trained_run import blamed_on_data_given, rebuild_trained
 from project.engine.trusted_targets import job_whitelist
 
@@ -29,8 +30,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 def main(cfg: DictConfig) -> None:
     metrics = evaluate(cfg)
     print(f"checkpoint  {cfg.ckpt_path}")
+    width = max([12, *(len(name) + 2 for name in metrics)])
     for name in sorted(metrics):
-        print(f"{name:<12}{metrics[name]}")  # full precision: comparable with the run's results.json
+        print(metric_line(name, metrics[name], width))  # as the training run's results table shows them
 
 
 if __name__ == "__main__":

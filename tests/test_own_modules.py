@@ -16,6 +16,7 @@ from hydra import initialize_config_dir
 from project.engine.checkpoints import resume_path
 from project.engine.errors import UserError
 from project.engine.hydra_versions import VERSION_BASE
+from project.engine.results import format_value
 from tests.docs_commands import follow_steps, section_blocks
 from tests.helpers import (
     CONF_DIR,
@@ -57,7 +58,7 @@ def test_a_regression_module_trains_resumes_from_last_and_is_evaluated(user_dir:
         train_own(user_dir, f"ckpt_path={last}", "hydra.run.dir=outputs/eval", module="project.evaluate")
     )
     printed = dict(line.split() for line in evaluated.stdout.splitlines() if line.startswith("test/"))
-    assert float(printed["test/mse"]) == resumed["test/mse"]
+    assert printed["test/mse"] == format_value(resumed["test/mse"]), "as the results table shows it"
 
     check_ok(train_own(user_dir, f"ckpt_path={last}", "hydra.run.dir=outputs/predict", module="project.predict"))
     predicted = torch.load(user_dir / "outputs" / "predict" / "predictions.pt", weights_only=True)

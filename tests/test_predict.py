@@ -62,7 +62,7 @@ def test_predictions_cover_the_test_split_in_order_with_evaluates_accuracy(
 
     evaluated = check_ok(run_module("project.evaluate", f"ckpt_path={barely_trained}", cwd=tmp_path, env=ENV))
     (test_accuracy,) = re.findall(r"^test/acc\s+(\S+)$", evaluated.stdout, flags=re.MULTILINE)
-    assert accuracy == pytest.approx(float(test_accuracy), abs=1e-6)
+    assert accuracy == pytest.approx(float(test_accuracy), abs=5e-5)
     assert accuracy < 0.5, "the barely trained network makes mistakes to draw"
 
     per_class = read_rows(run_dir / "per_class.csv")
