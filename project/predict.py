@@ -8,6 +8,7 @@ whatever the module, to `predictions.pt`. A module that defines `write_predictio
 writes the rest of its files itself and returns their names (the classifier: a CSV, a per-class table, pictures);
 for any other, `predictions.csv` is written where the outputs fit a table (`project.engine.predictions`). A data
 module with a `predict_split` attribute is told the split (`split=`); one without serves its own predict_dataloader.
+Progress shows as in `project.train` (`callbacks.progress_bar`).
 """
 
 from pathlib import Path
@@ -15,11 +16,12 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine import predictions
-from project.engine.build import instantiate_group
+from project.engine.build import instantiate_group, switched_on
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
 from project.engine.hydra_versions import hydra_main
 from project.engine.job import isolated_job
@@ -41,13 +43,15 @@ def predict(cfg: DictConfig) -> tuple[predictions.Outputs | None, L.LightningMod
         datamodule.predict_split = cfg.split
     # The ranks of a DDP prediction check that they composed the same config (`HydraDDPStrategy`).
     same_config = RunConfigCallback(OmegaConf.to_container(cfg, resolve=True))
+    progress = [instantiate_group("callbacks", node) for node in switched_on(cfg.callbacks)]
     trainer: L.Trainer = instantiate_group(
         "trainer",
         cfg.trainer,
         logger=False,
         enable_checkpointing=False,
-        callbacks=[same_config],
-        enable_progress_bar=False,
+        callbacks=[same_config, *progress],
+        # Without one of conf/callbacks/, Lightning would add its own bar.
+        enable_progress_bar=any(isinstance(callback, ProgressBar) for callback in progress),
     )
     if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
         raise UserError(
