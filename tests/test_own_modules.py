@@ -68,6 +68,20 @@ def test_a_regression_module_trains_resumes_from_last_and_is_evaluated(user_dir:
 
 
 @pytest.mark.slow
+def test_predicting_with_a_module_whose_forward_does_not_take_the_batch_asks_for_a_predict_step(user_dir: Path):
+    """PairForwardModule trains (its steps unpack the batch) but has no predict_step, and its forward takes inputs
+    and targets apart: Lightning's default predict_step, forward(batch), fails, said in one line, last, exit 2."""
+    trained_on = ("model=pair_forward", "data=regression", "optimized_metric=val/mse", "optimized_mode=min")
+    check_ok(train_own(user_dir, *trained_on, "logger=none", "hydra.run.dir=outputs/pair"))
+    last = user_dir / "outputs" / "pair" / "checkpoints" / "last.ckpt"
+    result = train_own(user_dir, f"ckpt_path={last}", "hydra.run.dir=outputs/pair-predict", module="project.predict")
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert error_lines(result.stderr) == [result.stderr.rstrip("\n").splitlines()[-1]]
+    assert error_lines(result.stderr)[0].startswith("error: PairForwardModule defines no predict_step")
+
+
+@pytest.mark.slow
 def test_a_resume_inside_an_epoch_is_refused_where_the_data_cannot_say_where_it_stood(user_dir: Path, tmp_path: Path):
     """RegressionData keeps no position: its epoch would restart its batches, so only an epoch's end resumes."""
     check_ok(train_own(user_dir, *REGRESSION, "trainer.max_steps=3", "logger=none", f"hydra.run.dir={tmp_path}/a"))
