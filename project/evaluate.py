@@ -2,15 +2,19 @@
 
 The network and the data are rebuilt from the config stored in the checkpoint (`project.engine.trained_run`), with
 the `data` keys given (`data.root=<dir>` where the files are on this machine, as `project.predict` takes them); the
-printed test metrics equal those of the training run's results table for the same weights (`last.ckpt` holds the
-final ones).
+printed test metrics, in the results table's format (4 decimals), equal those of the training run's table for the
+same weights (`last.ckpt` holds the final ones). Progress shows as in `project.train` (`callbacks.progress_bar`): the
+bar in a terminal, plain lines in a file or a pipe.
 """
 
 import lightning as L
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
+from project.engine.build import instantiate_group, switched_on
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.hydra_versions import hydra_main
+from project.engine.results import metric_line
 from project.engine.trained_run import blamed_on_data_given, rebuild_trained
 from project.engine.trusted_targets import job_whitelist
 
@@ -18,7 +22,16 @@ from project.engine.trusted_targets import job_whitelist
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
     datamodule, module = rebuild_trained(cfg, "project.evaluate")
-    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_checkpointing=False)
+    progress = [instantiate_group("callbacks", node) for node in switched_on(cfg.callbacks)]
+    trainer = L.Trainer(
+        accelerator=cfg.accelerator,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=progress,
+        # Without one of conf/callbacks/, Lightning would add its own bar.
+        enable_progress_bar=any(isinstance(callback, ProgressBar) for callback in progress),
+    )
     with blamed_on_data_given(cfg):
         trainer.test(module, datamodule=datamodule, verbose=False)
     return {name: value.item() for name, value in trainer.callback_metrics.items()}
@@ -29,8 +42,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 def main(cfg: DictConfig) -> None:
     metrics = evaluate(cfg)
     print(f"checkpoint  {cfg.ckpt_path}")
+    width = max([12, *(len(name) + 2 for name in metrics)])
     for name in sorted(metrics):
-        print(f"{name:<12}{metrics[name]}")  # full precision: comparable with the run's results.json
+        print(metric_line(name, metrics[name], width))  # as the training run's results table shows them
 
 
 if __name__ == "__main__":

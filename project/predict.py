@@ -4,10 +4,12 @@ The checkpoint's stored config rebuilds its network and data (`project.engine.tr
 does); Lightning's `predict` runs it over one split with the chosen `trainer=` (under DDP each rank predicts its
 share, `UnrepeatedDistributedSampler`'s samples r, r + N, ..., and rank 0 puts them back in order; `trainer=ddp_spawn`
 is refused: Lightning returns no predictions from spawned workers). Rank 0 writes what `predict_step` returned,
-whatever the module, to `predictions.pt`. A module that defines `write_predictions(outputs, datamodule, directory)`
-writes the rest of its files itself and returns their names (the classifier: a CSV, a per-class table, pictures);
-for any other, `predictions.csv` is written where the outputs fit a table (`project.engine.predictions`). A data
-module with a `predict_split` attribute is told the split (`split=`); one without serves its own predict_dataloader.
+whatever the module, to `predictions.pt` (a module without one gets Lightning's, which calls its `forward` with the
+batch, or else one line saying to define one: `project.engine.default_predict_step`). A module that defines
+`write_predictions(outputs, datamodule, directory)` writes the rest of its files itself and returns their names (the
+classifier: a CSV, a per-class table, pictures); for any other, `predictions.csv` is written where the outputs fit a
+table (`project.engine.predictions`). A data module with a `predict_split` attribute is told the split (`split=`); one
+without serves its own predict_dataloader. Progress shows as in `project.train` (`callbacks.progress_bar`).
 """
 
 from pathlib import Path
@@ -15,11 +17,13 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine import predictions
-from project.engine.build import instantiate_group
+from project.engine.build import instantiate_group, switched_on
+from project.engine.default_predict_step import predict_step_needed
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
 from project.engine.hydra_versions import hydra_main
 from project.engine.job import isolated_job
@@ -41,13 +45,15 @@ def predict(cfg: DictConfig) -> tuple[predictions.Outputs | None, L.LightningMod
         datamodule.predict_split = cfg.split
     # The ranks of a DDP prediction check that they composed the same config (`HydraDDPStrategy`).
     same_config = RunConfigCallback(OmegaConf.to_container(cfg, resolve=True))
+    progress = [instantiate_group("callbacks", node) for node in switched_on(cfg.callbacks)]
     trainer: L.Trainer = instantiate_group(
         "trainer",
         cfg.trainer,
         logger=False,
         enable_checkpointing=False,
-        callbacks=[same_config],
-        enable_progress_bar=False,
+        callbacks=[same_config, *progress],
+        # Without one of conf/callbacks/, Lightning would add its own bar.
+        enable_progress_bar=any(isinstance(callback, ProgressBar) for callback in progress),
     )
     if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
         raise UserError(
@@ -55,7 +61,7 @@ def predict(cfg: DictConfig) -> tuple[predictions.Outputs | None, L.LightningMod
             "do not return: use trainer=ddp"
         )
     with isolated_job(trainer):
-        with blamed_on_data_given(cfg):
+        with blamed_on_data_given(cfg), predict_step_needed(module):
             outputs = predictions.joined(trainer.predict(module, datamodule=datamodule))
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             outputs = predictions.interleave(gathered_shares(outputs))

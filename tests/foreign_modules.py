@@ -5,6 +5,7 @@ the project's entry points (with `PYTHONPATH` at the repository) to prove the ma
   metric names (`train/mse`, `val/mse`, `test/mse`, to be minimised), and a `predict_step` returning a tensor.
 - `SelfShardingRegression`: the same, sharding itself for trainer=fsdp in `configure_model`.
 - `DictBatchModule` on `DictBatchData`: batches that are dicts, and metrics without a `<stage>/` prefix.
+- `PairForwardModule`: a regression whose `forward` takes inputs and targets apart, and that has no `predict_step`.
 Lightning's own `BoringModel` and `BoringDataModule` (which log no metric at all) are the third.
 """
 
@@ -98,6 +99,16 @@ class RegressionModule(L.LightningModule):
         total = self.trainer.estimated_stepping_batches
         schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.lr, total_steps=total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class PairForwardModule(RegressionModule):
+    """`forward(inputs, targets)`, the loss, and no `predict_step` of its own: Lightning's default one, which calls
+    `forward(batch)`, cannot call it."""
+
+    predict_step = L.LightningModule.predict_step
+
+    def forward(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        return nn.functional.mse_loss(self.layers(inputs), targets)
 
 
 class SelfShardingRegression(RegressionModule):

@@ -107,7 +107,19 @@ ROWS = [
     (
         "the module does not log `optimized_metric`",
         "0 or 2",
-        ["tests/test_own_modules.py::test_a_module_that_logs_no_metric_is_told_which_it_logs_and_trains_on"],
+        [
+            "tests/test_own_modules.py::test_a_module_that_logs_no_metric_is_told_which_it_logs_and_trains_on",
+            "tests/test_own_modules.py::test_a_grid_sweep_of_a_module_that_logs_no_metric_runs_every_job",
+        ],
+    ),
+    (
+        "`project.predict` of a module with no `predict_step`",
+        "2",
+        [
+            "tests/test_own_modules.py::"
+            "test_predicting_with_a_module_whose_forward_does_not_take_the_batch_asks_for_a_predict_step",
+            "tests/test_predict.py::test_a_type_error_of_the_modules_own_code_keeps_its_traceback",
+        ],
     ),
     (
         "the run dir cannot be made or written in",

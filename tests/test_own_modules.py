@@ -16,6 +16,7 @@ from hydra import initialize_config_dir
 from project.engine.checkpoints import resume_path
 from project.engine.errors import UserError
 from project.engine.hydra_versions import VERSION_BASE
+from project.engine.results import format_value
 from tests.docs_commands import follow_steps, section_blocks
 from tests.helpers import (
     CONF_DIR,
@@ -57,13 +58,27 @@ def test_a_regression_module_trains_resumes_from_last_and_is_evaluated(user_dir:
         train_own(user_dir, f"ckpt_path={last}", "hydra.run.dir=outputs/eval", module="project.evaluate")
     )
     printed = dict(line.split() for line in evaluated.stdout.splitlines() if line.startswith("test/"))
-    assert float(printed["test/mse"]) == resumed["test/mse"]
+    assert printed["test/mse"] == format_value(resumed["test/mse"]), "as the results table shows it"
 
     check_ok(train_own(user_dir, f"ckpt_path={last}", "hydra.run.dir=outputs/predict", module="project.predict"))
     predicted = torch.load(user_dir / "outputs" / "predict" / "predictions.pt", weights_only=True)
     assert list(predicted) == ["output"] and predicted["output"].shape == (16, 1), "what predict_step returned"
     rows = (user_dir / "outputs" / "predict" / "predictions.csv").read_text().splitlines()
     assert rows[0] == "index,output" and len(rows) == 17
+
+
+@pytest.mark.slow
+def test_predicting_with_a_module_whose_forward_does_not_take_the_batch_asks_for_a_predict_step(user_dir: Path):
+    """PairForwardModule trains (its steps unpack the batch) but has no predict_step, and its forward takes inputs
+    and targets apart: Lightning's default predict_step, forward(batch), fails, said in one line, last, exit 2."""
+    trained_on = ("model=pair_forward", "data=regression", "optimized_metric=val/mse", "optimized_mode=min")
+    check_ok(train_own(user_dir, *trained_on, "logger=none", "hydra.run.dir=outputs/pair"))
+    last = user_dir / "outputs" / "pair" / "checkpoints" / "last.ckpt"
+    result = train_own(user_dir, f"ckpt_path={last}", "hydra.run.dir=outputs/pair-predict", module="project.predict")
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert error_lines(result.stderr) == [result.stderr.rstrip("\n").splitlines()[-1]]
+    assert error_lines(result.stderr)[0].startswith("error: PairForwardModule defines no predict_step")
 
 
 @pytest.mark.slow
@@ -97,6 +112,22 @@ def test_a_module_that_logs_no_metric_is_told_which_it_logs_and_trains_on(user_d
     refused = train_own(user_dir, "model=boring", "data=boring", "results_from=best", f"hydra.run.dir={tmp_path}/b")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert error_lines(refused.stderr)[-1].endswith("(results_from=best is that metric)")
+
+
+@pytest.mark.slow
+def test_a_grid_sweep_of_a_module_that_logs_no_metric_runs_every_job(user_dir: Path, tmp_path: Path):
+    """A grid needs no objective: each job trains to its end with one warning, the table shows `-` for the metric."""
+    sweep = tmp_path / "sweep"
+    overrides = ("model=boring", "data=boring", "trainer.max_epochs=2", "logger=none", f"hydra.sweep.dir={sweep}")
+    result = check_ok(train_own(user_dir, "-m", *overrides, "seed=1,2"))
+
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: optimized_metric=val/acc")]
+    assert len(warnings) == 2, "one per job, not one per epoch"
+    assert not error_lines(result.stderr)
+    summary = result.stdout[result.stdout.index("Sweep: 2 job(s)\n") :]
+    rows = [line.split() for line in summary.splitlines() if line[:1].isdigit()]
+    assert [(row[0], row[-2]) for row in rows] == [("0", "-"), ("1", "-")], summary
+    assert [read_json(sweep / job / "results.json")["epochs"] for job in ("0", "1")] == [2, 2]
 
 
 @pytest.mark.slow

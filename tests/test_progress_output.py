@@ -13,10 +13,12 @@ from tests.helpers import environment, python
 DIVERGES = "model.optimizer.lr=3e7"  # the toy's loss is NaN at step 3, its second epoch's first step
 
 
-def run_into_one_file(tmp_path: Path, *overrides: str) -> tuple[int, str]:
-    """A toy run on the CPU with its standard output and error in one pipe, as `sbatch` writes its `.out` file: its
-    exit status and that output, carriage returns kept (text mode would read them as line ends)."""
-    command = [python(), "-m", "project.train", "trainer=cpu", f"hydra.run.dir={tmp_path / 'run'}", *overrides]
+def run_into_one_file(tmp_path: Path, *overrides: str, module: str = "project.train") -> tuple[int, str]:
+    """A toy run on the CPU (or `module`'s, given the overrides it needs) with its standard output and error in one
+    pipe, as `sbatch` writes its `.out` file: its exit status and that output, carriage returns kept (text mode would
+    read them as line ends)."""
+    on_cpu = ("trainer=cpu", f"hydra.run.dir={tmp_path / 'run'}") if module == "project.train" else ()
+    command = [python(), "-m", module, *on_cpu, *overrides]
     result = subprocess.run(
         command, cwd=tmp_path, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300
     )
@@ -71,3 +73,25 @@ def test_no_callbacks_draw_no_bar(tmp_path: Path):
     assert status == 0, output[-2000:]
     assert "\r" not in output and "Epoch 0" not in output, repr(output[-600:])
     assert "\nepochs      3\n" in output, "the run reported its results, and the epochs it trained"
+
+
+@pytest.mark.slow
+def test_evaluate_and_predict_into_a_file_show_progress_as_plain_lines(tmp_path: Path):
+    """As a training run does: no redraws, a line as the test or prediction goes, and evaluate's metrics with the
+    results table's 4 decimals."""
+    status, output = run_into_one_file(tmp_path, "logger=none")
+    assert status == 0, output[-2000:]
+    checkpoint = f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"
+
+    status, evaluated = run_into_one_file(
+        tmp_path, checkpoint, f"hydra.run.dir={tmp_path / 'e'}", module="project.evaluate"
+    )
+    assert status == 0 and "\r" not in evaluated, repr(evaluated[-600:])
+    assert re.search(r"^test step 1/1\b", evaluated, flags=re.MULTILINE), evaluated[-2000:]
+    assert re.search(r"^test/loss\s+\d+\.\d{4}$", evaluated, flags=re.MULTILINE), evaluated[-2000:]
+
+    status, predicted = run_into_one_file(
+        tmp_path, checkpoint, f"hydra.run.dir={tmp_path / 'p'}", module="project.predict"
+    )
+    assert status == 0 and "\r" not in predicted, repr(predicted[-600:])
+    assert re.search(r"^predict step 1/1\b", predicted, flags=re.MULTILINE), predicted[-2000:]

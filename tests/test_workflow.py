@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from project.engine.results import format_value
 from tests.helpers import REPO, TRUST_TEST_CODE, check_ok, free_port, mnist_overrides, read_json, requires, run_module
 from tests.tensorboard_events import read_scalars
 
@@ -128,8 +129,8 @@ def test_evaluate_reproduces_training_metrics_and_refuses_a_config_it_cannot_bui
         )
     )
     printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("test/"))
-    assert float(printed["test/acc"]) == trained["test/acc"]
-    assert float(printed["test/loss"]) == trained["test/loss"]
+    assert printed["test/acc"] == format_value(trained["test/acc"]), "as the results table shows it"
+    assert printed["test/loss"] == format_value(trained["test/loss"])
 
     # A checkpoint of an earlier version, whose ClassifierModule still took `num_classes`: one line, exit 2.
     earlier = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=True)

@@ -2,9 +2,11 @@
 
 Lightning's `ModelCheckpoint(monitor=...)` ends the run at the first validation when the module never logged the
 monitored key. A module of the user's own logs metrics of its own names, so at that first validation this says,
-in one line, which metrics the module does log and how to pick one; the run goes on without a best checkpoint.
-Where the run needs that metric (`results_from=best`, or a sweep job, whose value is the metric) it is a
-`UserError` there instead, before more epochs are spent.
+in one line, which metrics the module does log and how to pick one; the run goes on without a best checkpoint. So
+does each job of a grid sweep (`-m seed=1,2`), which needs no objective: its table shows `-` for the metric.
+Where the run needs that metric (`results_from=best`, or a job of a search, whose sweeper optimises the metric) it is
+an `ObjectiveNotLogged` there instead, before more epochs are spent; a search's every trial would meet it alike, so
+it ends the search at its first trial, in that one line.
 """
 
 import sys
@@ -13,8 +15,15 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from project.engine.errors import UserError, in_sweep_job
+from project.engine.errors import UserError
 from project.engine.run_log import report
+from project.engine.sweeps import in_a_search
+
+
+class ObjectiveNotLogged(UserError):
+    """The module does not log the metric the run's result is: the end of a search, not only of its trial."""
+
+    ends_the_sweep = True
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -45,8 +54,8 @@ class BestCheckpoint(ModelCheckpoint):
                 f"optimized_metric={self.monitor} is not logged by {module}, which logs no metric: log one with "
                 "self.log in the module and name it with optimized_metric=<name> optimized_mode=min|max"
             )
-        if self.results_from == "best" or in_sweep_job():
-            reason = "results_from=best" if self.results_from == "best" else "the sweep's value"
-            raise UserError(f"{message} ({reason} is that metric)")
+        if self.results_from == "best" or in_a_search():
+            reason = "results_from=best is that metric" if self.results_from == "best" else "the search optimises it"
+            raise ObjectiveNotLogged(f"{message} ({reason})")
         if trainer.global_rank == 0:
             report(f"warning: {message}; no best checkpoint is kept", sys.stderr)

@@ -7,7 +7,8 @@ Entry points wrap their work in `exit_on_user_error`:
 - inside a sweep (`-m`, an Optuna search, the jobs of `hydra/launcher=slurm`) one failing job must not end the
   sweep: the job reports its error the same way (a bug's traceback first), writes the error line to `error.txt`
   in its directory and returns None, which Optuna records as a failed trial; the sweep's summary lists the job as
-  failed, and the sweep exits non-zero (`project.engine.sweeps`). Only a stop (`RunStopped`) ends the sweep.
+  failed, and the sweep exits non-zero (`project.engine.sweeps`). Only an error every job would meet alike
+  (`UserError.ends_the_sweep`: a stop, a search's objective not logged) ends the sweep, with its line and status.
 They call their `@hydra.main` function through `run_hydra_app`, so that a config file Hydra cannot even read is one
 such line too.
 """
@@ -48,9 +49,13 @@ R = TypeVar("R")
 
 
 class UserError(Exception):
-    """A problem in the user's input or environment; its message says what to change."""
+    """A problem in the user's input or environment; its message says what to change.
+
+    `ends_the_sweep`: inside a sweep, one that every job would meet alike ends the sweep at the first job that meets
+    it (a stop; a search's objective that the module does not log), rather than failing that job alone."""
 
     exit_status = 2
+    ends_the_sweep = False
 
 
 class RunStopped(UserError):
@@ -59,6 +64,8 @@ class RunStopped(UserError):
     `on_every_rank`: a stop all ranks agreed on (a signal), met by each at the same step; where rank 0 started the
     other ranks it alone prints its line, the others write theirs to their log files (each rank's line would be the
     same, or a single run's hint where rank 0's is the sweep's)."""
+
+    ends_the_sweep = True
 
     def __init__(self, message: str, exit_status: int, on_every_rank: bool = False) -> None:
         super().__init__(message)
@@ -264,10 +271,10 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
             return function(*args, **kwargs)
         except Exception as error:
             user_error = find_user_error(error)
-            sweep_job = in_sweep_job() and not isinstance(user_error, RunStopped)
+            sweep_goes_on = in_sweep_job() and not getattr(user_error, "ends_the_sweep", False)
             if user_error is None:  # a bug: its traceback, in the log file too
                 to_log_file("".join(traceback.format_exception(error)), logging.ERROR)
-                if not sweep_job:
+                if not sweep_goes_on:
                     raise
                 traceback.print_exc()
             line = error_line(error)
@@ -275,8 +282,9 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
                 to_log_file(line, logging.ERROR)
             else:
                 report(line, sys.stderr, logging.ERROR)
-            if sweep_job:
+            if in_sweep_job() and not isinstance(user_error, RunStopped):  # a stopped job is not a failed one
                 record_failed_job(line)
+            if sweep_goes_on:
                 return None
             sys.exit(getattr(user_error, "exit_status", 2))
 

@@ -43,7 +43,8 @@ class ClosingTQDMProgressBar(TQDMProgressBar):
 class ProgressLines(ProgressBar):
     """`lines_per_epoch` lines per training epoch (`epoch 0 step 20/200 ...` and the progress bar's metrics: the
     loss, and what the module logs with `prog_bar=True`), one after each validation, printed and written to the run's
-    log file."""
+    log file; as many over a test or a prediction (`test step 5/50 ...`, `predict step 5/50`: project.evaluate,
+    project.predict)."""
 
     def __init__(self, lines_per_epoch: int = 10) -> None:
         super().__init__()
@@ -67,12 +68,37 @@ class ProgressLines(ProgressBar):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step, total = batch_idx + 1, self.total_train_batches
+        self.step_line(f"epoch {trainer.current_epoch}", batch_idx + 1, self.total_train_batches, trainer, pl_module)
+
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.step_line("test", batch_idx + 1, trainer.num_test_batches[dataloader_idx], trainer, pl_module)
+
+    def on_predict_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.step_line("predict", batch_idx + 1, trainer.num_predict_batches[dataloader_idx], trainer, pl_module)
+
+    def step_line(self, stage: str, step: int, total: float, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """`<stage> step 20/200: ...` where `step` is one of the epoch's `lines_per_epoch` (and its last)."""
         known = math.isfinite(total)
         every = max(1, math.ceil(total / self.lines_per_epoch)) if known else STEPS_PER_LINE_OF_UNKNOWN_EPOCH
         if self.enabled and (step % every == 0 or step == total):
             of_total = f"/{int(total)}" if known else ""
-            self.line(f"epoch {trainer.current_epoch} step {step}{of_total}", trainer, pl_module)
+            self.line(f"{stage} step {step}{of_total}", trainer, pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.enabled and not trainer.sanity_checking:

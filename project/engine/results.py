@@ -25,6 +25,12 @@ def format_value(value: object) -> str:
     return f"{value:.4f}" if isinstance(value, (int, float)) else str(value)
 
 
+def metric_line(name: str, value: object, width: int) -> str:
+    """A metric on a line of its own, as the table shows one (and `project.evaluate` each of its metrics): the name in
+    `width` characters, then the value in a column of 10."""
+    return f"{name:<{width}}{format_value(value):>10}"
+
+
 def stage_of(metric: str) -> tuple[str, str] | None:
     """("val", "acc") for "val/acc"; None for a metric not named `<stage>/<name>`."""
     stage, slash, name = metric.partition("/")
@@ -41,7 +47,7 @@ def format_results_table(results: dict) -> str:
         cells = "".join(f"{format_value(metrics.get(f'{stage}/{name}')):>10}" for stage in STAGES)
         lines.append(f"{name:<{width}}{cells}")
     others = [name for name in metrics if stage_of(name) is None]
-    lines += [f"{name:<{width}}{format_value(metrics[name]):>10}" for name in others]
+    lines += [metric_line(name, metrics[name], width) for name in others]
     if not metrics:
         lines.append("metrics     none logged (self.log in the module's steps puts them here)")
     speed = results["samples_per_second"]

@@ -38,6 +38,16 @@ SWEEP_CONFIG = "multirun.yaml"
 INTERRUPTED_FILE = "interrupted.txt"
 # A trial its search's pruner stopped early: its results are those of a short run.
 PRUNED_FILE = "pruned.txt"
+# Hydra's grid sweeper (`hydra/sweeper=basic`, what `-m` runs by default), which ignores what its jobs return.
+GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def in_a_search() -> bool:
+    """Whether this run is a job of a search: a sweeper that optimises the `optimized_metric` its jobs return (an
+    Optuna search; any sweeper but Hydra's grid). Read from the composed config, so a DDP rank that rank 0 started for
+    a search's job (a single run of that job) answers as rank 0 does; a single run is refused a search's sweeper
+    (`project.engine.checks`)."""
+    return HydraConfig.initialized() and HydraConfig.get().sweeper.get("_target_") != GRID_SWEEPER
 
 
 class JobRow(NamedTuple):

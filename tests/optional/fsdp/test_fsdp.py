@@ -188,7 +188,7 @@ def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_on
     evaluated = check_ok(run_module("project.evaluate", f"ckpt_path={sharded}", cwd=tmp_path))
     printed = dict(line.split() for line in evaluated.stdout.splitlines() if line.startswith("test/"))
     results = read_json(sharded.parents[1] / "results.json")
-    assert float(printed["test/loss"]) == pytest.approx(results["test/loss"], abs=1e-6)
+    assert float(printed["test/loss"]) == pytest.approx(results["test/loss"], abs=5e-5)
 
 
 @pytest.mark.slow

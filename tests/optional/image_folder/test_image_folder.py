@@ -140,7 +140,7 @@ def test_predict_under_ddp_lists_every_test_image_once_and_draws_the_mistakes(tm
     accuracy = sum(row["label"] == row["predicted"] for row in rows) / len(rows)
     evaluated = check_ok(run_module("project.evaluate", checkpoint, cwd=tmp_path, env=ENV))
     (test_accuracy,) = re.findall(r"^test/acc\s+(\S+)$", evaluated.stdout, flags=re.MULTILINE)
-    assert accuracy == pytest.approx(float(test_accuracy), abs=1e-6) and accuracy < 1
+    assert accuracy == pytest.approx(float(test_accuracy), abs=5e-5) and accuracy < 1
     picture = matplotlib.image.imread(Path(predict_dir) / "most_confident_mistakes.png")
     assert picture.ndim == 3 and min(picture.shape[:2]) > 100
 

@@ -122,6 +122,14 @@ ROWS = [
     ),
     ("a search space value is not what the sweeper takes", "2", ["bad_input:search-space-interval-not-a-number"]),
     (
+        "the module does not log `optimized_metric`",
+        "2",
+        [
+            "tests/optional/optuna/test_own_search.py::"
+            "test_an_optuna_search_of_a_module_that_logs_no_metric_ends_at_its_first_trial"
+        ],
+    ),
+    (
         "one trial fails",
         "1",
         [
