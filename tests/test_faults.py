@@ -593,12 +593,13 @@ def test_a_ddp_run_that_diverges_stops_on_both_ranks_at_one_step_and_keeps_its_f
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.fresh
 def test_a_ddp_spawn_run_that_diverges_ends_in_its_workers_one_line(tmp_path: Path):
     """The spawned ranks raise the error; their parent gets it back as a traceback's text and says its one line.
-    (A Python of its own: spawned workers forked from the tests' preloaded Python leave multiprocessing's resource
+    (Fresh interpreters: spawned workers forked from the tests' preloaded Python leave multiprocessing's resource
     tracker a warning to print after the line, which a user's run does not.)"""
     args = ["logger=none", "trainer=ddp_spawn", "model.optimizer.lr=1e4", "trainer.max_epochs=50"]
-    result = run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, fresh=True)
+    result = run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, "diverged at step")
     assert "lower the learning rate (now 10000)" in line
     assert not (tmp_path / "run" / "results.json").exists()
