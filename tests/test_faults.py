@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,11 +44,14 @@ from tests.faults import (
 )
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
+    REPO,
     STOPPED_BY_SIGTERM,
     TRUST_TEST_CODE,
     check_ok,
+    environment,
     free_port,
     histories,
+    python,
     read_json,
     requires,
     run_module,
@@ -173,28 +175,56 @@ def test_sigterm_at_the_first_step_names_what_to_resume_from(tmp_path: Path, cal
 STOPPED_WHILE_STARTING = "error: stopped by SIGTERM while starting: nothing was trained and no checkpoint written: "
 
 
-def handles_sigterm(pid: int) -> bool:
-    """Whether process `pid` has a handler of its own for SIGTERM (Linux /proc: the caught signals' mask)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-    return bool(caught & 1 << (signal.SIGTERM - 1))
+def held_in_import(marker: Path, rank: int = 0) -> dict[str, str]:
+    """The environment that holds local rank `rank` of a run inside its `import torch`, its pid then in `marker`
+    (tests/held_import)."""
+    held = Path(__file__).resolve().parent / "held_import"
+    return {
+        **ENV,
+        "PYTHONPATH": f"{held}{os.pathsep}{REPO}",
+        "HELD_IMPORT_MARKER": str(marker),
+        "HELD_IMPORT_RANK": str(rank),
+    }
 
 
-def test_sigterm_while_python_imports_the_libraries_is_one_line(tmp_path: Path):
-    """The launch's first moments, in a fresh interpreter (not the tests' preloaded one): signalled as soon as it
-    handles SIGTERM, which `project/__init__.py` makes it do before importing torch (seconds), and not before."""
-    run = [sys.executable, "-m", "project.train", *DDP, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+@pytest.mark.fresh
+@pytest.mark.parametrize(
+    "program",
+    [["-m", "project.train"], ["-mproject.train"], [str(REPO / "project" / "train.py")]],
+    ids=["-m project.train", "-mproject.train", "project/train.py"],
+)
+def test_sigterm_while_python_imports_the_libraries_is_one_line(tmp_path: Path, program: list[str]):
+    """The launch's first seconds, however the user names the program: `project/__init__.py` handles SIGTERM before
+    Python imports torch, so a SIGTERM while it does is the one line, not a silent 143."""
+    run = [python(), *program, *DDP, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    held = tmp_path / "held"
     with open(tmp_path / "stdout.txt", "w") as stdout, open(tmp_path / "stderr.txt", "w") as stderr:
-        proc = subprocess.Popen(run, cwd=tmp_path, stdout=stdout, stderr=stderr, env=os.environ | ENV)
-    deadline = time.monotonic() + START_TIMEOUT
-    while not handles_sigterm(proc.pid):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run never handled SIGTERM"
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGTERM)
-    status = end_of(proc, tmp_path)
+        proc = subprocess.Popen(run, cwd=tmp_path, stdout=stdout, stderr=stderr, env=environment(held_in_import(held)))
+    try:
+        wait_for_file(held, proc, tmp_path, timeout=START_TIMEOUT)
+        os.kill(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    finally:
+        proc.kill()
     line = assert_ends_in_error_line(status, *output_of(tmp_path), STOPPED_BY_SIGTERM)
     assert line == STOPPED_WHILE_STARTING + "run the same command again"
-    assert sorted(tmp_path.rglob("*.ckpt")) == []
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.fresh
+def test_sigterm_to_every_process_while_rank_1_imports_the_libraries_is_one_line(tmp_path: Path):
+    """A terminal's or a scheduler's SIGTERM to the whole group while the rank rank 0 started is still importing
+    torch (seconds, for a real interpreter): rank 0 says the one line, rank 1 nothing, and no process is left."""
+    held = tmp_path / "held"
+    args = [*LONG_TOY_RUN, *DDP, f"hydra.run.dir={tmp_path / 'run'}"]
+    with background_run(args, tmp_path, new_session=True, env=held_in_import(held, rank=1)) as proc:
+        wait_for_file(held, proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        os.killpg(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    line = assert_ends_in_error_line(status, *output_of(tmp_path), STOPPED_BY_SIGTERM)
+    assert line == STOPPED_WHILE_STARTING + "run the same command again"
+    assert not any(alive(pid) for pid in everyone)
     assert_no_process_left(tmp_path)
 
 
