@@ -111,7 +111,7 @@ def resume_from(line: str) -> Path:
     return Path(found.group(1))
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.fresh)])
 def test_sigterm_stops_the_run_with_143_naming_the_checkpoint_to_resume_from(tmp_path: Path, processes: int):
     """What Slurm, Kubernetes and `timeout` send: the run ends at once with the command that resumes it."""
     run_dir = tmp_path / "run"
@@ -380,6 +380,7 @@ def test_a_node_that_never_joins_ends_the_run_in_one_line_within_the_timeout(tmp
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.fresh
 def test_rank_1_killed_stops_the_run_naming_it(tmp_path: Path):
     """The dead rank is the cause: rank 0's broken collective is only its consequence."""
     run_dir = tmp_path / "run"
@@ -509,6 +510,26 @@ def test_sigterm_ends_a_sweep_without_starting_its_next_job_and_its_hint_carries
     assert stopped["first_step"] == int(hint.group(2)) > 0, "the stopped job resumed from its own last step"
     assert fresh["first_step"] == 0 and read_json(sweep_dir / "1" / "results.json")["epochs"] == 60
     assert read_json(sweep_dir / "0" / "results.json")["epochs"] == 60
+
+
+@pytest.mark.fresh
+def test_ctrl_c_ends_a_ddp_sweep_without_starting_its_next_job_and_says_how_to_carry_it_on(tmp_path: Path):
+    """A terminal's Ctrl-C reaches every process of the group, both ranks of the sweep's job among them: the sweep
+    ends as interrupted, in rank 0's one line, and no rank is left."""
+    sweep = ["-m", "seed=1,2", *LONG_TOY_RUN, *DDP]
+    with background_run(sweep, tmp_path, new_session=True) as proc:
+        (sweep_dir,) = wait_for_glob(tmp_path, "outputs/multirun/*/*", proc)
+        wait_for_file(sweep_dir / "0" / "checkpoints" / "last.ckpt", proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        os.killpg(proc.pid, signal.SIGINT)
+        status = end_of(proc, tmp_path)
+    line = assert_ends_in_error_line(status, *output_of(tmp_path), INTERRUPTED)
+    carry_on = f"carry the sweep on with the same command plus hydra.sweep.dir={sweep_dir.resolve()} "
+    assert line.startswith(f"error: interrupted by the user (Ctrl-C): {carry_on}"), line
+    assert not (sweep_dir / "1").exists()
+    assert_nothing_half_written(tmp_path)
+    assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
 
 
 # Runs and sweeps: nothing written over, no job trained from a sibling's weights.
@@ -854,6 +875,7 @@ def test_disk_full_mid_run_exits_2_and_keeps_the_last_checkpoint(tmp_path: Path,
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.fresh
 def test_disk_full_under_tensorboard_and_the_log_file_is_one_line(tmp_path: Path, small_disk: Path):
     """TensorBoard's writer thread, the log file and the run all meet the full disk: one line names it, no logging
     traceback on the console."""
