@@ -5,6 +5,11 @@ writes into one Hydra run dir (`run_dir`); rank 0 alone writes results. `main` r
 so Hydra sweepers can optimise it (None where it is not a finite number).
 """
 
+# As a script (`python project/train.py`) this file runs before the project package is imported: importing it first
+# handles a SIGTERM from here on (project/__init__.py), not only after lightning's seconds of imports.
+import project  # noqa: F401
+
+# isort: split
 import math
 from pathlib import Path
 

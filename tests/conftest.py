@@ -20,6 +20,7 @@ from tests.helpers import (
     FASHION_MNIST_DEBIAN,
     IN_PROCESS_ONLY,
     check_ok,
+    fresh_interpreters,
     part_present,
     run_module,
 )
@@ -102,6 +103,33 @@ def run_order(item: pytest.Item) -> int:
     if item.get_closest_marker("xdist_group"):
         return 1
     return 2 if item.get_closest_marker("slow") else 3
+
+
+@pytest.fixture(autouse=True)
+def interpreters(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked `fresh` starts its processes as a user does, in interpreters of their own, and so do they (their
+    ranks, launchers, Slurm tasks); every other test's are forked from the preloaded Python (docs/testing.md)."""
+    if request.node.get_closest_marker("fresh") is None:
+        yield
+        return
+    with fresh_interpreters():
+        yield
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many of the tests that ran started fresh interpreters, so that a report shows which way each one ran."""
+    ran = {
+        report.nodeid: "fresh" in report.keywords
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if isinstance(report, pytest.TestReport) and report.when == "call"
+    }
+    if ran:
+        fresh = sum(ran.values())
+        terminalreporter.write_line(
+            f"interpreters: {fresh} of {len(ran)} tests that ran started fresh ones (marked `fresh`), "
+            f"the other {len(ran) - fresh} forked them from the preloaded Python (docs/testing.md)"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -70,15 +70,37 @@ def held_port() -> Iterator[int]:
         yield holder.getsockname()[1]
 
 
+# Whether the running test is marked `fresh` (set by conftest.py's `interpreters` fixture): its processes, and every
+# process they start, are then fresh interpreters started as a user starts them, not forks of the preloaded Python.
+FRESH = False
+
+
+@contextmanager
+def fresh_interpreters() -> Iterator[None]:
+    """While this lasts, `run_module`, `start_module`, `python()`, `environment()` and `shell_environment()` give the
+    venv's own Python: a test of what a user sees at a run's end (exit status, last line, processes left) that the
+    fork could change (docs/testing.md, "Forked or fresh")."""
+    global FRESH
+    FRESH = True
+    try:
+        yield
+    finally:
+        FRESH = False
+
+
 def python() -> str:
     """The Python to give a launcher (sbatch, torchrun, a shell): tests/preloaded_bin/python, which has this test
-    process's preloaded Python fork what it can (tests/preloaded_python.py). Its environment: `environment()`."""
-    return str(preloaded_python.SHIM)
+    process's preloaded Python fork what it can (tests/preloaded_python.py), or in a `fresh` test the venv's own.
+    Its environment: `environment()`."""
+    return sys.executable if FRESH else str(preloaded_python.SHIM)
 
 
 def environment(env: dict | None = None) -> dict[str, str]:
     """The environment of a process the tests start: one intra-op thread unless `env` says otherwise (two such
-    processes, or a run's ranks, share this machine's cores), and what leads `python()` to the preloaded Python."""
+    processes, or a run's ranks, share this machine's cores), and what leads `python()` to the preloaded Python;
+    in a `fresh` test nothing else (output buffered as a user's is)."""
+    if FRESH:
+        return {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return {**base, **preloaded_python.PreloadedPython.get().environment(), **(env or {})}
 
@@ -133,19 +155,16 @@ def run_module(
     timeout: float = 300,
     env: dict | None = None,
     launcher: tuple[str, ...] = (),
-    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run `python -m <module> <args>` (or `<launcher> -m <module>`, a launcher that is this Python's `-m ...`) in
     `cwd` and capture its output.
 
     The process, and every process it launches, is forked from a Python that has imported the libraries already
-    (tests/preloaded_python.py), unless `fresh` asks for an interpreter of its own and of its ranks' own (the tests
-    of start-up itself).
+    (tests/preloaded_python.py), unless the test is marked `fresh`.
     """
     command = [*launcher, "-m", module, *args] if launcher else [sys.executable, "-m", module, *args]
-    if fresh:
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if FRESH:
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=environment(env))
     sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     return preloaded_python.run(command, cwd, environment(env), timeout, sigint_ignored)
 
@@ -158,13 +177,23 @@ def start_module(
     stderr: Path,
     env: dict | None = None,
     new_session: bool = False,
-) -> preloaded_python.ForkedProcess:
+) -> subprocess.Popen | preloaded_python.ForkedProcess:
     """`python -m <module> <args>` in the background, its output in files (a pipe would fill up and block it), as
-    a terminal starts it (Ctrl-C reaches Python), forked from the preloaded Python: the `pid`, `poll`, `wait`,
-    `send_signal` and `kill` of a `subprocess.Popen`."""
-    return preloaded_python.PreloadedPython.get().start(
-        [sys.executable, "-m", module, *args], cwd, environment(env), stdout, stderr, new_session
-    )
+    a terminal starts it (Ctrl-C reaches Python), forked from the preloaded Python unless the test is marked
+    `fresh`: the `pid`, `poll`, `wait`, `send_signal` and `kill` of a `subprocess.Popen`."""
+    command = [sys.executable, "-m", module, *args]
+    if not FRESH:
+        return preloaded_python.PreloadedPython.get().start(command, cwd, environment(env), stdout, stderr, new_session)
+    with open(stdout, "w") as out, open(stderr, "w") as err:
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=environment(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=new_session,
+        )
 
 
 def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -305,9 +334,10 @@ def histories(run_dir: Path) -> list[dict]:
 
 def shell_environment(env: dict | None = None) -> dict[str, str]:
     """`environment(env)` for a user's shell: `python` and `torchrun` are the venv's, as activated, through the
-    preloaded Python (tests/preloaded_bin)."""
+    preloaded Python (tests/preloaded_bin) unless the test is marked `fresh`."""
     full_env = environment(env)
-    path = os.pathsep.join([str(preloaded_python.SHIM.parent), str(Path(sys.executable).parent), full_env["PATH"]])
+    shims = [] if FRESH else [str(preloaded_python.SHIM.parent)]
+    path = os.pathsep.join([*shims, str(Path(sys.executable).parent), full_env["PATH"]])
     return {**full_env, "PATH": path}
 
 

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,11 +44,14 @@ from tests.faults import (
 )
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
+    REPO,
     STOPPED_BY_SIGTERM,
     TRUST_TEST_CODE,
     check_ok,
+    environment,
     free_port,
     histories,
+    python,
     read_json,
     requires,
     run_module,
@@ -109,7 +111,7 @@ def resume_from(line: str) -> Path:
     return Path(found.group(1))
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.fresh)])
 def test_sigterm_stops_the_run_with_143_naming_the_checkpoint_to_resume_from(tmp_path: Path, processes: int):
     """What Slurm, Kubernetes and `timeout` send: the run ends at once with the command that resumes it."""
     run_dir = tmp_path / "run"
@@ -173,28 +175,56 @@ def test_sigterm_at_the_first_step_names_what_to_resume_from(tmp_path: Path, cal
 STOPPED_WHILE_STARTING = "error: stopped by SIGTERM while starting: nothing was trained and no checkpoint written: "
 
 
-def handles_sigterm(pid: int) -> bool:
-    """Whether process `pid` has a handler of its own for SIGTERM (Linux /proc: the caught signals' mask)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-    return bool(caught & 1 << (signal.SIGTERM - 1))
+def held_in_import(marker: Path, rank: int = 0) -> dict[str, str]:
+    """The environment that holds local rank `rank` of a run inside its `import torch`, its pid then in `marker`
+    (tests/held_import)."""
+    held = Path(__file__).resolve().parent / "held_import"
+    return {
+        **ENV,
+        "PYTHONPATH": f"{held}{os.pathsep}{REPO}",
+        "HELD_IMPORT_MARKER": str(marker),
+        "HELD_IMPORT_RANK": str(rank),
+    }
 
 
-def test_sigterm_while_python_imports_the_libraries_is_one_line(tmp_path: Path):
-    """The launch's first moments, in a fresh interpreter (not the tests' preloaded one): signalled as soon as it
-    handles SIGTERM, which `project/__init__.py` makes it do before importing torch (seconds), and not before."""
-    run = [sys.executable, "-m", "project.train", *DDP, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+@pytest.mark.fresh
+@pytest.mark.parametrize(
+    "program",
+    [["-m", "project.train"], ["-mproject.train"], [str(REPO / "project" / "train.py")]],
+    ids=["-m project.train", "-mproject.train", "project/train.py"],
+)
+def test_sigterm_while_python_imports_the_libraries_is_one_line(tmp_path: Path, program: list[str]):
+    """The launch's first seconds, however the user names the program: `project/__init__.py` handles SIGTERM before
+    Python imports torch, so a SIGTERM while it does is the one line, not a silent 143."""
+    run = [python(), *program, *DDP, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    held = tmp_path / "held"
     with open(tmp_path / "stdout.txt", "w") as stdout, open(tmp_path / "stderr.txt", "w") as stderr:
-        proc = subprocess.Popen(run, cwd=tmp_path, stdout=stdout, stderr=stderr, env=os.environ | ENV)
-    deadline = time.monotonic() + START_TIMEOUT
-    while not handles_sigterm(proc.pid):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run never handled SIGTERM"
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGTERM)
-    status = end_of(proc, tmp_path)
+        proc = subprocess.Popen(run, cwd=tmp_path, stdout=stdout, stderr=stderr, env=environment(held_in_import(held)))
+    try:
+        wait_for_file(held, proc, tmp_path, timeout=START_TIMEOUT)
+        os.kill(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    finally:
+        proc.kill()
     line = assert_ends_in_error_line(status, *output_of(tmp_path), STOPPED_BY_SIGTERM)
     assert line == STOPPED_WHILE_STARTING + "run the same command again"
-    assert sorted(tmp_path.rglob("*.ckpt")) == []
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.fresh
+def test_sigterm_to_every_process_while_rank_1_imports_the_libraries_is_one_line(tmp_path: Path):
+    """A terminal's or a scheduler's SIGTERM to the whole group while the rank rank 0 started is still importing
+    torch (seconds, for a real interpreter): rank 0 says the one line, rank 1 nothing, and no process is left."""
+    held = tmp_path / "held"
+    args = [*LONG_TOY_RUN, *DDP, f"hydra.run.dir={tmp_path / 'run'}"]
+    with background_run(args, tmp_path, new_session=True, env=held_in_import(held, rank=1)) as proc:
+        wait_for_file(held, proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        os.killpg(proc.pid, signal.SIGTERM)
+        status = end_of(proc, tmp_path)
+    line = assert_ends_in_error_line(status, *output_of(tmp_path), STOPPED_BY_SIGTERM)
+    assert line == STOPPED_WHILE_STARTING + "run the same command again"
+    assert not any(alive(pid) for pid in everyone)
     assert_no_process_left(tmp_path)
 
 
@@ -350,6 +380,7 @@ def test_a_node_that_never_joins_ends_the_run_in_one_line_within_the_timeout(tmp
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.fresh
 def test_rank_1_killed_stops_the_run_naming_it(tmp_path: Path):
     """The dead rank is the cause: rank 0's broken collective is only its consequence."""
     run_dir = tmp_path / "run"
@@ -481,6 +512,26 @@ def test_sigterm_ends_a_sweep_without_starting_its_next_job_and_its_hint_carries
     assert read_json(sweep_dir / "0" / "results.json")["epochs"] == 60
 
 
+@pytest.mark.fresh
+def test_ctrl_c_ends_a_ddp_sweep_without_starting_its_next_job_and_says_how_to_carry_it_on(tmp_path: Path):
+    """A terminal's Ctrl-C reaches every process of the group, both ranks of the sweep's job among them: the sweep
+    ends as interrupted, in rank 0's one line, and no rank is left."""
+    sweep = ["-m", "seed=1,2", *LONG_TOY_RUN, *DDP]
+    with background_run(sweep, tmp_path, new_session=True) as proc:
+        (sweep_dir,) = wait_for_glob(tmp_path, "outputs/multirun/*/*", proc)
+        wait_for_file(sweep_dir / "0" / "checkpoints" / "last.ckpt", proc, tmp_path)
+        everyone = [proc.pid, *descendants(proc.pid)]
+        os.killpg(proc.pid, signal.SIGINT)
+        status = end_of(proc, tmp_path)
+    line = assert_ends_in_error_line(status, *output_of(tmp_path), INTERRUPTED)
+    carry_on = f"carry the sweep on with the same command plus hydra.sweep.dir={sweep_dir.resolve()} "
+    assert line.startswith(f"error: interrupted by the user (Ctrl-C): {carry_on}"), line
+    assert not (sweep_dir / "1").exists()
+    assert_nothing_half_written(tmp_path)
+    assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
 # Runs and sweeps: nothing written over, no job trained from a sibling's weights.
 
 
@@ -593,12 +644,13 @@ def test_a_ddp_run_that_diverges_stops_on_both_ranks_at_one_step_and_keeps_its_f
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.fresh
 def test_a_ddp_spawn_run_that_diverges_ends_in_its_workers_one_line(tmp_path: Path):
     """The spawned ranks raise the error; their parent gets it back as a traceback's text and says its one line.
-    (A Python of its own: spawned workers forked from the tests' preloaded Python leave multiprocessing's resource
+    (Fresh interpreters: spawned workers forked from the tests' preloaded Python leave multiprocessing's resource
     tracker a warning to print after the line, which a user's run does not.)"""
     args = ["logger=none", "trainer=ddp_spawn", "model.optimizer.lr=1e4", "trainer.max_epochs=50"]
-    result = run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, fresh=True)
+    result = run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, "diverged at step")
     assert "lower the learning rate (now 10000)" in line
     assert not (tmp_path / "run" / "results.json").exists()
@@ -823,6 +875,7 @@ def test_disk_full_mid_run_exits_2_and_keeps_the_last_checkpoint(tmp_path: Path,
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.fresh
 def test_disk_full_under_tensorboard_and_the_log_file_is_one_line(tmp_path: Path, small_disk: Path):
     """TensorBoard's writer thread, the log file and the run all meet the full disk: one line names it, no logging
     traceback on the console."""

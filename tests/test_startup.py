@@ -120,10 +120,17 @@ def test_a_rank_that_rank_zero_started_ends_without_a_line(armed, monkeypatch, c
     ("command", "training"),
     [
         (["python", "-m", "project.train", "trainer=ddp"], True),
-        (["python", "-u", "-X", "importtime", "-m", "project.train"], True),
+        (["python", "-mproject.train", "trainer=ddp"], True),
+        (["python", "-um", "project.train"], True),
+        (["python", "-u", "-X", "importtime", "-Wignore", "-m", "project.train"], True),
         (["/usr/bin/python3", "project/train.py", "logger=none"], True),
+        (["python", "-B", "--", "project/train.py"], True),
         (["python", "-m", "project.evaluate", "ckpt_path=x"], False),
+        (["python", "-mproject.evaluate", "ckpt_path=x"], False),
         (["python", "-m", "pytest", "project.train"], False),
+        (["python", "-m", "pytest", "project/train.py"], False),
+        (["python", "-c", "import project", "-m", "project.train"], False),
+        (["python", "-X", "-m", "project/train.py"], True),  # -X takes the next argument, "-m", as its value
         (["python", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"], False),
     ],
 )

@@ -1,7 +1,7 @@
 """`python -m project.train` as a user runs it: a subprocess, its output, its run dir.
 
-The default run and a config error go through an interpreter of their own (`fresh`), start-up included; the rest
-are forked from the tests' preloaded Python (tests/preloaded_python.py)."""
+The default run and a config error go through interpreters of their own (marked `fresh`), start-up included; the
+rest are forked from the tests' preloaded Python (tests/preloaded_python.py)."""
 
 import re
 import subprocess
@@ -15,8 +15,9 @@ from tests.tensorboard_events import read_scalars
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.fresh
 def test_default_run_learns_the_toy_problem_and_writes_everything_in_its_run_dir(tmp_path: Path):
-    result = check_ok(run_module("project.train", cwd=tmp_path, fresh=True))
+    result = check_ok(run_module("project.train", cwd=tmp_path))
     run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
     assert len(run_dirs) == 1, run_dirs
     run_dir = run_dirs[0]
@@ -52,7 +53,12 @@ def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path)
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        pytest.param("trainer=nope", "error: trainer=nope is not an option of trainer", marks=pytest.mark.hydra_report),
+        # Found by Hydra, before any of the project runs: as a user's interpreter finds it.
+        pytest.param(
+            "trainer=nope",
+            "error: trainer=nope is not an option of trainer",
+            marks=[pytest.mark.hydra_report, pytest.mark.fresh],
+        ),
         ("trainer.max_epochs=abc", "trainer.max_epochs must be an integer"),
         ("data.batch_size=0", "data.batch_size must be a positive integer"),
         ("data.name=cifar", "data.name='cifar' is not one of"),
@@ -60,10 +66,7 @@ def test_checkpoint_carries_the_config_that_rebuilds_its_network(tmp_path: Path)
 )
 def test_bad_input_ends_with_one_clear_line(tmp_path: Path, override: str, expected: str):
     extra = ["experiment=mnist"] if override.startswith("data.name") else []
-    fresh = override == "trainer=nope"  # found by Hydra, before any of the project runs
-    result = run_module(
-        "project.train", *extra, override, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, fresh=fresh
-    )
+    result = run_module("project.train", *extra, override, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert expected in result.stderr

@@ -57,21 +57,28 @@ def test_the_ddp_configs_pass_distributed_data_parallels_switches_without_a_plus
     assert strategy._ddp_kwargs == {"find_unused_parameters": True, "static_graph": True}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
+LAUNCHES = pytest.mark.parametrize(
     ("module", "launch"),
     [(GAN, DDP), (GAN, DDP_SPAWN), (UNUSED_HEAD, DDP)],
     ids=["gan-manual-optimisation-ddp", "gan-manual-optimisation-ddp_spawn", "unused-head-automatic-ddp"],
 )
-def test_parameters_a_loss_leaves_out_need_one_key_which_the_error_line_names(
+
+
+def run_name(module: list[str], launch: list[str]) -> str:
+    return "-".join(arg.split("=")[1] for arg in module[:1] + launch[:1])
+
+
+# Fresh interpreters: spawned workers forked from the tests' preloaded Python leave multiprocessing's resource tracker a
+# warning to print after the error line, which a user's run does not.
+@pytest.mark.slow
+@pytest.mark.fresh
+@LAUNCHES
+def test_parameters_a_loss_leaves_out_end_the_run_in_one_line_naming_the_key(
     user_dir: Path, module: list[str], launch: list[str]
 ):
-    run = [*module, *launch, "logger=none", "trainer.max_epochs=2"]
-    name = "-".join(arg.split("=")[1] for arg in run[:1] + launch[:1])
-    refused_run = [f"hydra.searchpath=[file://{user_dir / 'my_conf'}]", *run, f"hydra.run.dir=outputs/{name}-refused"]
-    # A Python of its own: spawned workers forked from the tests' preloaded Python leave multiprocessing's resource
-    # tracker a warning to print after the error line, which a user's run does not.
-    refused = run_module("project.train", *refused_run, cwd=user_dir, env={"PYTHONPATH": str(REPO)}, fresh=True)
+    name = run_name(module, launch)
+    run = [*module, *launch, "logger=none", "trainer.max_epochs=2", f"hydra.run.dir=outputs/{name}-refused"]
+    refused = train_own(user_dir, *run)
     line = assert_ends_in_error_line(
         refused.returncode,
         refused.stdout,
@@ -84,13 +91,22 @@ def test_parameters_a_loss_leaves_out_need_one_key_which_the_error_line_names(
     assert {text for text in refused.stderr.splitlines() if text.startswith("error:")} == {line}, ONE_LINE
     assert not (user_dir / "outputs" / f"{name}-refused" / "results.json").exists()
 
-    check_ok(train_own(user_dir, *run, f"{KEY}=true", f"hydra.run.dir=outputs/{name}"))
+
+@pytest.mark.slow
+@LAUNCHES
+def test_parameters_a_loss_leaves_out_train_with_the_key_the_error_line_names(
+    user_dir: Path, module: list[str], launch: list[str]
+):
+    name = run_name(module, launch)
+    run = [*module, *launch, "logger=none", "trainer.max_epochs=2", f"{KEY}=true", f"hydra.run.dir=outputs/{name}"]
+    check_ok(train_own(user_dir, *run))
     results = read_json(user_dir / "outputs" / name / "results.json")
     metric = module[2].split("=")[1].replace("val/", "test/")
     assert results["epochs"] == 2 and math.isfinite(results[metric]), results
 
 
 @pytest.mark.slow
+@pytest.mark.fresh
 def test_a_static_graph_under_a_gan_is_refused_in_one_line_saying_to_turn_it_off(user_dir: Path):
     """The GAN's two steps use different parameters: DDP's static graph cannot hold them."""
     run = [f"hydra.searchpath=[file://{user_dir / 'my_conf'}]", *GAN, *DDP, "logger=none", "trainer.max_epochs=2"]
@@ -101,7 +117,6 @@ def test_a_static_graph_under_a_gan_is_refused_in_one_line_saying_to_turn_it_off
         "hydra.run.dir=outputs/static-graph",
         cwd=user_dir,
         env={"PYTHONPATH": str(REPO)},
-        fresh=True,
     )
     line = assert_ends_in_error_line(
         refused.returncode,

@@ -193,10 +193,40 @@ def disarm() -> None:
         STARTUP.line = starting_line  # nothing of the job it named is kept
 
 
+# Python's one-letter options that take a value: in the next argument, or glued to the option (`-mproject.train`).
+VALUE_OPTIONS = "cmWX"
+
+
+def program_of(arguments: list[str]) -> tuple[str, str]:
+    """What `python <arguments>` runs, its options read as Python reads them: `("module", name)` for `-m name`
+    (`-mname`, `-um name`, `-X importtime -m name` alike), `("script", path)`, or `("", "")` for `-c`, stdin and
+    the prompt."""
+    index = 0
+    while index < len(arguments):
+        argument = arguments[index]
+        index += 1
+        if argument == "--":  # the end of the options: the script follows
+            break
+        if not argument.startswith("-") or argument == "-":
+            return ("script", argument) if argument != "-" else ("", "")
+        if argument.startswith("--"):  # --help, --version; one takes a value
+            index += argument == "--check-hash-based-pycs"
+            continue
+        for position, flag in enumerate(argument[1:], start=2):
+            if flag in VALUE_OPTIONS:
+                glued = argument[position:]
+                value = glued or (arguments[index] if index < len(arguments) else "")
+                index += not glued
+                if flag in "cm":
+                    return ("module", value) if flag == "m" else ("", "")
+                break
+    return ("script", arguments[index]) if index < len(arguments) else ("", "")
+
+
 def launched_as_training() -> bool:
     """Whether this Python was started to run `project.train` (`python [options] -m project.train ...`, or
-    `python project/train.py ...`), as the package is imported, before that module runs."""
-    arguments = sys.orig_argv
-    module = ["-m", "project.train"] in (arguments[i : i + 2] for i in range(len(arguments)))
-    script = os.path.join("project", "train.py")
-    return module or any(argument.endswith(script) for argument in arguments[1:])
+    `python [options] project/train.py ...`), as the package is imported, before that module runs."""
+    kind, name = program_of(sys.orig_argv[1:])
+    if kind == "script":
+        return os.path.abspath(name).split(os.sep)[-2:] == ["project", "train.py"]
+    return kind == "module" and name == "project.train"

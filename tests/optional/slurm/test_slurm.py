@@ -53,9 +53,8 @@ SIX_RANK_SHARE = 59  # 350 images over 6 ranks: DistributedSampler pads to 354
 
 
 @pytest.fixture(scope="session")
-def slurm_env() -> dict[str, str]:
-    """The environment jobs are submitted with: the cluster's SLURM_CONF, this Python (its tasks forked from the
-    preloaded Python, in their node's namespaces: tests/preloaded_python.py), one thread per process.
+def slurm_cluster() -> dict[str, str]:
+    """The environment jobs are submitted with, before the tests' own: the cluster's SLURM_CONF and this session's.
 
     Variables of an enclosing Slurm job or launcher are dropped: sbatch passes the whole environment on to the job.
     """
@@ -69,7 +68,15 @@ def slurm_env() -> dict[str, str]:
         pytest.skip(f"needs 2 nodes, the cluster has {cluster.get('LOCAL_SLURM_NODES')}: run `make slurm-up`")
     launcher_variables = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"}
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_variables}
-    return environment(inherited | cluster | {"PROJECT_PYTHON": python()})
+    return inherited | cluster
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster: dict[str, str]) -> dict[str, str]:
+    """The cluster's environment, with this test's Python (`PROJECT_PYTHON`: its tasks forked from the preloaded
+    Python, in their node's namespaces, tests/preloaded_python.py; in a `fresh` test the venv's own), one thread per
+    process."""
+    return environment(slurm_cluster | {"PROJECT_PYTHON": python()})
 
 
 @pytest.fixture
@@ -349,6 +356,7 @@ def test_requeued_job_resumes_in_its_run_dir_and_equals_an_uninterrupted_run(
     assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE
 
 
+@pytest.mark.fresh  # the tasks' stdout block-buffered, as in a user's job that starts python without -u
 def test_job_whose_training_fails_ends_non_zero_with_the_error_in_its_log(
     tmp_path: Path, slurm_env: dict, job_ids: list[str]
 ):
@@ -357,5 +365,8 @@ def test_job_whose_training_fails_ends_non_zero_with_the_error_in_its_log(
     job_id, sbatch = submit(TRAIN_SBATCH, *overrides, cwd=tmp_path, env=slurm_env, job_ids=job_ids)
     log = tmp_path / "outputs" / f"train-{job_id}.out"
     assert wait_for_job(sbatch, log) == 2, "the project's exit status for a user's mistake, passed on by srun"
-    error_lines = [line for line in job_log(log).splitlines() if line.startswith("error:")]
+    lines = job_log(log).splitlines()
+    error_lines = [line for line in lines if line.startswith("error:")]
     assert len(error_lines) == 2 and all(str(nowhere) in line for line in error_lines), "one line from each node"
+    after = lines[max(number for number, line in enumerate(lines) if line.startswith("error:")) + 1 :]
+    assert all(line.startswith("srun: ") for line in after), f"the tasks' own last words are their error lines: {after}"
