@@ -175,7 +175,8 @@ ROWS = [
         "under DDP, a training step leaves some parameters out of its loss",
         "2",
         [
-            "tests/test_unused_parameters.py::test_parameters_a_loss_leaves_out_need_one_key_which_the_error_line_names",
+            "tests/test_unused_parameters.py::test_parameters_a_loss_leaves_out_end_the_run_in_one_line_naming_the_key",
+            "tests/test_unused_parameters.py::test_parameters_a_loss_leaves_out_train_with_the_key_the_error_line_names",
             "tests/test_unused_parameters.py::test_ddps_unused_parameter_errors_in_every_wording_are_one_line_naming_the_key",
             "tests/test_unused_parameters.py::test_a_static_graph_under_a_gan_is_refused_in_one_line_saying_to_turn_it_off",
         ],
