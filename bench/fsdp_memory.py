@@ -5,10 +5,14 @@ resident memory; and the samples per second of its training steps after a warm-u
 `trainer=fsdp` exists for: under DDP every rank holds all of it, under FSDP 1/N, at the price of gathering each
 layer's weights for every forward and backward.
 
-The network is the recipe's MLP made wide: 4096 hidden features, 37 million weights, 562 MB of model state per rank
-under DDP, so that the model state is a visible share of a rank's resident memory, most of which on the CPU is Python
-and torch themselves. Wider would make each CPU step, and so the suite, much longer; 6 steps suffice (the state's
-size does not change with the step), the last 4 timed. `--quick` checks the code on a narrow MLP, one step timed.
+Two models, each under `trainer=fsdp`'s default units:
+- the recipe's MLP made wide: 4096 hidden features, 37 million weights, 562 MB of model state per rank under DDP, so
+  that the model state is a visible share of a rank's resident memory, most of which on the CPU is Python and torch
+  themselves;
+- a GPT-style transformer as a user writes one (tests/optional/fsdp/transformer_modules.py, with its YAML files on
+  the search path): 8 blocks of width 512, 25 million weights, each block an FSDP unit, on sequences of 64 tokens.
+Bigger would make each CPU step, and so the suite, much longer; 6 steps suffice (the state's size does not change
+with the step), the last 4 timed. `--quick` checks the code on narrow models, one step timed.
 """
 
 import json
@@ -26,6 +30,8 @@ from bench.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 WIDTH = {"full": 4096, "quick": 512}
+GPT_SHAPE = {"full": {"width": 512, "layers": 8}, "quick": {"width": 128, "layers": 2}}
+GPT_LENGTH, GPT_BATCH = 64, 8  # tokens a sequence, sequences a batch on each rank
 WARM_UP_STEPS = 2
 STEPS = {"full": 6, "quick": 3}  # warm-up included
 
@@ -90,20 +96,28 @@ class RankMeasurements(L.Callback):
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps({"bytes": held} | speed))
 
 
-def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
-    if settings.device != "cpu":
-        raise RuntimeError("fsdp_memory measures 2 gloo processes on the CPU: run it with --device cpu")
-    size = "quick" if settings.quick else "full"
-    shape = [
-        f"model.network.num_hidden_features={WIDTH[size]}",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "trainer.max_epochs=1",
-        f"trainer.limit_train_batches={STEPS[size]}",
-        "trainer.limit_val_batches=1",
-        "trainer.limit_test_batches=1",
+def gpt_overrides(size: str, steps: int) -> list[str]:
+    """The transformer of tests/optional/fsdp/transformer_modules.py on its token data, `steps` batches a rank."""
+    shape = GPT_SHAPE[size]
+    conf = REPO / "tests" / "optional" / "fsdp" / "conf"
+    return [
+        f"hydra.searchpath=[file://{conf}]",
+        "model=transformer",
+        "data=tokens",
+        f"+model.network.width={shape['width']}",
+        f"+model.network.layers={shape['layers']}",
+        f"+model.network.length={GPT_LENGTH}",
+        f"data.length={GPT_LENGTH}",
+        f"data.batch_size={GPT_BATCH}",
+        f"data.train_sequences={2 * GPT_BATCH * steps}",
     ]
-    bytes_per_rank, samples_per_second = {}, {}
+
+
+def measure(overrides: list[str], scratch: Path) -> dict:
+    """Each rank's bytes under trainer=ddp and trainer=fsdp, both ranks' samples/s together, and each rank's losses
+    step by step (the same global batches: the two should agree, as the tests check)."""
+    bytes_per_rank, samples_per_second, losses = {}, {}, {}
+    scratch.mkdir(parents=True, exist_ok=True)
     for strategy in ("ddp", "fsdp"):
         out = scratch / strategy
         probe = [
@@ -111,40 +125,80 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
             f"+callbacks.rank_measurements.out={out}",
             f"+callbacks.rank_measurements.warm_up_steps={WARM_UP_STEPS}",
         ]
-        overrides = [*recipe, *shape, f"trainer={strategy}", "logger=none", *probe]
-        command = [sys.executable, "-m", "project.train", *overrides, f"hydra.run.dir={out / 'run'}"]
+        command = [
+            *(sys.executable, "-m", "project.train", *overrides, f"trainer={strategy}", "logger=none", *probe),
+            f"hydra.run.dir={out / 'run'}",
+        ]
         with (scratch / f"{strategy}.log").open("w") as log:
             if subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
                 raise RuntimeError(f"trainer={strategy} failed: {(scratch / f'{strategy}.log').read_text()[-500:]}")
         ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
         bytes_per_rank[strategy] = [rank["bytes"] for rank in ranks]
         samples_per_second[strategy] = sum(rank["samples_per_second"] for rank in ranks)
+        losses[strategy] = [
+            json.loads((out / "run" / f"history.rank{rank}.json").read_text())["step_losses"] for rank in (0, 1)
+        ]
+    gaps = [abs(a - b) for x, y in zip(losses["fsdp"], losses["ddp"], strict=True) for a, b in zip(x, y, strict=True)]
+    return {
+        "bytes_per_rank": bytes_per_rank,
+        "samples_per_second": samples_per_second,
+        "step_losses": losses,
+        "largest_step_loss_gap": max(gaps),
+    }
+
+
+def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
+    if settings.device != "cpu":
+        raise RuntimeError("fsdp_memory measures 2 gloo processes on the CPU: run it with --device cpu")
+    size = "quick" if settings.quick else "full"
+    steps = [
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_epochs=1",
+        f"trainer.limit_train_batches={STEPS[size]}",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+    ]
+    shape = [f"model.network.num_hidden_features={WIDTH[size]}", *steps]
+    gpt = gpt_overrides(size, STEPS[size])
     return {
         "overrides": shape,
         "width": WIDTH[size],
         "timed_steps": STEPS[size] - WARM_UP_STEPS,
-        "bytes_per_rank": bytes_per_rank,
-        "samples_per_second": samples_per_second,
+        **measure([*recipe, *shape], scratch / "mlp"),
+        "transformer": {"overrides": gpt, **GPT_SHAPE[size], **measure([*gpt, *steps], scratch / "transformer")},
     }
 
 
 def rows(result: dict) -> list[Row]:
+    width, gpt = result["width"], result["transformer"]
+    steps = result["timed_steps"]
+    return [
+        *model_rows(result, "", f"MLP 784-{width}-{width}-{width}-10", steps),
+        *model_rows(gpt, " (GPT)", f"GPT of {gpt['layers']} blocks, width {gpt['width']}", steps),
+    ]
+
+
+def model_rows(measured: dict, label: str, model: str, timed_steps: int) -> list[Row]:
+    """The table's rows for one model: fsdp against ddp, per-rank model state, peak memory and speed."""
     mb = {
         strategy: [{part: n / 2**20 for part, n in rank.items()} for rank in ranks]
-        for strategy, ranks in result["bytes_per_rank"].items()
+        for strategy, ranks in measured["bytes_per_rank"].items()
     }
-    width = result["width"]
     table = []
     for part in ("weights", "gradients", "optimizer"):
         ddp, sharded = (mb[strategy][0][part] for strategy in ("ddp", "fsdp"))
-        note = f"rank 0, 2 processes, MLP 784-{width}-{width}-{width}-10; ddp {ddp:.1f} MB"
-        table.append((f"fsdp / ddp: per-rank {part}", f"{sharded / ddp:.2f}", f"{sharded:.1f} MB; {note}"))
+        note = f"rank 0, 2 processes, {model}; ddp {ddp:.1f} MB"
+        table.append((f"fsdp / ddp{label}: per-rank {part}", f"{sharded / ddp:.2f}", f"{sharded:.1f} MB; {note}"))
     peaks = {strategy: [rank["peak_resident"] for rank in ranks] for strategy, ranks in mb.items()}
     ddp, sharded = max(peaks["ddp"]), max(peaks["fsdp"])
     note = "ranks 0, 1: " + "; ".join(f"{s} {a:.0f}, {b:.0f} MB" for s, (a, b) in peaks.items()) + " (Linux VmHWM)"
-    table.append(("fsdp / ddp: per-rank peak resident memory", f"{sharded / ddp:.2f}", note))
-    rate = result["samples_per_second"]
-    steps = f"2 ranks, steps timed after warm-up: {result['timed_steps']}"
-    note = f"fsdp {rate['fsdp']:,.0f}, ddp {rate['ddp']:,.0f} samples/s; {steps}"
-    table.append(("fsdp / ddp: training samples/s", f"{rate['fsdp'] / rate['ddp']:.2f}", note))
+    table.append((f"fsdp / ddp{label}: per-rank peak resident memory", f"{sharded / ddp:.2f}", note))
+    rate = measured["samples_per_second"]
+    timed = f"2 ranks, steps timed after warm-up: {timed_steps}"
+    note = f"fsdp {rate['fsdp']:,.0f}, ddp {rate['ddp']:,.0f} samples/s; {timed}"
+    table.append((f"fsdp / ddp{label}: training samples/s", f"{rate['fsdp'] / rate['ddp']:.2f}", note))
+    steps = len(measured["step_losses"]["ddp"][0])
+    gap = f"{measured['largest_step_loss_gap']:.1e}"
+    table.append((f"fsdp - ddp{label}: largest step loss gap", gap, f"float32, {steps} steps on each of 2 ranks"))
     return table
