@@ -83,6 +83,14 @@ def shard_units(
         fully_shard(module.get_submodule(name), mesh=mesh, mp_policy=policy)
 
 
+class ParameterStillSharded(UserError):
+    """A unit's parameter read outside the unit's forward. Every rank runs the same forward, so each meets it at the
+    same step; as for a signal's stop, the ranks rank 0 started write their line to their log files, and rank 0
+    alone prints it."""
+
+    on_every_rank = True
+
+
 def reshard(module: nn.Module) -> None:
     """Put every FSDP unit of `module` back in its shards. A forward that no backward follows (Lightning's count of
     FLOPs on `example_input_array` as fitting starts) leaves a root unit's parameters gathered, as whole tensors,
@@ -103,7 +111,7 @@ def units_read_where_called() -> Iterator[None]:
         if MIXED_TENSORS not in str(error):
             raise
         operation = str(error).split(",")[0]  # torch's advice after the comma is for DTensor's own users
-        raise UserError(
+        raise ParameterStillSharded(
             "trainer=fsdp met a parameter still sharded: a module read the weight of a submodule that is an FSDP "
             f"unit of its own without calling that submodule ({operation}). Set {KEY} to the "
             f"classes of the blocks that hold both (a transformer's layer class), or to null (whole blocks, the "

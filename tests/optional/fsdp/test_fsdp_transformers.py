@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from project.engine.checkpoints import is_sharded, plain_checkpoint
+from tests.faults import assert_ends_in_error_line, assert_no_process_left
 from tests.helpers import REPO, check_ok, histories, read_json, requires, run_module
 from tests.optional.fsdp.transformer_modules import TRANSFORMER_CONF
 
@@ -86,3 +87,24 @@ def test_a_transformer_trains_under_fsdp_as_under_ddp_resumes_is_evaluated_and_t
     bf16 = train(tmp_path, "bf16", *overrides, "trainer=fsdp", "trainer.max_epochs=2", "trainer.precision=bf16-mixed")
     assert largest_gap(step_losses(bf16), step_losses(ddp), relative=True) <= BF16_TOLERANCE
     assert math.isfinite(read_json(bf16 / "results.json")["test/loss"])
+
+
+def test_units_whose_weights_their_parent_reads_uncalled_end_the_run_in_one_line_naming_layer_classes(tmp_path: Path):
+    """Every Linear a unit (the default before whole blocks): nn.MultiheadAttention meets out_proj's weight sharded."""
+    linear_units = ["trainer=fsdp", "trainer.max_epochs=1", "trainer.strategy.layer_classes=[torch.nn.Linear]"]
+    overrides = [
+        *COMMON,
+        *NETWORKS["nn.Transformer"],
+        *linear_units,
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    failed = run_module("project.train", *overrides, cwd=tmp_path, env=ENV)
+    line = assert_ends_in_error_line(
+        failed.returncode, failed.stdout, failed.stderr, 2, "mixed torch.Tensor and DTensor"
+    )
+    assert line.endswith(
+        "Set trainer.strategy.layer_classes to the classes of the blocks that hold both (a transformer's "
+        "layer class), or to null (whole blocks, the default)"
+    )
+    assert_no_process_left(tmp_path)
