@@ -9,6 +9,7 @@ final ones).
 import lightning as L
 from omegaconf import DictConfig
 
+from project.engine.data_sources import check_data_for
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.hydra_versions import hydra_main
 from project.engine.trained_run import blamed_on_data_given, rebuild_trained
@@ -18,6 +19,7 @@ from project.engine.trusted_targets import job_whitelist
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
     datamodule, module = rebuild_trained(cfg, "project.evaluate")
+    check_data_for("test", module, datamodule, "project.evaluate")
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_checkpointing=False)
     with blamed_on_data_given(cfg):
         trainer.test(module, datamodule=datamodule, verbose=False)
