@@ -111,6 +111,7 @@ ROWS = [
         [
             "tests/test_data_sources.py::test_a_stage_without_its_step_or_dataloader_is_one_line_naming_what_to_define",
             "tests/test_data_sources.py::test_data_none_builds_no_data_module_and_refuses_a_module_without_batches_of_its_own",
+            "tests/test_zoo.py::test_a_chained_cell_works_or_is_refused_in_one_line",
         ],
     ),
     (
