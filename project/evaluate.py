@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
 from project.engine.build import instantiate_group, switched_on
+from project.engine.data_sources import check_data_for
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.hydra_versions import hydra_main
 from project.engine.results import metric_line
@@ -22,6 +23,7 @@ from project.engine.trusted_targets import job_whitelist
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
     datamodule, module = rebuild_trained(cfg, "project.evaluate")
+    check_data_for("test", module, datamodule, "project.evaluate")
     progress = [instantiate_group("callbacks", node) for node in switched_on(cfg.callbacks)]
     trainer = L.Trainer(
         accelerator=cfg.accelerator,

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.engine import predictions
 from project.engine.build import instantiate_group, switched_on
+from project.engine.data_sources import check_data_for
 from project.engine.default_predict_step import predict_step_needed
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
 from project.engine.hydra_versions import hydra_main
@@ -35,12 +36,15 @@ from project.engine.trusted_targets import job_whitelist
 SPLITS = ("test", "val", "train")
 
 
-def predict(cfg: DictConfig) -> tuple[predictions.Outputs | None, L.LightningModule, L.LightningDataModule]:
+def predict(
+    cfg: DictConfig,
+) -> tuple[predictions.Outputs | None, L.LightningModule, L.LightningDataModule | None]:
     """What `predict_step` returns for every sample of the split, once, in order, on rank 0 (None on the other
     ranks), by output name (`project.engine.predictions`); the module and the data."""
     if cfg.split not in SPLITS:
         raise UserError(f"split must be one of {' | '.join(SPLITS)}, got {cfg.split!r}")
     datamodule, module = rebuild_trained(cfg, "project.predict")
+    check_data_for("predict", module, datamodule, "project.predict")
     if hasattr(datamodule, "predict_split"):
         datamodule.predict_split = cfg.split
     # The ranks of a DDP prediction check that they composed the same config (`HydraDDPStrategy`).
@@ -69,7 +73,7 @@ def predict(cfg: DictConfig) -> tuple[predictions.Outputs | None, L.LightningMod
 
 
 def write_predictions(
-    outputs: predictions.Outputs, module: L.LightningModule, datamodule: L.LightningDataModule, run_dir: Path
+    outputs: predictions.Outputs, module: L.LightningModule, datamodule: L.LightningDataModule | None, run_dir: Path
 ) -> list[str]:
     """`predictions.pt` always; then the module's own files (`write_predictions`), or else `predictions.csv` where the
     outputs fit a table; the names written, in `run_dir`."""

@@ -6,16 +6,19 @@ the project's entry points (with `PYTHONPATH` at the repository) to prove the ma
 - `SelfShardingRegression`: the same, sharding itself for trainer=fsdp in `configure_model`.
 - `DictBatchModule` on `DictBatchData`: batches that are dicts, and metrics without a `<stage>/` prefix.
 - `PairForwardModule`: a regression whose `forward` takes inputs and targets apart, and that has no `predict_step`.
-Lightning's own `BoringModel` and `BoringDataModule` (which log no metric at all) are the third.
+- `WikiTextData`: Lightning's demo dataset `WikiText2` from a local file, for its `LightningTransformer`.
+Lightning's own `BoringModel` and `BoringDataModule` (which log no metric at all) and its `LightningTransformer` are
+used as they are (tests/foreign_conf/).
 """
 
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.demos.transformer import WikiText2
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 # Their YAML files (model/, data/, hparams_search/), to put on Hydra's search path.
 FOREIGN_CONF = Path(__file__).parent / "foreign_conf"
@@ -181,3 +184,25 @@ class DictBatchModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class WikiTextData(L.LightningDataModule):
+    """Lightning's `WikiText2` read from `<data_dir>/wikitext-2.txt`, never downloaded (the tests write a small file
+    in its format): blocks of `block_size` tokens, each with the block one token on as its target. The first three
+    quarters train; the rest is predicted. Its `LightningTransformer` has no validation or test step, so the data
+    serves neither."""
+
+    def __init__(self, data_dir: str = "data", block_size: int = 16, batch_size: int = 2) -> None:
+        super().__init__()
+        self.data_dir, self.block_size, self.batch_size = Path(data_dir), block_size, batch_size
+
+    def setup(self, stage: str) -> None:
+        blocks = WikiText2(self.data_dir, self.block_size, download=False)
+        cut = len(blocks) * 3 // 4
+        self.train_set, self.predict_set = Subset(blocks, range(cut)), Subset(blocks, range(cut, len(blocks)))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.predict_set, batch_size=self.batch_size)

@@ -4,8 +4,9 @@ tests/preloaded_bin/python runs this file (`-S`: the standard library only, no i
 needs) with its own arguments. Where they run a module (`-m ...`) or multiprocessing's spawned child, and the
 environment names a preloaded Python (tests/preloaded_python.py), it hands the process over: this process's
 working directory, environment and open descriptors (stdin, stdout, stderr, and the pipes multiprocessing passes
-on). It then stands in for the forked process: passes on every signal it can catch, and ends as that process ended
-(a signal that killed it kills this process too). Anything else replaces this process with the real interpreter.
+on; a process with more than one message carries starts afresh). It then stands in for the forked process: passes
+on every signal it can catch, and ends as that process ended (a signal that killed it kills this process too).
+Anything else replaces this process with the real interpreter.
 
 Usage: python -S tests/preloaded_client.py ARG ...
 """
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 
-from preloaded_python import SOCKET_VARIABLE, forkable, send_request
+from preloaded_python import MAX_DESCRIPTORS, SOCKET_VARIABLE, forkable, send_request
 
 # The signals a launcher or a user sends a process to stop or steer it; SIGKILL cannot be caught, which the server
 # answers by killing the forked process once this one is gone.
@@ -46,9 +47,11 @@ def open_descriptors() -> list[int]:
 def main(python_args: list[str]) -> None:
     socket_path = os.environ.get(SOCKET_VARIABLE, "")
     target = forkable(python_args)
-    if target is None or not os.path.exists(socket_path):
-        os.execv(sys.executable, [sys.executable, *python_args])
     descriptors = open_descriptors()
+    # More descriptors than one message carries: a ddp_spawn worker inherits one per tensor its parent shares with it
+    # (torch's shared memory), so the worker of a module with hundreds of weights and buffers starts afresh.
+    if target is None or not os.path.exists(socket_path) or len(descriptors) > MAX_DESCRIPTORS:
+        os.execv(sys.executable, [sys.executable, *python_args])
     request = {
         **target,
         "cwd": os.getcwd(),

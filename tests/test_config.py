@@ -20,10 +20,13 @@ from project.engine.errors import UserError, error_line
 from project.engine.hints import give_hints
 from project.engine.hydra_versions import VERSION_BASE
 from project.engine.run_config import command_line_overrides
+from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
 
 GROUPS = sorted(path.name for path in CONF_DIR.iterdir() if path.is_dir() and path.name != "hydra")
 NEEDS_GPU = {("trainer", "gpu")}
+# What an option needs beside it to build: data=none, a module that serves its own batches (Lightning's BoringModel).
+COMPANIONS = {("data", "none"): [f"hydra.searchpath=[file://{FOREIGN_CONF}]", "model=boring"]}
 
 
 def kept_in(tmp_path: Path) -> list[str]:
@@ -45,7 +48,7 @@ def compose_train(tmp_path: Path, *overrides: str):
 def test_every_option_composes_and_builds(tmp_path: Path, group: str, option: str, monkeypatch: pytest.MonkeyPatch):
     if (group, option) in NEEDS_GPU and not torch.cuda.is_available():
         pytest.skip(f"{group}={option} needs a CUDA GPU to instantiate")
-    cfg = compose_train(tmp_path, f"{group}={option}")
+    cfg = compose_train(tmp_path, f"{group}={option}", *COMPANIONS.get((group, option), []))
     if cfg.trainer.num_nodes > 1:  # as task 0 of an srun job builds it (outside one it is refused)
         for name, value in SRUN_TASK_ZERO.items():
             monkeypatch.setenv(name, value)
@@ -54,7 +57,10 @@ def test_every_option_composes_and_builds(tmp_path: Path, group: str, option: st
     if group == "logger":  # logger=mlflow opens its store (outputs/mlflow.db under the working directory) when built
         monkeypatch.chdir(tmp_path)
     setup = build(cfg, tmp_path / "outputs")
-    assert setup.datamodule.batch_size == cfg.data.batch_size
+    if (group, option) == ("data", "none"):
+        assert setup.datamodule is None
+    else:
+        assert setup.datamodule.batch_size == cfg.data.batch_size
     assert sum(p.numel() for p in setup.module.parameters()) > 0
     assert setup.trainer.max_epochs == (1 if setup.trainer.fast_dev_run else cfg.trainer.max_epochs)
 

@@ -101,7 +101,17 @@ ROWS = [
         "a checkpoint from inside an epoch (`trainer.max_steps`, a mid-epoch one) resumed with a data module",
         "2",
         [
-            "tests/test_own_modules.py::test_a_resume_inside_an_epoch_is_refused_where_the_data_cannot_say_where_it_stood"
+            "tests/test_own_modules.py::test_a_resume_inside_an_epoch_is_refused_where_the_data_cannot_say_where_it_stood",
+            "tests/test_data_sources.py::test_a_resume_inside_an_epoch_of_batches_a_module_serves_itself_is_refused",
+        ],
+    ),
+    (
+        "a stage has nothing to run on",
+        "2",
+        [
+            "tests/test_data_sources.py::test_a_stage_without_its_step_or_dataloader_is_one_line_naming_what_to_define",
+            "tests/test_data_sources.py::test_data_none_builds_no_data_module_and_refuses_a_module_without_batches_of_its_own",
+            "tests/test_zoo.py::test_a_chained_cell_works_or_is_refused_in_one_line",
         ],
     ),
     (

@@ -1,5 +1,6 @@
 """What a run is made of: a config checked, then its data module, module, callbacks, loggers and Trainer built, in the
-order a hand-written loop would (seed, data, network), whatever the module and data module are.
+order a hand-written loop would (seed, data, network), whatever the module and data module are (no data module with
+`data=none`: the module's own dataloaders serve).
 
 `project.train` builds its run here; so do the benchmarks and tests, which add their probes as extra callbacks.
 """
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.engine.checkpoints import PartWayResumeCheck, ResumedWeightsCheck, check_checkpoint_dirs, resume_path
 from project.engine.checks import check_config, check_launched_on_every_node, mistyped_value
+from project.engine.data_sources import check_data_for
 from project.engine.divergence import DivergenceGuard
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
 from project.engine.hints import give_hints
@@ -33,7 +35,7 @@ from project.engine.trusted_targets import composed_targets
 class TrainingSetup:
     """What `build` makes of a config: the pieces `trainer.fit` takes, and the checkpoint to resume from."""
 
-    datamodule: L.LightningDataModule
+    datamodule: L.LightningDataModule | None
     module: L.LightningModule
     trainer: L.Trainer
     ckpt_path: str | None
@@ -56,8 +58,9 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, run_config, sweep_dir)
     run_config["ckpt_path"] = cfg.ckpt_path
     L.seed_everything(cfg.seed, workers=True)
-    datamodule: L.LightningDataModule = instantiate_group("data", cfg.data)
+    datamodule = instantiate_group("data", cfg.data) if cfg.data else None  # data=none: an empty config
     module: L.LightningModule = instantiate_group("model", cfg.model)
+    check_data_for("train", module, datamodule, "project.train")
     callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
     callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), PartWayResumeCheck()]
     callbacks += [ResumedWeightsCheck(cfg.ckpt_path), TrainingStarts()]

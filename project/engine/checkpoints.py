@@ -435,17 +435,26 @@ class PartWayResumeCheck(Callback):
 
 
 def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
-    if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches) or trainer.datamodule is None:
+    """A module serving its own batches (`data=none`) keeps no place in them either: its state is its weights."""
+    if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches):
         return
     steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-    if trainer.global_step % steps_per_epoch == 0 or keeps_its_position(trainer.datamodule):
+    data = trainer.datamodule
+    if trainer.global_step % steps_per_epoch == 0 or (data is not None and keeps_its_position(data)):
         return
+    if data is None:
+        why = f"{type(trainer.lightning_module).__name__} serves its own batches (data=none), which keep no place"
+        fix = "serve the data from a data module with state_dict and load_state_dict"
+    else:
+        why = (
+            f"{type(data).__name__} cannot say where in an epoch its data stood (it defines no "
+            "state_dict/load_state_dict)"
+        )
+        fix = "give the data module state_dict and load_state_dict"
     raise UserError(
-        f"ckpt_path={trainer.ckpt_path} was written inside an epoch (step {trainer.global_step}), and "
-        f"{type(trainer.datamodule).__name__} cannot say where in an epoch its data stood (it defines no "
-        "state_dict/load_state_dict), so the epoch would restart its batches: resume from a checkpoint written "
-        "at an epoch's end, or give the data module state_dict and load_state_dict (see the classifier's "
-        "project/example/data/classification.py)"
+        f"ckpt_path={trainer.ckpt_path} was written inside an epoch (step {trainer.global_step}), and {why}, so the "
+        f"epoch would restart its batches: resume from a checkpoint written at an epoch's end, or {fix} (see the "
+        "classifier's project/example/data/classification.py)"
     )
 
 

@@ -56,7 +56,8 @@ def blamed_on_data_given(cfg: DictConfig) -> Iterator[None]:
 
 
 def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
-    """(datamodule, module with the trained weights) of the checkpoint `cfg.ckpt_path`.
+    """(datamodule, module with the trained weights) of the checkpoint `cfg.ckpt_path`; the datamodule is None where
+    the run had none (`data=none`: the module serves its own batches).
 
     From its stored config, where it has one: the keys of `cfg.data` that are not null replace those of the stored
     data config (`data.root=<dir>`, where the files are on this machine), and a `model=`/`data=` choice is refused
@@ -78,7 +79,7 @@ def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
             advice = "give the model= (and model.<key>=) that trained it"
     check_weights_fit(module, checkpoint["state_dict"], cfg.ckpt_path, advice)
     module.load_state_dict(checkpoint["state_dict"], strict=True)
-    data_state = checkpoint.get(type(datamodule).__qualname__)
+    data_state = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
     if data_state is not None:
         datamodule.load_state_dict(data_state)
     return datamodule, module
@@ -101,13 +102,19 @@ def rebuild_from_stored_config(cfg: DictConfig, config: dict) -> tuple[Any, Any]
             f"project.train wrote ({LAST}), which stores the whole config"
         )
     unknown = sorted(set(data_overrides) - set(trained.data))
+    if unknown and not trained.data:
+        raise UserError(
+            f"data.{unknown[0]}: the run of ckpt_path={cfg.ckpt_path} had no data module (data=none), its module "
+            "serving its own batches: leave out data.<key>="
+        )
     if unknown:
         keys = ", ".join(key for key in trained.data if not key.startswith("_"))
         raise UserError(
             f"data.{unknown[0]}: the checkpoint's data ({trained.data._target_}) has no such key; it has {keys}"
         )
     try:
-        return instantiate(trained.data, **data_overrides), instantiate(trained.model)
+        datamodule = instantiate(trained.data, **data_overrides) if trained.data else None  # None: data=none
+        return datamodule, instantiate(trained.model)
     except CONSTRUCTOR_ERRORS as error:
         if find_user_error(error):  # the user's own mistake, already worded (e.g. data that is missing)
             raise

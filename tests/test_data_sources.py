@@ -1,0 +1,89 @@
+"""A stage runs where its dataloader is, the data module's or the module's own (`data=none`), and is refused in one
+line where there is none (project/engine/data_sources.py); the zoo (tests/test_zoo.py) runs such modules end to end.
+"""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hydra import compose, initialize_config_dir
+from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+from lightning.pytorch.demos.transformer import LightningTransformer
+
+import project  # noqa: F401  (registers the ${launch_dir:} resolver)
+from project.engine.build import build
+from project.engine.checkpoints import refuse_a_resume_the_data_cannot_continue
+from project.engine.data_sources import check_data_for
+from project.engine.errors import UserError, error_line
+from project.engine.hydra_versions import VERSION_BASE
+from tests.foreign_modules import DictBatchData, DictBatchModule
+from tests.helpers import CONF_DIR
+
+
+@pytest.mark.parametrize("stage", ["train", "test", "predict"])
+def test_a_module_with_dataloaders_of_its_own_needs_no_data_module(stage: str):
+    check_data_for(stage, BoringModel(), None, "project.x")
+    check_data_for(stage, BoringModel(), BoringDataModule(), "project.x")
+
+
+def refusal(stage: str, module, datamodule) -> str:
+    with pytest.raises(UserError) as raised:
+        check_data_for(stage, module, datamodule, f"project.{stage}")
+    return error_line(raised.value)
+
+
+def test_a_stage_without_its_step_or_dataloader_is_one_line_naming_what_to_define():
+    """LightningTransformer serves only training batches and defines no test_step; DictBatchData no predict batches."""
+    transformer = LightningTransformer(vocab_size=8)
+    assert refusal("test", transformer, None) == (
+        "error: project.test runs the module's test_step, which LightningTransformer does not define: define "
+        "test_step in it"
+    )
+    assert refusal("predict", transformer, None) == (
+        "error: project.predict needs a predict_dataloader, and LightningTransformer defines none while data=none "
+        "gives it no data module: define predict_dataloader in LightningTransformer, or choose a data module "
+        "(data=<option>)"
+    )
+    assert refusal("predict", DictBatchModule(), DictBatchData()) == (
+        "error: project.predict needs a predict_dataloader, which neither DictBatchModule nor DictBatchData defines: "
+        "define predict_dataloader in one of them"
+    )
+
+
+def test_data_none_builds_no_data_module_and_refuses_a_module_without_batches_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The example's classifier takes its batches from a data module: with none, the run stops before it starts."""
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # build seeds; later tests in this process must not inherit it
+        monkeypatch.setenv(name, "0")
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=["data=none", f"run_dir={tmp_path}"])
+    assert dict(cfg.data) == {}
+    with pytest.raises(UserError) as raised:
+        build(cfg, tmp_path / "outputs")
+    assert error_line(raised.value) == (
+        "error: project.train needs a train_dataloader, and ClassifierModule defines none while data=none gives it no "
+        "data module: define train_dataloader in ClassifierModule, or choose a data module (data=<option>)"
+    )
+
+
+def test_a_resume_inside_an_epoch_of_batches_a_module_serves_itself_is_refused():
+    """Its own dataloaders keep no place in their epoch (its state is its weights): the epoch would restart them."""
+    trainer = SimpleNamespace(
+        ckpt_path="last.ckpt",
+        num_training_batches=64,
+        accumulate_grad_batches=1,
+        global_step=3,
+        datamodule=None,
+        lightning_module=BoringModel(),
+    )
+    with pytest.raises(UserError) as raised:
+        refuse_a_resume_the_data_cannot_continue(trainer)
+    assert error_line(raised.value) == (
+        "error: ckpt_path=last.ckpt was written inside an epoch (step 3), and BoringModel serves its own batches "
+        "(data=none), which keep no place, so the epoch would restart its batches: resume from a checkpoint written "
+        "at an epoch's end, or serve the data from a data module with state_dict and load_state_dict (see the "
+        "classifier's project/example/data/classification.py)"
+    )
+    trainer.global_step = 64
+    refuse_a_resume_the_data_cannot_continue(trainer)  # an epoch's end: nothing to restore
