@@ -8,8 +8,9 @@ and fsdp, two CPU processes over gloo; bf16-mixed; a `-m` sweep of two seeds; a 
 last.ckpt; `project.evaluate` and `project.predict` of the resumed run's last.ckpt.
 
 `CELLS` declares each cell's outcome, once: `works`, or `refused: <what the one error line says to do>`. The table in
-docs/your-code.md says the same (`test_the_docs_table_is_the_declared_cells`). A run's output that the next cell needs is made once per row
-(`ChainedRuns`: one process → resume → evaluate, predict); every other cell is one tiny run, on either worker.
+docs/your-code.md says the same (`test_the_docs_table_is_the_declared_cells`). A run's output that the next cell needs
+is made once per row (`ChainedRuns`: one process → resume → evaluate, predict); every other cell is one tiny run, on
+either worker.
 """
 
 import math
