@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from project.engine.results import format_value
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import REPO, check_ok, error_lines, histories, read_json, requires, train_own
 
@@ -169,7 +170,8 @@ def check_cell(name: str, switch: str, result: subprocess.CompletedProcess, wher
     elif switch == "evaluate":
         printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("test/"))
         tested = {key: value for key, value in read_json(where / "results.json").items() if key.startswith("test/")}
-        assert {key: float(value) for key, value in printed.items()} == tested, "the resumed run's own test numbers"
+        shown = {key: format_value(value) for key, value in tested.items()}
+        assert printed == shown, "the resumed run's own test numbers, as its results table shows them"
     else:
         outputs = torch.load(where / "predictions.pt", weights_only=True)
         assert outputs and all(len(output) == row.predicted for output in outputs.values()), outputs.keys()
