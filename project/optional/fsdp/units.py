@@ -22,6 +22,7 @@ What no unit takes belongs to the root unit around it (the strategy's: each netw
 parameter shared outside it is then refused in one line, before training.
 """
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -34,23 +35,30 @@ TRANSFORMER_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 KEY = "trainer.strategy.layer_classes"
 
 
-def parameter_holders(root: nn.Module) -> dict[int, list[str]]:
-    """Every parameter of `root` (by identity) and each name it is held under: two or more for a shared one (tied
-    weights, a module used at two places)."""
-    holders: dict[int, list[str]] = {}
+# Who holds a parameter: the module object (by identity) and its attribute, with one name it is reachable by.
+Holders = dict[int, dict[tuple[int, str], str]]
+
+
+def parameter_holders(root: nn.Module) -> Holders:
+    """Every parameter of `root` (by identity) and the modules holding it. FSDP replaces a parameter in each module
+    object that holds it, once per unit: two holders are tied weights (`head.weight = embed.weight`); one module
+    reached by two names (an alias, `self.backbone = self.model.backbone`) is one holder."""
+    holders: Holders = {}
     for module_name, module in root.named_modules(remove_duplicate=False):
         for name, parameter in module.named_parameters(recurse=False):
-            holders.setdefault(id(parameter), []).append(f"{module_name}.{name}" if module_name else name)
+            full_name = f"{module_name}.{name}" if module_name else name
+            holders.setdefault(id(parameter), {}).setdefault((id(module), name), full_name)
     return holders
 
 
-def shared_outside(name: str, module: nn.Module, holders: dict[int, list[str]]) -> tuple[str, str] | None:
-    """A parameter of `module` (at `name`) that a module outside it holds too: (its name inside, a name outside)."""
+def shared_outside(module: nn.Module, holders: Holders) -> tuple[str, str] | None:
+    """A parameter of `module` that a module outside it holds too: (a name of it inside, a name outside)."""
+    inside = {id(submodule) for submodule in module.modules()}
     for parameter in module.parameters():
-        names = holders[id(parameter)]
-        outside = [held for held in names if not held.startswith(f"{name}.")]
+        held = holders[id(parameter)]
+        outside = [name for (holder, _), name in held.items() if holder not in inside]
         if outside:
-            return next(held for held in names if held.startswith(f"{name}.")), outside[0]
+            return next(name for (holder, _), name in held.items() if holder in inside), outside[0]
     return None
 
 
@@ -70,8 +78,11 @@ def parameter_count(module: nn.Module) -> int:
 
 
 def default_units(root: nn.Module, roots: set[str], min_unit_params: int) -> list[str]:
-    """The blocks the module docstring describes, outermost only, in the order `root` holds them."""
+    """The blocks the module docstring describes, outermost only, in the order `root` holds them. A block reached by
+    two names (one module object called at two places) is none: it stays in the unit around it, which holds it
+    gathered for both calls."""
     holders = parameter_holders(root)
+    places = Counter(id(module) for _, module in root.named_modules(remove_duplicate=False))
     blocks = set(repeated_blocks(root)) | {
         name for name, module in root.named_modules() if isinstance(module, TRANSFORMER_LAYERS)
     }
@@ -79,7 +90,8 @@ def default_units(root: nn.Module, roots: set[str], min_unit_params: int) -> lis
         name
         for name in blocks - roots - {""}
         if parameter_count(module := root.get_submodule(name)) >= min_unit_params
-        and shared_outside(name, module, holders) is None
+        and places[id(module)] == 1
+        and shared_outside(module, holders) is None
     }
     outermost = [name for name in fit if not any(name.startswith(f"{other}.") for other in fit)]
     order = {name: index for index, (name, _) in enumerate(root.named_modules())}
@@ -92,7 +104,7 @@ def named_units(root: nn.Module, roots: set[str], layer_classes: tuple[type[nn.M
     units = []
     for name, module in root.named_modules():
         if name and name not in roots and isinstance(module, layer_classes):
-            shared = shared_outside(name, module, holders)
+            shared = shared_outside(module, holders)
             if shared is not None:
                 raise UserError(
                     f"{KEY} makes {name} ({type(module).__name__}) an FSDP unit of its own, but its parameter "
@@ -130,8 +142,8 @@ class UnitChoice:
 def check_roots_share_nothing(module: nn.Module, networks: dict[str, nn.Module]) -> None:
     """Refuse networks that share a parameter: each is a root unit, and would shard its own copy of it."""
     holders = parameter_holders(module)
-    for name, network in networks.items():
-        shared = shared_outside(name, network, holders)
+    for network in networks.values():
+        shared = shared_outside(network, holders)
         if shared is not None:
             raise UserError(
                 f"trainer=fsdp shards each network of {type(module).__name__} ({', '.join(networks)}) as a unit of "
