@@ -4,8 +4,9 @@ leaves out.
 `hints:` mirrors the config: each value under it is given to the `_target_` of the node at the same place, but only
 where that target's constructor names the argument, and unless the command line sets it itself. A recipe that knows
 the data (its channels, image size, number of classes) so fits any network: `experiment=image_folder_cnn` hints
-`model.network` with all three; the project's CNN takes them all, a torchvision ResNet swapped in by its `_target_`
-only `num_classes`, a network of your own perhaps none. Set on the network itself, each would fail a network without
+`model.network` with all three; the project's CNN takes them all, torchvision's `ResNet` class swapped in by its
+`_target_` only `num_classes`, its `resnet18` builder (which passes `**kwargs` on, naming none) and a network of your
+own perhaps none. Set on the network itself, each would fail a network without
 that argument ("unexpected keyword argument").
 
 A `_target_` replaced on the command line (`model.network._target_=torchvision.models.resnet18`,
