@@ -193,6 +193,9 @@ def start_module(
             stdout=out,
             stderr=err,
             start_new_session=new_session,
+            # Ctrl-C's SIGINT handled as a terminal's Python handles it, even where the suite itself was started
+            # with SIGINT ignored (a shell's background job): Python installs its handler only where it is not.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
 
