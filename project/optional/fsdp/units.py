@@ -78,11 +78,13 @@ def parameter_count(module: nn.Module) -> int:
 
 
 def default_units(root: nn.Module, roots: set[str], min_unit_params: int) -> list[str]:
-    """The blocks the module docstring describes, outermost only, in the order `root` holds them. A block reached by
-    two names (one module object called at two places) is none: it stays in the unit around it, which holds it
-    gathered for both calls."""
+    """The blocks the module docstring describes, outermost only, in the order `root` holds them. A block attached at
+    two places (one module object held by two parents, or twice by one) is none: it stays in the unit around it,
+    which holds it gathered for both calls. A block under an alias of its parent (`self.backbone = self.model`) is
+    attached once, and is one."""
     holders = parameter_holders(root)
-    places = Counter(id(module) for _, module in root.named_modules(remove_duplicate=False))
+    # `_modules`, not `named_children()`, which names a child held twice by one parent once.
+    places = Counter(id(child) for parent in root.modules() for child in parent._modules.values() if child is not None)
     blocks = set(repeated_blocks(root)) | {
         name for name, module in root.named_modules() if isinstance(module, TRANSFORMER_LAYERS)
     }

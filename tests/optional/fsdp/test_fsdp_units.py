@@ -93,3 +93,7 @@ def test_a_network_reached_by_two_names_is_no_parameter_shared_between_two_netwo
     module.backbone = module.model[0]
     check_roots_share_nothing(module, {"model": module.model, "backbone": module.backbone})
     assert UnitChoice(None, 0).of(module, {"model", "backbone"}) == ["model.2"], "the aliased layer stays in a root"
+
+    gpt = GPT()
+    gpt.trunk = gpt.blocks  # an alias of the blocks' parent: each block is still attached once
+    assert DEFAULT.of(gpt, set()) == ["blocks.1", "blocks.0"]
