@@ -17,11 +17,11 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.build import build
 from project.engine.checks import check_config
+from project.engine.data_sources import why_no_test
 from project.engine.errors import exit_on_user_error, in_sweep_job, run_hydra_app
 from project.engine.hints import give_hints
 from project.engine.history import summarise_history
@@ -35,8 +35,9 @@ from project.engine.trusted_targets import job_whitelist
 
 
 def train(cfg: DictConfig) -> dict:
-    """Fit and test the model `cfg` describes (test where the module has a test_step: a module may define none, as
-    Lightning's LightningTransformer demo does); return the results every run prints.
+    """Fit and test the model `cfg` describes (test where the module has a test_step and something serves its
+    batches: a module may define neither, as Lightning's LightningTransformer demo does); return the results every
+    run prints.
 
     `results_from` picks the weights the validation and test numbers (and so the value a sweep optimises) come
     from: `last`, the final epoch's, or `best`, the checkpoint with the best `optimized_metric`.
@@ -52,12 +53,13 @@ def train(cfg: DictConfig) -> dict:
             weights = trainer.checkpoint_callback.best_model_path
             trainer.validate(module, datamodule=datamodule, ckpt_path=weights, verbose=False)
             results |= metrics_of(trainer)
-        if is_overridden("test_step", module):
+        skipped = why_no_test(module, datamodule)
+        if skipped is None:
             trainer.test(module, datamodule=datamodule, ckpt_path=None if weights == "last" else weights, verbose=False)
             stop_if_signalled(trainer)
             results |= metrics_of(trainer)
         else:
-            rank_zero_info(f"no test: {type(module).__name__} defines no test_step")
+            rank_zero_info(f"no test: {skipped}")
         results |= summarise_history(cfg.run_dir, trainer.world_size, trainer.current_epoch) | {"weights": weights}
         # Inside the job: its end closes the loggers, after this last write to them.
         log_hyperparameters(trainer, cfg, results)

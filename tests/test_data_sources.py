@@ -5,6 +5,7 @@ line where there is none (project/engine/data_sources.py); the zoo (tests/test_z
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
@@ -13,7 +14,7 @@ from lightning.pytorch.demos.transformer import LightningTransformer
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.build import build
 from project.engine.checkpoints import refuse_a_resume_the_data_cannot_continue
-from project.engine.data_sources import check_data_for
+from project.engine.data_sources import check_data_for, why_no_test
 from project.engine.errors import UserError, error_line
 from project.engine.hydra_versions import VERSION_BASE
 from tests.foreign_modules import DictBatchData, DictBatchModule
@@ -87,3 +88,18 @@ def test_a_resume_inside_an_epoch_of_batches_a_module_serves_itself_is_refused()
     )
     trainer.global_step = 64
     refuse_a_resume_the_data_cannot_continue(trainer)  # an epoch's end: nothing to restore
+
+
+def test_train_tests_nothing_where_no_test_step_or_no_test_dataloader_serves_it_and_says_why():
+    """Training needs neither; project.train then skips its test with a line saying why, instead of a test over no
+    batches."""
+
+    class TrainOnly(BoringModel):
+        test_dataloader = L.LightningModule.test_dataloader
+
+    class NoTestStep(BoringModel):
+        test_step = L.LightningModule.test_step
+
+    assert why_no_test(BoringModel(), None) is None
+    assert why_no_test(TrainOnly(), None) == "neither TrainOnly defines a test_dataloader"
+    assert why_no_test(NoTestStep(), BoringDataModule()) == "NoTestStep defines no test_step"

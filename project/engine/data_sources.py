@@ -14,6 +14,25 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from project.engine.errors import UserError
 
 
+def serves(stage: str, module: L.LightningModule, datamodule: L.LightningDataModule | None) -> bool:
+    """Whether `module` or `datamodule` (None: `data=none`) defines `stage`'s dataloader."""
+    hook = f"{stage}_dataloader"
+    in_data = datamodule is not None and is_overridden(hook, datamodule, L.LightningDataModule)
+    return in_data or is_overridden(hook, module, L.LightningModule)
+
+
+def why_no_test(module: L.LightningModule, datamodule: L.LightningDataModule | None) -> str | None:
+    """Why `project.train` tests nothing after training, if it does not: the module defines no `test_step`, or
+    nothing defines a `test_dataloader` (training needs neither)."""
+    name = type(module).__name__
+    if not is_overridden("test_step", module, L.LightningModule):
+        return f"{name} defines no test_step"
+    if not serves("test", module, datamodule):
+        where = "" if datamodule is None else f" nor {type(datamodule).__name__}"
+        return f"neither {name}{where} defines a test_dataloader"
+    return None
+
+
 def check_data_for(
     stage: str, module: L.LightningModule, datamodule: L.LightningDataModule | None, program: str
 ) -> None:
@@ -22,16 +41,15 @@ def check_data_for(
     name = type(module).__name__
     if stage == "test" and not is_overridden("test_step", module, L.LightningModule):
         raise UserError(f"{program} runs the module's test_step, which {name} does not define: define test_step in it")
-    hook = f"{stage}_dataloader"
-    if is_overridden(hook, module, L.LightningModule):
+    if serves(stage, module, datamodule):
         return
+    hook = f"{stage}_dataloader"
     if datamodule is None:
         raise UserError(
             f"{program} needs a {hook}, and {name} defines none while data=none gives it no data module: define "
             f"{hook} in {name}, or choose a data module (data=<option>)"
         )
-    if not is_overridden(hook, datamodule, L.LightningDataModule):
-        raise UserError(
-            f"{program} needs a {hook}, which neither {name} nor {type(datamodule).__name__} defines: define "
-            f"{hook} in one of them"
-        )
+    raise UserError(
+        f"{program} needs a {hook}, which neither {name} nor {type(datamodule).__name__} defines: define "
+        f"{hook} in one of them"
+    )
