@@ -4,9 +4,9 @@ Lightning's `ModelCheckpoint(monitor=...)` ends the run at the first validation 
 monitored key. A module of the user's own logs metrics of its own names, so at that first validation this says,
 in one line, which metrics the module does log and how to pick one; the run goes on without a best checkpoint. So
 does each job of a grid sweep (`-m seed=1,2`), which needs no objective: its table shows `-` for the metric.
-Where the run needs that metric (`results_from=best`, or a job of a search, whose sweeper optimises the metric) it is
-an `ObjectiveNotLogged` there instead, before more epochs are spent; a search's every trial would meet it alike, so
-it ends the search at its first trial, in that one line.
+Where the run needs that metric it is an error there instead, before more epochs are spent: with `results_from=best`
+(in a grid sweep, that job fails alone), and in a job of a search, whose sweeper optimises the metric; every trial
+of a search would meet it alike, so it ends the search at its first trial, in that one line (`ObjectiveNotLogged`).
 """
 
 import sys
@@ -21,7 +21,7 @@ from project.engine.sweeps import in_a_search
 
 
 class ObjectiveNotLogged(UserError):
-    """The module does not log the metric the run's result is: the end of a search, not only of its trial."""
+    """The module does not log the metric a search optimises: the end of the search, not only of its trial."""
 
     ends_the_sweep = True
 
@@ -54,8 +54,9 @@ class BestCheckpoint(ModelCheckpoint):
                 f"optimized_metric={self.monitor} is not logged by {module}, which logs no metric: log one with "
                 "self.log in the module and name it with optimized_metric=<name> optimized_mode=min|max"
             )
-        if self.results_from == "best" or in_a_search():
-            reason = "results_from=best is that metric" if self.results_from == "best" else "the search optimises it"
-            raise ObjectiveNotLogged(f"{message} ({reason})")
+        if in_a_search():
+            raise ObjectiveNotLogged(f"{message} (the search optimises it)")
+        if self.results_from == "best":
+            raise UserError(f"{message} (results_from=best is that metric)")
         if trainer.global_rank == 0:
             report(f"warning: {message}; no best checkpoint is kept", sys.stderr)
