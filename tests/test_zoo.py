@@ -15,6 +15,7 @@ either worker.
 
 import math
 import random
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -96,7 +97,6 @@ CELLS: dict[tuple[str, str], str] = {
     }.items()
     for switch, outcome in outcomes.items()
 }
-# Cells that fail today for a change made elsewhere; each entry goes once that change is in.
 WORLD_SIZE = {"single": 1, "ddp": 2, "ddp_spawn": 2, "fsdp": 2, "bf16-mixed": 1, "sweep": 1}
 OWN_RUN = {  # the switches whose cell is one run of its own: their overrides
     "ddp": ("trainer=ddp",),
@@ -109,8 +109,7 @@ TINY = ("logger=none", "trainer.max_epochs=1")
 
 
 def cells(switches: tuple[str, ...]) -> list:
-    """The cells of `switches` in every row, each skipped where an optional part it needs is deleted, and an xfail
-    while it waits."""
+    """The cells of `switches` in every row, each skipped where an optional part it needs is deleted."""
     params = []
     for name, row in ROWS.items():
         for switch in switches:
@@ -172,6 +171,7 @@ def check_cell(name: str, switch: str, result: subprocess.CompletedProcess, wher
         tested = {key: value for key, value in read_json(where / "results.json").items() if key.startswith("test/")}
         shown = {key: format_value(value) for key, value in tested.items()}
         assert printed == shown, "the resumed run's own test numbers, as its results table shows them"
+        assert re.search(r"^test step (\d+)/\1\b", result.stdout, flags=re.MULTILINE), "its last test batch run"
     else:
         outputs = torch.load(where / "predictions.pt", weights_only=True)
         assert outputs and all(len(output) == row.predicted for output in outputs.values()), outputs.keys()

@@ -1,9 +1,10 @@
 """Lightning's default `predict_step`, for a module that defines none: it calls the module's `forward` with the whole
-batch. A `forward` that takes something else (inputs and targets as two arguments, a part of the batch) fails at that
-call with a TypeError, which here becomes one line saying to define `predict_step`.
+batch as one argument. A `forward` whose arguments cannot take it so (inputs and targets as two arguments) fails at
+that call with a TypeError, which here becomes one line saying to define `predict_step`.
 
 Only that failure: a module that defines its own `predict_step`, or a TypeError raised inside its `forward` (its own
-code, once the call has bound its arguments), keeps its traceback.
+code, once the call has bound its arguments), keeps its traceback. So does a `forward(x)` handed the whole `(x, y)`,
+which fails inside its own code: nothing tells that apart from a fault of that code.
 """
 
 import traceback
