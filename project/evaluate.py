@@ -8,10 +8,9 @@ bar in a terminal, plain lines in a file or a pipe.
 """
 
 import lightning as L
-from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
-from project.engine.build import instantiate_group, switched_on
+from project.engine.build import configured_callbacks, progress_bar_switch
 from project.engine.data_sources import check_data_for
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.hydra_versions import hydra_main
@@ -24,15 +23,14 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test metrics of the checkpoint `cfg.ckpt_path` on the test split of the data it was trained on."""
     datamodule, module = rebuild_trained(cfg, "project.evaluate")
     check_data_for("test", module, datamodule, "project.evaluate")
-    progress = [instantiate_group("callbacks", node) for node in switched_on(cfg.callbacks)]
+    progress = configured_callbacks(cfg.callbacks)
     trainer = L.Trainer(
         accelerator=cfg.accelerator,
         devices=1,
         logger=False,
         enable_checkpointing=False,
         callbacks=progress,
-        # Without one of conf/callbacks/, Lightning would add its own bar.
-        enable_progress_bar=any(isinstance(callback, ProgressBar) for callback in progress),
+        **progress_bar_switch(progress),
     )
     with blamed_on_data_given(cfg):
         trainer.test(module, datamodule=datamodule, verbose=False)

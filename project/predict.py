@@ -17,12 +17,11 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine import predictions
-from project.engine.build import instantiate_group, switched_on
+from project.engine.build import configured_callbacks, instantiate_group, progress_bar_switch
 from project.engine.data_sources import check_data_for
 from project.engine.default_predict_step import predict_step_needed
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
@@ -49,15 +48,14 @@ def predict(
         datamodule.predict_split = cfg.split
     # The ranks of a DDP prediction check that they composed the same config (`HydraDDPStrategy`).
     same_config = RunConfigCallback(OmegaConf.to_container(cfg, resolve=True))
-    progress = [instantiate_group("callbacks", node) for node in switched_on(cfg.callbacks)]
+    progress = configured_callbacks(cfg.callbacks)
     trainer: L.Trainer = instantiate_group(
         "trainer",
         cfg.trainer,
         logger=False,
         enable_checkpointing=False,
         callbacks=[same_config, *progress],
-        # Without one of conf/callbacks/, Lightning would add its own bar.
-        enable_progress_bar=any(isinstance(callback, ProgressBar) for callback in progress),
+        **progress_bar_switch(progress),
     )
     if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
         raise UserError(

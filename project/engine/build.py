@@ -61,7 +61,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     datamodule = instantiate_group("data", cfg.data) if cfg.data else None  # data=none: an empty config
     module: L.LightningModule = instantiate_group("model", cfg.model)
     check_data_for("train", module, datamodule, "project.train")
-    callbacks = [instantiate_group("callbacks", callback) for callback in switched_on(cfg.callbacks)]
+    callbacks = configured_callbacks(cfg.callbacks)
     callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), PartWayResumeCheck()]
     callbacks += [ResumedWeightsCheck(cfg.ckpt_path), TrainingStarts()]
     callbacks += extra_callbacks
@@ -71,17 +71,15 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     if cfg.get("stop_when_diverged", True):
         callbacks.insert(0, DivergenceGuard())  # first: it checks before any checkpoint callback writes
     loggers = [instantiate_group("logger", logger) for logger in cfg.logger.values()]
-    # Checkpoints and progress come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add
-    # its own checkpoints, and its own bar, whose redraws a log file or a pipe keeps (`project.engine.progress`).
+    # Checkpoints come from conf/callbacks/ alone: with none there (callbacks=none) Lightning would add its own.
     checkpointing = any(isinstance(callback, ModelCheckpoint) for callback in callbacks)
-    no_bar = {} if any(isinstance(callback, ProgressBar) for callback in callbacks) else {"enable_progress_bar": False}
     trainer: L.Trainer = instantiate_group(
         "trainer",
         cfg.trainer,
         callbacks=callbacks,
         logger=loggers or False,
         enable_checkpointing=checkpointing,
-        **no_bar,
+        **progress_bar_switch(callbacks),
     )
     check_launched_on_every_node(trainer)
     return TrainingSetup(datamodule, module, trainer, cfg.ckpt_path)
@@ -106,6 +104,18 @@ def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
             mistyped = mistyped_value(node, group)
             raise UserError(mistyped or f"{group}{overrides_of(group)}: {cause}") from None
         raise
+
+
+def configured_callbacks(callbacks: DictConfig) -> list[L.Callback]:
+    """The callbacks of conf/callbacks/ that `callbacks` switches on (`switched_on`), built."""
+    return [instantiate_group("callbacks", node) for node in switched_on(callbacks)]
+
+
+def progress_bar_switch(callbacks: Sequence[L.Callback]) -> dict[str, bool]:
+    """The Trainer's keyword that leaves progress to conf/callbacks/ alone: with no bar among `callbacks`
+    (callbacks=none) Lightning would add its own, whose redraws a log file or a pipe keeps (`project.engine.progress`).
+    Used by project.train, project.evaluate and project.predict alike."""
+    return {} if any(isinstance(callback, ProgressBar) for callback in callbacks) else {"enable_progress_bar": False}
 
 
 def switched_on(callbacks: DictConfig) -> list[DictConfig]:
