@@ -14,7 +14,7 @@ Each rank holds 1/world_size of every parameter, gradient and optimizer state; t
 under DDP (one data-parallel mesh dimension of world_size ranks), so the same global batch gives the same steps.
 """
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +36,7 @@ from project.engine.ddp import HydraJobRanks
 from project.engine.errors import UserError
 from project.engine.networks import networks_of
 from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish, remove
-from project.optional.fsdp.units import KEY, UnitChoice, check_roots_share_nothing
+from project.optional.fsdp.units import KEY, UnitChoice
 
 # Trainer precisions FSDP2 trains in here; the others are refused as the Trainer is built.
 FSDP_PRECISIONS = ("32-true", "32", "bf16-mixed")
@@ -67,15 +67,14 @@ def shard_module(module: nn.Module, units: UnitChoice, mesh: DeviceMesh, policy:
             f"({', '.join(own)}): move them into a submodule, or shard the module yourself in its configure_model"
         )
     networks = networks_of(module)
-    check_roots_share_nothing(module, networks)
-    shard_units(module, units, mesh, policy, roots=set(networks))
+    shard_units(module, units, mesh, policy, roots=list(networks))
     for network in networks.values():
         if not isinstance(network, FSDPModule):
             fully_shard(network, mesh=mesh, mp_policy=policy)
 
 
 def shard_units(
-    module: nn.Module, units: UnitChoice, mesh: DeviceMesh, policy: MixedPrecisionPolicy, roots: set[str]
+    module: nn.Module, units: UnitChoice, mesh: DeviceMesh, policy: MixedPrecisionPolicy, roots: Collection[str]
 ) -> None:
     """Make each unit `project.optional.fsdp.units` chooses in `module` an FSDP unit of its own, innermost first;
     `module` itself and `roots` are the caller's to shard, or not."""

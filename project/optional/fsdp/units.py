@@ -23,7 +23,7 @@ parameter shared outside it is then refused in one line, before training.
 """
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from hydra.utils import get_class
@@ -77,12 +77,11 @@ def parameter_count(module: nn.Module) -> int:
     return sum(parameter.numel() for parameter in module.parameters())
 
 
-def default_units(root: nn.Module, roots: set[str], min_unit_params: int) -> list[str]:
+def default_units(root: nn.Module, roots: Collection[str], min_unit_params: int, holders: Holders) -> list[str]:
     """The blocks the module docstring describes, outermost only, in the order `root` holds them. A block attached at
     two places (one module object held by two parents, or twice by one) is none: it stays in the unit around it,
     which holds it gathered for both calls. A block under an alias of its parent (`self.backbone = self.model`) is
     attached once, and is one."""
-    holders = parameter_holders(root)
     # `_modules`, not `named_children()`, which names a child held twice by one parent once.
     places = Counter(id(child) for parent in root.modules() for child in parent._modules.values() if child is not None)
     blocks = set(repeated_blocks(root)) | {
@@ -90,7 +89,7 @@ def default_units(root: nn.Module, roots: set[str], min_unit_params: int) -> lis
     }
     fit = {
         name
-        for name in blocks - roots - {""}
+        for name in blocks - set(roots) - {""}
         if parameter_count(module := root.get_submodule(name)) >= min_unit_params
         and places[id(module)] == 1
         and shared_outside(module, holders) is None
@@ -100,9 +99,10 @@ def default_units(root: nn.Module, roots: set[str], min_unit_params: int) -> lis
     return sorted(outermost, key=order.__getitem__)
 
 
-def named_units(root: nn.Module, roots: set[str], layer_classes: tuple[type[nn.Module], ...]) -> list[str]:
+def named_units(
+    root: nn.Module, roots: Collection[str], layer_classes: tuple[type[nn.Module], ...], holders: Holders
+) -> list[str]:
     """Every submodule of `layer_classes` but `root` and `roots`; refused where one holds a shared parameter."""
-    holders = parameter_holders(root)
     units = []
     for name, module in root.named_modules():
         if name and name not in roots and isinstance(module, layer_classes):
@@ -131,24 +131,26 @@ class UnitChoice:
         classes = None if layer_classes is None else tuple(get_class(path) for path in layer_classes)
         return cls(classes, min_unit_params)
 
-    def of(self, root: nn.Module, roots: set[str]) -> list[str]:
+    def of(self, root: nn.Module, roots: Collection[str]) -> list[str]:
         """The names of the submodules of `root` to make FSDP units, innermost first (a unit's parameters are those
-        its units inside it leave over, so they are sharded first). `roots`: names the caller shards itself."""
+        its units inside it leave over, so they are sharded first). `roots`: the names of the children the caller
+        shards as root units itself, refused where two of them share a parameter."""
+        holders = parameter_holders(root)
+        check_roots_share_nothing(root, roots, holders)
         if self.layer_classes is None:
-            units = default_units(root, roots, self.min_unit_params)
+            units = default_units(root, roots, self.min_unit_params, holders)
         else:
-            units = named_units(root, roots, self.layer_classes)
+            units = named_units(root, roots, self.layer_classes, holders)
         return units[::-1]
 
 
-def check_roots_share_nothing(module: nn.Module, networks: dict[str, nn.Module]) -> None:
-    """Refuse networks that share a parameter: each is a root unit, and would shard its own copy of it."""
-    holders = parameter_holders(module)
-    for network in networks.values():
-        shared = shared_outside(network, holders)
+def check_roots_share_nothing(module: nn.Module, roots: Collection[str], holders: Holders) -> None:
+    """Refuse root units (children of `module`) that share a parameter: each would shard its own copy of it."""
+    for name in roots:
+        shared = shared_outside(module.get_submodule(name), holders)
         if shared is not None:
             raise UserError(
-                f"trainer=fsdp shards each network of {type(module).__name__} ({', '.join(networks)}) as a unit of "
+                f"trainer=fsdp shards each network of {type(module).__name__} ({', '.join(roots)}) as a unit of "
                 f"its own, and {shared[0]} is also {shared[1]}: FSDP would train the two apart. Keep the modules "
                 "that share it in one network (one submodule of the LightningModule)"
             )
