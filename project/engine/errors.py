@@ -271,7 +271,8 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
             return function(*args, **kwargs)
         except Exception as error:
             user_error = find_user_error(error)
-            sweep_goes_on = in_sweep_job() and not getattr(user_error, "ends_the_sweep", False)
+            sweep_job = in_sweep_job()
+            sweep_goes_on = sweep_job and not getattr(user_error, "ends_the_sweep", False)
             if user_error is None:  # a bug: its traceback, in the log file too
                 to_log_file("".join(traceback.format_exception(error)), logging.ERROR)
                 if not sweep_goes_on:
@@ -282,7 +283,7 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
                 to_log_file(line, logging.ERROR)
             else:
                 report(line, sys.stderr, logging.ERROR)
-            if in_sweep_job() and not isinstance(user_error, RunStopped):  # a stopped job is not a failed one
+            if sweep_job and not isinstance(user_error, RunStopped):  # a stopped job is not a failed one
                 record_failed_job(line)
             if sweep_goes_on:
                 return None
