@@ -58,6 +58,7 @@ def main(python_args: list[str]) -> None:
         "env": dict(os.environ),
         "fds": descriptors,
         "new_session": False,
+        "affinity": sorted(os.sched_getaffinity(0)),  # a launcher's choice of cores for it (hydra/launcher=parallel)
         "stand_in": True,
         "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
     }

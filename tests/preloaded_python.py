@@ -4,7 +4,7 @@ Most of the suite's processes are Python programs of the project: runs, the rank
 torchrun's agents and workers, Slurm tasks, `ddp_spawn`'s workers. Each fresh interpreter spends seconds importing
 the same libraries before it does anything. The tests hand such processes to this server instead: it forks a child
 that becomes the process `python -m <module>` (or multiprocessing's `python -c ... --multiprocessing-fork`) would
-be: its own pid, working directory, environment, argv, open files (stdin, stdout, stderr and any other descriptor
+be: its own pid, working directory, CPU affinity, environment, argv, open files (stdin, stdout, stderr and any other descriptor
 the caller passed on, so a pipe stays a pipe and a log file keeps its offset), session, signal dispositions and,
 where the caller lives in other namespaces (a node of the local Slurm cluster), that node's network, hostname and
 mounts. `__main__` is the module, so exit statuses, signals, the ranks it launches and the files it writes are
@@ -174,6 +174,8 @@ def become(request: dict, descriptors: list[int], client: int) -> None:
     join_namespaces(client)
     if request["new_session"]:
         os.setsid()
+    if "affinity" in request:
+        os.sched_setaffinity(0, request["affinity"])
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])

@@ -1,0 +1,244 @@
+"""The launching side of `hydra/launcher=parallel`: a sweep's jobs started side by side, one per free slot.
+
+Each job is a Python of its own (`project.optional.parallel.worker`), started in a new session with its slot's
+GPUs as its CUDA_VISIBLE_DEVICES and its slot's cores as its CPU affinity, so it sees and uses those alone, and its
+DDP ranks and DataLoader workers with it. Its console output goes to `console.log` in its job dir (its `train.log`
+holds what it reports, as any run's). A slot is free again as its job's process ends, however it ends:
+- a job that fails (its error line, error.txt) fails alone, as under Hydra's own launcher; so does one whose process
+  was killed (out of memory): the launcher writes its error.txt;
+- a job that ends in a way every job would meet (a stop, `UserError.ends_the_sweep`) ends the sweep, as it would the
+  sweep's process under Hydra's own launcher: the other jobs are stopped (SIGTERM: each writes its checkpoint) and
+  the launcher exits with that job's line and status;
+- Ctrl-C or SIGTERM to the launching process is passed on once to every running job's process group (the jobs run
+  in sessions of their own, so a terminal's Ctrl-C reaches them through here only, once); each stops at a step as a
+  run does, and the sweep ends with the line that carries it on (exit 130 or 143). A job that has not ended
+  `stop_grace_s` later, or when the signal comes again, is killed with all its processes. A job outlives no
+  launcher: it is sent SIGTERM as its launcher's process ends, however that ends (Linux's PR_SET_PDEATHSIG).
+"""
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, setup_globals
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from project.engine.errors import UserError
+from project.engine.results import format_value
+from project.engine.run_log import report
+from project.engine.sweeps import ERROR_FILE, continue_hint, refuse
+from project.optional.parallel.slots import Slot, plan_slots, visible_gpus
+from project.optional.parallel.worker import RETURN_FD
+
+log = logging.getLogger(__name__)
+# The job's console output, in its job dir.
+CONSOLE_FILE = "console.log"
+PR_SET_PDEATHSIG = 1
+# How often the launcher looks for jobs that ended.
+POLL_SECONDS = 0.2
+STOPS = {signal.SIGINT: "interrupted by the user (Ctrl-C)", signal.SIGTERM: "stopped by SIGTERM"}
+
+
+@dataclass
+class RunningJob:
+    number: int
+    overrides: list[str]
+    slot: Slot
+    process: subprocess.Popen
+    answer: int  # the read end of the pipe the job's return value comes back on
+    directory: Path
+    started: float
+
+
+@dataclass
+class SweepStop:
+    """Why the sweep is ending before its last job: a signal to the launcher, or a job that ended the sweep."""
+
+    status: int
+    line: str
+    deadline: float
+    killed: bool = False
+
+
+def task_location(task: Any) -> tuple[str, str, str | None]:
+    """Where a new Python finds `task`: its module's name and the name `hydra.main`'s function has there, or the
+    file of a script run by path."""
+    module = sys.modules.get(task.__module__)
+    if getattr(getattr(module, task.__name__, None), "__wrapped__", None) is not task:
+        raise UserError(
+            f"hydra/launcher=parallel starts each job in a new Python, which finds the job's function by its module "
+            f"and name, and {task.__module__}.{task.__name__} is not the @hydra.main function there: define it at "
+            "the top level of its module, or run this sweep with Hydra's own launcher (hydra/launcher=basic)"
+        )
+    if task.__module__ != "__main__":
+        return task.__module__, task.__name__, None
+    spec = getattr(module, "__spec__", None)
+    if spec is not None and spec.name:  # python -m package.module
+        return spec.name, task.__name__, None
+    return "", task.__name__, os.path.abspath(module.__file__)
+
+
+def job_config(launcher: Any, overrides: list[str], number: int) -> DictConfig:
+    """The job's composed config, as Hydra's own launcher composes it, with its dir resolved here: a resolver that
+    names a dir (`${now:...}`) would name another in the job's own process."""
+    config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+    with open_dict(config):
+        config.hydra.job.id = number
+        config.hydra.job.num = number
+        config.hydra.sweep.dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
+        config.hydra.sweep.subdir = str(OmegaConf.select(config, "hydra.sweep.subdir"))
+    return config
+
+
+def slot_setup(cores: tuple[int, ...]) -> None:
+    """Runs in the job's process before Python starts: its cores, and a SIGTERM when its launcher ends."""
+    os.sched_setaffinity(0, cores)
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start(launcher: Any, task: tuple, overrides: list[str], number: int, slot: Slot) -> RunningJob:
+    config = job_config(launcher, overrides, number)
+    directory = Path(config.hydra.sweep.dir, config.hydra.sweep.subdir)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / ERROR_FILE).unlink(missing_ok=True)  # a failed job run again by the sweep carried on
+    context = dataclasses.replace(launcher.hydra_context, config_loader=None)  # the job composes nothing
+    payload = pickle.dumps({"config": config, "hydra_context": context, "task": task, "slot": slot.describe()})
+    answer, answer_end = os.pipe()
+    environment = os.environ | {RETURN_FD: str(answer_end)}
+    if slot.gpus:
+        environment["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
+    with open(directory / CONSOLE_FILE, "ab") as console:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "project.optional.parallel.worker"],
+            stdin=subprocess.PIPE,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            pass_fds=(answer_end,),
+            start_new_session=True,
+            preexec_fn=lambda: slot_setup(slot.cores),
+        )
+    os.close(answer_end)
+
+    def hand_over() -> None:  # larger than a pipe holds, and read once the job's Python has started
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.write(payload)
+            process.stdin.close()
+
+    threading.Thread(target=hand_over, daemon=True).start()
+    report(f"job {number} started in {slot.describe()}: {' '.join(filter_overrides(overrides)) or 'no overrides'}")
+    return RunningJob(number, list(overrides), slot, process, answer, directory, time.monotonic())
+
+
+def signal_group(job: RunningJob, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(job.process.pid, number)
+
+
+def last_error_line(job: RunningJob) -> str | None:
+    console = job.directory / CONSOLE_FILE
+    lines = console.read_text(errors="replace").splitlines() if console.is_file() else []
+    return next((line for line in reversed(lines) if line.startswith("error: ")), None)
+
+
+def finish(job: RunningJob, stop: SweepStop | None, metric: str) -> tuple[JobReturn, SweepStop | None]:
+    """The job's return, from what it sent back and how its process ended; a stop, where its end ends the sweep."""
+    with os.fdopen(job.answer) as answer:
+        sent = answer.read()
+    status = job.process.returncode
+    elapsed = f"{time.monotonic() - job.started:.0f} s"
+    outcome = JobReturn(overrides=job.overrides, working_dir=os.getcwd(), status=JobStatus.COMPLETED)
+    if sent:
+        answer = json.loads(sent)
+        if "error" in answer:
+            outcome.status, outcome.return_value = JobStatus.FAILED, RuntimeError(answer["error"])
+        else:
+            outcome.return_value = answer["value"]
+        error_file = job.directory / ERROR_FILE
+        error = error_file.read_text().strip() if error_file.is_file() else answer.get("error")
+        what = f"failed: {error.removeprefix('error: ')}" if error else f"{metric} {format_value(answer['value'])}"
+        report(f"job {job.number} ended after {elapsed}: {what}")
+        return outcome, None
+    if status < 0 and stop is None:  # killed from outside (the kernel, out of memory): this job alone fails
+        name = signal.Signals(-status).name
+        line = f"error: the job's process was killed by {name} (out of memory, or from outside): see {CONSOLE_FILE}"
+        (job.directory / ERROR_FILE).write_text(line + "\n")
+        report(f"job {job.number} {line}", sys.stderr)
+        return outcome, None
+    if stop is not None:
+        own = last_error_line(job) or ""  # "...: carry the sweep on ...; this job resumes from its last checkpoint"
+        report(f"job {job.number} stopped after {elapsed}" + (f": {own.rsplit('; ', 1)[-1]}" if "; " in own else ""))
+        return outcome, None
+    line = last_error_line(job) or f"error: job {job.number} ended with status {status}: see {CONSOLE_FILE} in its dir"
+    report(f"job {job.number} ended the sweep after {elapsed}")
+    return outcome, SweepStop(status, line, deadline=0.0)  # the launcher sets the other jobs' deadline
+
+
+def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) -> list[JobReturn]:
+    """Run the jobs, `len(slots)` at once; their returns in job order (the module docstring says how they end)."""
+    setup_globals()
+    HydraConfig.instance().set_config(launcher.config)  # the sweep's, for the line that carries it on
+    try:
+        gpus = [str(gpu) for gpu in launcher.devices] if launcher.devices is not None else visible_gpus()
+        slots = plan_slots(gpus, sorted(os.sched_getaffinity(0)), launcher.devices_per_job, launcher.jobs_at_once)
+        task = task_location(launcher.task_function)
+    except UserError as error:
+        refuse(str(error))
+    waiting = deque(enumerate(job_overrides, start=initial_job_idx))
+    free = deque(slots)
+    running: list[RunningJob] = []
+    returns: dict[int, JobReturn] = {}
+    stop: SweepStop | None = None
+    log.info(f"Launching {len(job_overrides)} jobs, {len(slots)} at once")
+
+    def on_signal(number: int, frame: Any) -> None:
+        nonlocal stop
+        if stop is None:
+            line = f"error: {STOPS[signal.Signals(number)]}: {continue_hint()}"
+            stop = SweepStop(128 + number, line, time.monotonic() + launcher.stop_grace_s)
+            for job in running:
+                signal_group(job, number)
+        else:  # a second time: at once
+            stop.deadline = 0.0
+
+    previous = {number: signal.signal(number, on_signal) for number in STOPS}
+    try:
+        while running or (waiting and stop is None):
+            while waiting and free and stop is None:
+                number, overrides = waiting.popleft()
+                running.append(start(launcher, task, overrides, number, free.popleft()))
+            time.sleep(POLL_SECONDS)
+            for job in [job for job in running if job.process.poll() is not None]:
+                running.remove(job)
+                free.append(job.slot)
+                returns[job.number], ends = finish(job, stop, launcher.config.optimized_metric)
+                if ends is not None and stop is None:
+                    stop = dataclasses.replace(ends, deadline=time.monotonic() + launcher.stop_grace_s)
+                    for other in running:
+                        signal_group(other, signal.SIGTERM)
+            if stop is not None and not stop.killed and time.monotonic() > stop.deadline:
+                stop.killed = True
+                for job in running:
+                    signal_group(job, signal.SIGKILL)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if stop is not None:
+        report(stop.line, sys.stderr)
+        sys.exit(stop.status)
+    return [returns[number] for number in sorted(returns)]

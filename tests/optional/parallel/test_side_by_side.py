@@ -1,0 +1,129 @@
+"""`hydra/launcher=parallel` as a user meets it: jobs at once on devices of their own, in Pythons of their own.
+
+The GPUs are listed (`hydra.launcher.devices`): on a machine without any, each job still gets its own
+CUDA_VISIBLE_DEVICES, which is what a job saw that these tests check. The preloaded Python forks the launcher and its
+jobs (each with the affinity and session the launcher gave it, tests/preloaded_python.py); the SIGTERM case runs
+them as a user's are, fresh interpreters.
+"""
+
+import json
+import os
+import re
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.faults import (
+    SWEEP_FAILED,
+    assert_no_process_left,
+    background_run,
+    end_of,
+    last_line,
+    output_of,
+)
+from tests.helpers import check_ok, run_module
+
+pytestmark = pytest.mark.slow
+SIDE_BY_SIDE = ("hydra/launcher=parallel", "hydra.launcher.devices=[0,1,2,3]", "hydra.launcher.devices_per_job=2")
+# Long enough that the stop comes while both first jobs train.
+EPOCHS = 600
+GIVEN = re.compile(r"it sees CUDA_VISIBLE_DEVICES=(?P<gpus>[\w,]+), cores (?P<cores>[\d,]+)")
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]", re.MULTILINE)
+
+
+def what_the_job_saw(job_dir: Path) -> tuple[set[str], set[str], float, float]:
+    """The GPUs and cores a job's own process saw (its train.log says), and when it logged first and last."""
+    log = (job_dir / "train.log").read_text()
+    [seen] = GIVEN.findall(log)
+    stamps = [datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() for stamp in STAMP.findall(log)]
+    return set(seen[0].split(",")), set(seen[1].split(",")), stamps[0], stamps[-1]
+
+
+def test_jobs_run_two_at_once_each_on_its_own_gpus_and_cores_and_a_failed_job_frees_its_slot(tmp_path: Path):
+    """Jobs 1 and 3 fail as they start (a refused learning rate): each fails alone, and the job after job 1 takes
+    its slot while job 0 still trains."""
+    sweep_dir = tmp_path / "sweep"
+    result = run_module(
+        "project.train",
+        "-m",
+        "seed=1,2",
+        "model.optimizer.lr=0.1,-1",
+        "trainer.max_epochs=400",
+        "logger=none",
+        *SIDE_BY_SIDE,
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == SWEEP_FAILED, result.stderr[-3000:]
+    assert last_line(result.stderr).startswith("error: 2 of 4 sweep jobs failed (job 1, 3)"), result.stderr[-2000:]
+    seen = {job: what_the_job_saw(sweep_dir / str(job)) for job in range(4)}
+    assert {frozenset(gpus) for gpus, *_ in seen.values()} == {frozenset("01"), frozenset("23")}
+    assert all(json.loads((sweep_dir / str(job) / "results.json").read_text())["val/acc"] == 1.0 for job in (0, 2))
+    assert all((sweep_dir / str(job) / "error.txt").is_file() for job in (1, 3))
+    for first in range(4):
+        for second in range(first + 1, 4):
+            (gpus_a, cores_a, start_a, end_a), (gpus_b, cores_b, start_b, end_b) = seen[first], seen[second]
+            if start_a < end_b and start_b < end_a:  # at the same time: nothing shared
+                assert not gpus_a & gpus_b and not cores_a & cores_b, (first, second, seen)
+    assert seen[1][2] < seen[0][3], "jobs 0 and 1 ran at once"
+    assert seen[2][0] == seen[1][0], "job 2 took job 1's slot"
+    launches = [line for line in result.stdout.splitlines() if line.startswith("job ")]
+    assert launches.index(next(line for line in launches if line.startswith("job 2 started"))) < launches.index(
+        next(line for line in launches if line.startswith("job 0 ended"))
+    ), launches
+    assert re.search(r"^job 1 ended after \d+ s: failed: model.optimizer.lr must be", result.stdout, re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("stop", "carry_on"), [(signal.SIGINT, True), pytest.param(signal.SIGTERM, False, marks=pytest.mark.fresh)]
+)
+def test_a_stopped_sweep_stops_every_job_leaves_no_process_and_carries_on_where_each_stopped(
+    tmp_path: Path, stop: signal.Signals, carry_on: bool
+):
+    """Ctrl-C (to the launcher's whole process group, as a terminal sends it) or SIGTERM (to the launcher alone):
+    both running jobs stop at a step with a checkpoint, the third never starts, and the same command carries on
+    (after Ctrl-C: it is the same sweep dir either way)."""
+    sweep_dir = tmp_path / "sweep"
+    command = [
+        "-m",
+        "seed=1,2,3",
+        f"trainer.max_epochs={EPOCHS}",
+        "logger=none",
+        *SIDE_BY_SIDE,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    with background_run(command, tmp_path, new_session=True) as proc:
+        deadline = time.monotonic() + 180
+        while not all((sweep_dir / str(job) / "checkpoints" / "last.ckpt").is_file() for job in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, output_of(tmp_path)[1][-3000:]
+            time.sleep(0.2)
+        if stop == signal.SIGINT:
+            os.killpg(proc.pid, stop)
+        else:
+            os.kill(proc.pid, stop)
+        status = end_of(proc, tmp_path, timeout=120)
+    stdout, stderr = output_of(tmp_path)
+    assert status == 128 + stop, stderr[-3000:]
+    cause = "interrupted by the user (Ctrl-C)" if stop == signal.SIGINT else "stopped by SIGTERM"
+    assert (
+        last_line(stderr)
+        == f"error: {cause}: carry the sweep on with the same command (its finished jobs are not run again)"
+    )
+    stopped = re.findall(
+        r"^job (\d) stopped after \d+ s: this job resumes from its last checkpoint \(step", stdout, re.M
+    )
+    assert sorted(stopped) == ["0", "1"], stdout
+    assert not (sweep_dir / "2").exists(), "the third job never started"
+    assert_no_process_left(tmp_path)
+    if not carry_on:
+        return
+    check_ok(run_module("project.train", *command, cwd=tmp_path))
+    for job in range(3):
+        job_dir = sweep_dir / str(job)
+        assert json.loads((job_dir / "results.json").read_text())["epochs"] == EPOCHS
+        resumed = f"Restored all states from the checkpoint at {job_dir / 'checkpoints' / 'last.ckpt'}"
+        assert (resumed in (job_dir / "train.log").read_text()) == (job < 2), job
+    assert_no_process_left(tmp_path)

@@ -1,0 +1,51 @@
+"""How `hydra/launcher=parallel` shares out one machine: GPUs and cores per slot, no two slots sharing either."""
+
+import pytest
+
+from project.engine.errors import UserError
+from project.optional.parallel.slots import plan_slots, visible_gpus
+
+
+def test_gpus_are_dealt_out_devices_per_job_at_a_time_and_the_cores_shared_equally():
+    slots = plan_slots(["0", "1", "2", "3", "4"], list(range(8)), devices_per_job=2, jobs_at_once=None)
+    assert [slot.gpus for slot in slots] == [("0", "1"), ("2", "3")], "the fifth GPU makes no slot of two"
+    assert [slot.cores for slot in slots] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+def test_jobs_at_once_caps_the_slots_and_each_then_has_more_cores():
+    slots = plan_slots(["a", "b", "c", "d"], list(range(8)), devices_per_job=1, jobs_at_once=2)
+    assert [(slot.gpus, slot.cores) for slot in slots] == [(("a",), (0, 1, 2, 3)), (("b",), (4, 5, 6, 7))]
+
+
+def test_without_gpus_a_device_is_a_core():
+    assert [slot.cores for slot in plan_slots([], [0, 1, 2, 3], devices_per_job=1, jobs_at_once=None)] == [
+        (0,),
+        (1,),
+        (2,),
+        (3,),
+    ]
+    two_rank_jobs = plan_slots([], [0, 1, 2, 3, 4], devices_per_job=2, jobs_at_once=None)
+    assert [(slot.gpus, slot.cores) for slot in two_rank_jobs] == [((), (0, 1)), ((), (2, 3))]
+    assert [slot.cores for slot in plan_slots([], [0, 1, 2, 3], 1, jobs_at_once=3)] == [(0,), (1,), (2,)]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "cores", "per_job", "at_once", "words"),
+    [
+        (["0"], [0, 1], 2, None, "hydra.launcher.devices_per_job=2 but 1 GPU(s) are there (0): lower it"),
+        (["0", "0"], [0, 1], 1, None, "hydra.launcher.devices lists a GPU twice (0,0)"),
+        ([], [0, 1], 1, 3, "3 jobs at once would not each have a CPU core of their own"),
+        ([], [0, 1], 0, None, "hydra.launcher.devices_per_job must be a whole number >= 1, got 0"),
+        ([], [0, 1], 1, 0, "hydra.launcher.jobs_at_once must be a whole number >= 1 or null, got 0"),
+    ],
+)
+def test_a_share_out_that_cannot_work_is_refused_in_one_line(gpus, cores, per_job, at_once, words):
+    with pytest.raises(UserError, match="^" + words.replace("(", r"\(").replace(")", r"\)")):
+        plan_slots(gpus, cores, per_job, at_once)
+
+
+def test_the_visible_gpus_are_cuda_visible_devices_where_it_is_set(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-5b1e,7")
+    assert visible_gpus() == ["3", "GPU-5b1e", "7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
