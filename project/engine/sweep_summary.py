@@ -47,6 +47,11 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_tested(name: str, value: object) -> bool:
+    """A test metric: a number logged as `test/...`."""
+    return name.startswith("test/") and is_number(value)
+
+
 def varied_repeats(rows: Sequence["JobRow"]) -> list[str]:
     """The repeats (`seed`, `data.fold`) that take more than one value over the sweep's jobs."""
     seen: dict[str, set[str]] = {key: set() for key in REPEATS}
@@ -92,12 +97,8 @@ def summarise(rows: Sequence["JobRow"], metric: str) -> list[dict] | None:
     return summary
 
 
-def is_tested(name: str, value: object) -> bool:
-    """A test metric: a number logged as `test/...`."""
-    return name.startswith("test/") and is_number(value)
-
-
 def summary_title(rows: Sequence["JobRow"]) -> str:
+    """What the summary is over: the repeats that vary, or the configurations that the sweep met more than once."""
     over = " and ".join(varied_repeats(rows)) or "repeated configurations"
     return f"Over {over}: per configuration, mean ± std (min–max) of the jobs that finished"
 
