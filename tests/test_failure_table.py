@@ -56,6 +56,14 @@ ROWS = [
         ],
     ),
     (
+        "`data.folds` or `data.fold` cannot be",
+        "2",
+        [
+            "tests/test_folds.py::test_bad_folds_end_in_one_error_line_and_exit_2",
+            "tests/test_folds.py::test_a_fold_choice_that_cannot_be_is_refused_as_the_data_is_built",
+        ],
+    ),
+    (
         "`ckpt_path` is not a checkpoint of this project",
         "2",
         [

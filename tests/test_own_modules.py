@@ -116,7 +116,8 @@ def test_a_module_that_logs_no_metric_is_told_which_it_logs_and_trains_on(user_d
 
 @pytest.mark.slow
 def test_a_grid_sweep_of_a_module_that_logs_no_metric_runs_every_job(user_dir: Path, tmp_path: Path):
-    """A grid needs no objective: each job trains to its end with one warning, the table shows `-` for the metric."""
+    """A grid needs no objective: each job trains to its end with one warning, the table and the summary over its
+    seeds show `-` for the metric."""
     sweep = tmp_path / "sweep"
     overrides = ("model=boring", "data=boring", "trainer.max_epochs=2", "logger=none", f"hydra.sweep.dir={sweep}")
     result = check_ok(train_own(user_dir, "-m", *overrides, "seed=1,2"))
@@ -128,6 +129,8 @@ def test_a_grid_sweep_of_a_module_that_logs_no_metric_runs_every_job(user_dir: P
     rows = [line.split() for line in summary.splitlines() if line[:1].isdigit()]
     assert [(row[0], row[-2]) for row in rows] == [("0", "-"), ("1", "-")], summary
     assert [read_json(sweep / job / "results.json")["epochs"] for job in ("0", "1")] == [2, 2]
+    over_seeds = summary[summary.index("\nOver seed: ") :].splitlines()  # n=2, and `-` for the metric it never logs
+    assert over_seeds[4].split() == ["model=boring", "data=boring", "trainer.max_epochs=2", "logger=none", "2", "-"]
 
 
 @pytest.mark.slow

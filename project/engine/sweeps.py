@@ -1,10 +1,11 @@
 """A `-m` sweep (a grid, an Optuna search) as a whole: the table at its end, and carrying on one that stopped.
 
 The table, printed at the end of every sweep (`SweepSummaryCallback`): one line per job, its overrides, its metric,
-its dir. It reads what each job left in its directory (`results.json`, `error.txt`, `.hydra/overrides.yaml`) rather
-than what the jobs returned, so it works the same whichever launcher ran them (in this process, or as Slurm jobs via
-submitit). A job that failed shows its error line instead of a metric, and the sweep then ends with exit status 1,
-after every other job has run.
+its dir; below it, where the sweep repeats configurations (seeds, folds), their summary
+(`project.engine.sweep_summary`). It reads what each job left in its directory (`results.json`, `error.txt`,
+`.hydra/overrides.yaml`) rather than what the jobs returned, so it works the same whichever launcher ran them (in this
+process, or as Slurm jobs via submitit). A job that failed shows its error line instead of a metric, and the sweep
+then ends with exit status 1, after every other job has run.
 
 A sweep that stopped part-way (SIGTERM, Ctrl-C, a node lost) is carried on by the same command with its
 `hydra.sweep.dir`, which its stop names (`continue_hint`):
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from project.engine.results import format_value
 from project.engine.run_log import report
+from project.engine.sweep_summary import format_summary, save_summary, summarise, summary_title
 
 SWEEP_FAILED_STATUS = 1
 # A failed job's error line, in its directory (`project.engine.errors` writes it).
@@ -58,6 +60,8 @@ class JobRow(NamedTuple):
     error: str | None  # the job's error line, if it failed
     interrupted: bool = False  # stopped with its search and run again (INTERRUPTED_FILE)
     pruned: bool = False  # stopped early by its search's pruner (PRUNED_FILE)
+    saved_overrides: tuple[str, ...] | None = None  # .hydra/overrides.yaml's list; None where it was not saved
+    results: dict | None = None  # its results.json, where it left one
 
 
 def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
@@ -69,16 +73,17 @@ def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
 
     for job_dir in sorted(filter(is_job, sweep_dir.iterdir()), key=lambda path: (len(path.name), path.name)):
         overrides_file = job_dir / ".hydra" / "overrides.yaml"
-        saved = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else ["(not saved)"]
-        overrides = " ".join(saved or [])
+        saved = tuple(yaml.safe_load(overrides_file.read_text()) or ()) if overrides_file.is_file() else None
+        overrides = "(not saved)" if saved is None else " ".join(saved)
         results_file, error_file = job_dir / "results.json", job_dir / ERROR_FILE
-        value = json.loads(results_file.read_text()).get(metric) if results_file.is_file() else None
+        results = json.loads(results_file.read_text()) if results_file.is_file() else None
+        value = None if results is None else results.get(metric)
         error = error_file.read_text().strip() if error_file.is_file() else None
         interrupted = (job_dir / INTERRUPTED_FILE).is_file()
         if error is None and not results_file.is_file() and not interrupted:
             error = "error: the job left no results.json (killed?): see its log in that directory"
         pruned = (job_dir / PRUNED_FILE).is_file()
-        rows.append(JobRow(job_dir.name, overrides, value, str(job_dir), error, interrupted, pruned))
+        rows.append(JobRow(job_dir.name, overrides, value, str(job_dir), error, interrupted, pruned, saved, results))
     return rows
 
 
@@ -118,6 +123,10 @@ class SweepSummaryCallback(Callback):
             return
         rows = job_rows(sweep_dir, config.optimized_metric)
         report(format_sweep_table(rows, config.optimized_metric))
+        summary = summarise(rows, config.optimized_metric)
+        if summary is not None:
+            report(format_summary(summary, summary_title(rows)))
+            save_summary(summary, sweep_dir)
         failed = [row.job for row in rows if row.error]
         if failed:
             report(

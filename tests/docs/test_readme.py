@@ -29,6 +29,12 @@ PAGE = DocsPage(
             "python -m project.train -m model.optimizer.lr=0.1,0.5 trainer=ddp trainer.devices=2", "docs/sweeps.md"
         ),
         **run_on_its_page("python -m project.train -m model.optimizer.lr=0.01,0.1,0.5 seed=1,2", "docs/sweeps.md"),
+        **run_on_its_page(
+            "python -m project.train -m model.optimizer.lr=0.01,0.1 seed=1,2,3 trainer.max_epochs=2", "docs/sweeps.md"
+        ),
+        **run_on_its_page(
+            "python -m project.train -m data.folds=2 'data.fold=range(2)' trainer.max_epochs=2", "docs/sweeps.md"
+        ),
         **run_on_its_page("python -m project.train -m experiment=mnist hparams_search=mnist_optuna", "docs/optuna.md"),
         **run_on_its_page(
             "python -m project.optional.reference.compare trainer=ddp trainer.devices=2", "docs/reference.md"

@@ -7,9 +7,11 @@ from dataclasses import asdict
 
 import lightning as L
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from project.engine.errors import UserError
+from project.example.data.folds import check_fold_choice, fold_split
 from project.example.data.training_order import EpochShuffleSampler, TrainingPosition, labels_checksum
 
 
@@ -21,6 +23,9 @@ class ClassificationDataModule(L.LightningDataModule):
     Lightning path and the reference path see the same batches whatever else consumed random numbers. Where training
     stands in it is saved in every checkpoint (`state_dict`), so a mid-epoch checkpoint resumes at the next batch.
     Validation and test count every sample exactly once under every strategy (`evaluation_loader`).
+
+    `folds` (None: off) and `fold` choose k-fold cross-validation's split: a subclass's `setup` pools its training and
+    validation samples and takes fold `fold` of them to validate on (`fold_indices`), the other folds to train on.
     """
 
     train_set: Dataset
@@ -31,13 +36,17 @@ class ClassificationDataModule(L.LightningDataModule):
     # Each class's name, by label.
     class_names: tuple[str, ...]
 
-    def __init__(self, batch_size: int, seed: int, drop_last: bool = False) -> None:
+    def __init__(
+        self, batch_size: int, seed: int, drop_last: bool = False, folds: int | None = None, fold: int = 0
+    ) -> None:
         super().__init__()
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise UserError(f"data.batch_size must be a positive integer, got {batch_size!r}")
+        check_fold_choice(folds, fold)
         self.batch_size = batch_size
         self.seed = seed
         self.drop_last = drop_last
+        self.folds, self.fold = folds, fold
         self.predict_split = "test"
         # Where a resumed checkpoint left the training order (`load_state_dict`); None: from the start.
         self.resume_at: TrainingPosition | None = None
@@ -47,6 +56,12 @@ class ClassificationDataModule(L.LightningDataModule):
     def loader(self, dataset: Dataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
         """A loader over `dataset`; `train` drops the last partial batch when configured to (`data.drop_last`)."""
         raise NotImplementedError  # each kind of data loads its own way (in memory, from disk)
+
+    def fold_indices(self, pooled_targets: Tensor) -> tuple[Tensor, Tensor]:
+        """(training indices, validation indices) into the pooled training and validation samples whose labels are
+        `pooled_targets`: fold `fold` of `folds` validates, stratified by class and fixed by `seed`
+        (`project.example.data.folds`)."""
+        return fold_split(pooled_targets, self.folds, self.fold, self.seed, tuple(self.class_names))
 
     def processes(self) -> tuple[int, int]:
         """(processes sharing each epoch, this one's rank): (1, 0) alone, under `dp` and on the reference path."""

@@ -119,6 +119,9 @@ class MNISTDataModule(InMemoryDataModule):
 
     `val_size=0` holds none out: training sees every training image and validation is the test set, as the Slurm
     tutorial does (`experiment=mnist_slurm`); the validation numbers are then the test numbers.
+
+    With `folds` (k-fold cross-validation) the training file's images are the pool instead, whatever `val_size`: fold
+    `fold` of them validates, the other folds train; the test file stays the test set.
     """
 
     def __init__(
@@ -130,8 +133,10 @@ class MNISTDataModule(InMemoryDataModule):
         val_size: int = 5000,
         download: bool = True,
         drop_last: bool = False,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
-        super().__init__(batch_size=batch_size, seed=seed, drop_last=drop_last)
+        super().__init__(batch_size=batch_size, seed=seed, drop_last=drop_last, folds=folds, fold=fold)
         if not (isinstance(val_size, int) and not isinstance(val_size, bool) and val_size >= 0):
             raise UserError(
                 f"data.val_size must be a whole number of images >= 0 (0: validate on the test set), got {val_size!r}"
@@ -180,6 +185,10 @@ class MNISTDataModule(InMemoryDataModule):
         with contextlib.ExitStack() as scratch_dirs:
             full_train = self._load_split(True, scratch_dirs)
             self.test_set = self._load_split(False, scratch_dirs)
+        if self.folds is not None:
+            train_index, val_index = self.fold_indices(full_train.targets)
+            self.train_set, self.val_set = full_train.subset(train_index), full_train.subset(val_index)
+            return
         if self.val_size == 0:
             self.train_set, self.val_set = full_train, self.test_set
             return

@@ -11,11 +11,20 @@ TEST_TARGETS = torch.tensor([0, 1])
 
 
 class ToyDataModule(InMemoryDataModule):
-    """The tutorial's 7 points. With no data to spare, validation reuses the 2 test points."""
+    """The tutorial's 7 points. With no data to spare, validation reuses the 2 test points.
+
+    Its validation set being its test set, k-fold cross-validation (`data.folds=2`) pools the 5 training points
+    alone: fold `data.fold` of them validates, the rest trains, and the 2 test points stay the test set. Class 1 has
+    2 training points, so 2 folds is the most it takes.
+    """
 
     class_names = ("0", "1")
 
     def setup(self, stage: str | None = None) -> None:
-        self.train_set = InMemoryDataset(TRAIN_INPUTS, TRAIN_TARGETS)
+        training = InMemoryDataset(TRAIN_INPUTS, TRAIN_TARGETS)
         self.test_set = InMemoryDataset(TEST_INPUTS, TEST_TARGETS)
-        self.val_set = self.test_set
+        if self.folds is None:
+            self.train_set, self.val_set = training, self.test_set
+        else:
+            train_index, val_index = self.fold_indices(training.targets)
+            self.train_set, self.val_set = training.subset(train_index), training.subset(val_index)

@@ -23,6 +23,7 @@ Bad input ends in one line naming the file or folder: a split or class folder th
 classes differ, an image that does not decode. `${subfolders:<root>/train}` counts the classes, for the network.
 """
 
+import copy
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -124,6 +125,18 @@ class ImageFolderSplit(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
+    def subset(self, index: Tensor) -> "ImageFolderSplit":
+        """The samples at `index`, read and prepared as these are."""
+        part = copy.copy(self)
+        part.files, part.targets = [self.files[i] for i in index.tolist()], self.targets[index]
+        return part
+
+    def joined(self, other: "ImageFolderSplit") -> "ImageFolderSplit":
+        """These samples, then `other`'s (a split of the same classes), all read and prepared as these are."""
+        both = copy.copy(self)
+        both.files, both.targets = self.files + other.files, torch.cat([self.targets, other.targets])
+        return both
+
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
         epoch, index = item if isinstance(item, tuple) else (None, item)
         image = self.image(index)
@@ -158,7 +171,11 @@ class ImageFolderSplit(Dataset):
 
 
 class ImageFolderDataModule(ClassificationDataModule):
-    """`root`'s train/val/test splits of `channels`-channel `image_size`² images, through `num_workers` workers."""
+    """`root`'s train/val/test splits of `channels`-channel `image_size`² images, through `num_workers` workers.
+
+    With `folds` (k-fold cross-validation) the images of train/ and val/ are pooled: fold `fold` of them validates,
+    the other folds train (augmented); test/ stays the test set.
+    """
 
     train_sampler_class = EpochTaggedShuffleSampler
 
@@ -175,8 +192,10 @@ class ImageFolderDataModule(ClassificationDataModule):
         num_workers: int = 2,
         drop_last: bool = False,
         timeout: float = 0,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
-        super().__init__(batch_size, seed, drop_last)
+        super().__init__(batch_size, seed, drop_last, folds, fold)
         if channels not in (1, 3):
             raise UserError(f"data.channels={channels}: images are read as grey (1) or RGB (3)")
         mean, std = list(mean), list(std)
@@ -207,6 +226,11 @@ class ImageFolderDataModule(ClassificationDataModule):
                     f"{list(self.train_set.class_names)}: every split needs the same class folders"
                 )
         self.class_names = self.train_set.class_names
+        if self.folds is not None:
+            # Both keep the training split's augmentation, which only a training sample's (epoch, index) item applies.
+            pooled = self.train_set.joined(self.val_set)
+            train_index, val_index = self.fold_indices(pooled.targets)
+            self.train_set, self.val_set = pooled.subset(train_index), pooled.subset(val_index)
 
     def loader(self, dataset: Dataset, sampler: Sampler | None = None, train: bool = False) -> DataLoader:
         """Workers read and decode the images in parallel; they stay up between epochs (`persistent_workers`). One

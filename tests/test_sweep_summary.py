@@ -1,0 +1,175 @@
+"""The summary a sweep ends with where it repeats a configuration (seeds, folds, a search's repeated points): its
+numbers, printed and in summary.json, are the mean, sample std, min, max and n of the jobs' results.json; a sweep that
+repeats nothing has none."""
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from project.engine.sweep_summary import SUMMARY_FILE
+from project.engine.sweeps import ERROR_FILE, INTERRUPTED_FILE, PRUNED_FILE, SweepSummaryCallback
+from tests.faults import ENV
+from tests.helpers import check_ok, read_json, run_module
+
+PRINTED = 5e-5  # the summary prints 4 decimals
+CELL = re.compile(r"^(?P<mean>[-\d.]+)(?: ± (?P<std>[\d.]+) \((?P<min>[-\d.]+)–(?P<max>[-\d.]+)\))?(?: \[n=\d+\])?$")
+
+
+def write_job(sweep: Path, job: int, overrides: list[str], results: dict | None = None, mark: str | None = None):
+    """A job dir as a job leaves it: its overrides, its results.json (unless it failed), a mark file if any."""
+    job_dir = sweep / str(job)
+    (job_dir / ".hydra").mkdir(parents=True)
+    (job_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {override}\n" for override in overrides))
+    if results is not None:
+        (job_dir / "results.json").write_text(json.dumps({**results, "epochs": 2, "run_dir": str(job_dir)}))
+    if mark is not None:
+        (job_dir / mark).write_text(f"{mark}: ...\n")
+
+
+def end_sweep(sweep: Path, capsys: pytest.CaptureFixture, metric: str = "val/acc") -> str:
+    """What the sweep prints as it ends (`SweepSummaryCallback`), as the launching process calls it."""
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, "optimized_metric": metric})
+    SweepSummaryCallback().on_multirun_end(config)
+    return capsys.readouterr().out
+
+
+def printed_summary(output: str) -> dict[str, tuple[int, dict[str, str], str]]:
+    """overrides → (n, metric → cell, what follows the cells) of each line of the printed summary."""
+    lines = output.splitlines()
+    title = next(index for index, line in enumerate(lines) if line.startswith("Over "))
+    header = re.split(r"\s{2,}", lines[title + 2])
+    assert header[:2] == ["overrides", "n"], header
+    rows = {}
+    for line in lines[title + 3 :]:
+        if line.startswith("---"):
+            break
+        cells = re.split(r"\s{2,}", line)
+        rows[cells[0]] = (int(cells[1]), dict(zip(header[2:], cells[2:], strict=False)), cells[len(header) :])
+    return rows
+
+
+def stored_summary(sweep: Path) -> list[dict]:
+    return json.loads((sweep / SUMMARY_FILE).read_text())
+
+
+def expected(values: list[float]) -> dict:
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def assert_cell_shows(cell: str, numbers: dict) -> None:
+    shown = CELL.match(cell)
+    assert shown, cell
+    for key in ("mean", "std", "min", "max"):
+        if numbers["n"] > 1 or key == "mean":
+            assert abs(float(shown[key]) - numbers[key]) <= PRINTED, (cell, numbers)
+        else:
+            assert shown[key] is None, f"{cell}: one job, no spread"
+
+
+def assert_summary_matches_the_jobs(sweep: Path, output: str, metric: str, groups: dict[str, list[str]]) -> None:
+    """Each configuration's numbers, printed and in summary.json, from the results.json of its jobs (`groups`)."""
+    stored = {" ".join(entry["overrides"]): entry for entry in stored_summary(sweep)}
+    printed = printed_summary(output)
+    assert set(stored) == set(printed) == set(groups)
+    for overrides, jobs in groups.items():
+        results = [read_json(sweep / job / "results.json") for job in jobs]
+        names = [metric, *(name for name in results[0] if name.startswith("test/"))]
+        n, cells, _ = printed[overrides]
+        assert n == stored[overrides]["n"] == len(jobs) and stored[overrides]["jobs"] == jobs
+        assert list(stored[overrides]["metrics"]) == names
+        for name in names:
+            numbers = expected([result[name] for result in results])
+            assert stored[overrides]["metrics"][name] == pytest.approx(numbers), name
+            assert_cell_shows(cells[name], numbers)
+
+
+def test_a_seed_sweep_ends_with_each_configurations_mean_std_min_max_and_n(tmp_path: Path, capsys):
+    """`-m model.optimizer.lr=0.1,0.5 seed=1,2,3`: one line per lr, over its three seeds."""
+    for job, (lr, seed) in enumerate((lr, seed) for lr in ("0.1", "0.5") for seed in (1, 2, 3)):
+        accuracy = 0.9 + 0.013 * job + 0.002 * seed**2
+        results = {"val/acc": accuracy, "train/loss": 0.4, "test/loss": 1.1 - accuracy, "test/acc": accuracy - 0.01}
+        write_job(tmp_path, job, [f"model.optimizer.lr={lr}", f"seed={seed}", "trainer.max_epochs=2"], results)
+    output = end_sweep(tmp_path, capsys)
+    assert "\nOver seed: " in output
+    groups = {"model.optimizer.lr=0.1 trainer.max_epochs=2": ["0", "1", "2"]}
+    groups["model.optimizer.lr=0.5 trainer.max_epochs=2"] = ["3", "4", "5"]
+    assert_summary_matches_the_jobs(tmp_path, output, "val/acc", groups)
+
+
+def test_failed_interrupted_and_pruned_jobs_are_left_out_and_counted(tmp_path: Path, capsys):
+    """Only the finished job counts (n=1: its value, no spread); the sweep still ends with exit 1 for the failure."""
+    write_job(tmp_path, 0, ["seed=1"], {"val/acc": 0.75, "test/acc": 0.5})
+    write_job(tmp_path, 1, ["seed=2"], mark=ERROR_FILE)
+    write_job(tmp_path, 2, ["seed=3"], {"val/acc": 0.25, "test/acc": 0.25}, mark=PRUNED_FILE)
+    write_job(tmp_path, 3, ["seed=4"], mark=INTERRUPTED_FILE)
+    with pytest.raises(SystemExit) as ended:
+        end_sweep(tmp_path, capsys)
+    assert ended.value.code == 1
+    output = capsys.readouterr().out
+    assert printed_summary(output) == {"(none)": (1, {"val/acc": "0.7500", "test/acc": "0.5000"}, ["(3 left out)"])}
+    [entry] = stored_summary(tmp_path)
+    assert (entry["n"], entry["left_out"], entry["jobs"]) == (1, 3, ["0"])
+    assert entry["metrics"]["val/acc"] == {"mean": 0.75, "std": None, "min": 0.75, "max": 0.75, "n": 1}
+
+
+def test_folds_and_seeds_together_are_one_configuration_of_n_jobs(tmp_path: Path, capsys):
+    """`-m seed=1,2 data.folds=3 'data.fold=range(3)'`: n = 6; `data.folds=3` stays in the configuration."""
+    for job in range(6):
+        seed, fold = 1 + job // 3, job % 3
+        results = {"val/acc": 0.8 + 0.03 * fold - 0.01 * seed, "test/loss": 0.3 + 0.02 * job}
+        write_job(tmp_path, job, [f"seed={seed}", "data.folds=3", f"data.fold={fold}"], results)
+    output = end_sweep(tmp_path, capsys)
+    assert "\nOver seed and data.fold: " in output
+    assert_summary_matches_the_jobs(tmp_path, output, "val/acc", {"data.folds=3": [str(job) for job in range(6)]})
+
+
+def test_a_search_that_meets_a_point_twice_summarises_it_and_a_metric_nobody_logged_is_a_dash(tmp_path: Path, capsys):
+    """Identical overrides group without any seed; a module that logs no optimized_metric still has its n and its
+    test metrics."""
+    write_job(tmp_path, 0, ["model.optimizer.lr=0.1"], {"test/loss": 0.5})
+    write_job(tmp_path, 1, ["model.optimizer.lr=0.2"], {"test/loss": 0.25})
+    write_job(tmp_path, 2, ["model.optimizer.lr=0.1"], {"test/loss": 0.75})
+    output = end_sweep(tmp_path, capsys)
+    assert "\nOver repeated configurations: " in output
+    printed = printed_summary(output)
+    assert printed["model.optimizer.lr=0.1"][:2] == (
+        2,
+        {"val/acc": "-", "test/loss": "0.6250 ± 0.1768 (0.5000–0.7500)"},
+    )
+    assert printed["model.optimizer.lr=0.2"][:2] == (1, {"val/acc": "-", "test/loss": "0.2500"})
+    stored = stored_summary(tmp_path)
+    assert stored[0]["metrics"]["val/acc"] == {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    assert stored[0]["metrics"]["test/loss"]["std"] == pytest.approx(statistics.stdev([0.5, 0.75]))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [["model.optimizer.lr=0.1"], ["model.optimizer.lr=0.5"]],
+        [["model.optimizer.lr=0.1", "seed=7"], ["model.optimizer.lr=0.5", "seed=7"]],
+    ],
+    ids=["grid", "grid-of-one-seed"],
+)
+def test_a_grid_that_repeats_nothing_prints_no_summary(tmp_path: Path, capsys, overrides: list[list[str]]):
+    for job, job_overrides in enumerate(overrides):
+        write_job(tmp_path, job, job_overrides, {"val/acc": 0.5 + job / 10, "test/acc": 0.5})
+    output = end_sweep(tmp_path, capsys)
+    assert "Sweep: 2 job(s)" in output and "Over " not in output and "±" not in output
+    assert not (tmp_path / SUMMARY_FILE).exists()
+
+
+@pytest.mark.slow
+def test_a_toy_sweep_over_seeds_and_folds_ends_with_its_summary_of_four_jobs(tmp_path: Path):
+    """`-m seed=1,2 data.folds=2 'data.fold=range(2)'`: both folds of each seed's folds, summarised as one."""
+    sweep = tmp_path / "sweep"
+    overrides = ("seed=1,2", "data.folds=2", "data.fold=range(2)", "trainer.max_epochs=2", "logger=none")
+    result = check_ok(run_module("project.train", "-m", *overrides, f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=ENV))
+    assert "\nOver seed and data.fold: " in result.stdout
+    configuration = "data.folds=2 trainer.max_epochs=2 logger=none"
+    assert_summary_matches_the_jobs(sweep, result.stdout, "val/acc", {configuration: ["0", "1", "2", "3"]})
+    assert stored_summary(sweep)[0]["n"] == 4
