@@ -33,6 +33,7 @@ CPU_SUITES = (
     "preemption",
     "memory",
     "sweep_leaks",
+    "side_by_side",
     "fsdp_memory",
     "image_folder",
     "time_to_accuracy",

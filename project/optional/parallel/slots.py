@@ -24,7 +24,15 @@ class Slot:
 
 
 def cores_text(cores: tuple[int, ...]) -> str:
-    return f"core{'s' if len(cores) > 1 else ''} {','.join(map(str, cores))}"
+    """`core 3`, `cores 0-7`, `cores 0,2,4`: runs of consecutive cores as ranges."""
+    runs: list[list[int]] = []
+    for core in sorted(cores):
+        if runs and core == runs[-1][-1] + 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    text = ",".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)) for run in runs)
+    return f"core{'s' if len(cores) > 1 else ''} {text}"
 
 
 def visible_gpus() -> list[str]:

@@ -24,7 +24,7 @@ from tests.faults import (
     last_line,
     output_of,
 )
-from tests.helpers import check_ok, run_module
+from tests.helpers import check_ok, mnist_overrides, requires, run_module
 
 pytestmark = pytest.mark.slow
 SIDE_BY_SIDE = ("hydra/launcher=parallel", "hydra.launcher.devices=[0,1,2,3]", "hydra.launcher.devices_per_job=2")
@@ -127,3 +127,40 @@ def test_a_stopped_sweep_stops_every_job_leaves_no_process_and_carries_on_where_
         resumed = f"Restored all states from the checkpoint at {job_dir / 'checkpoints' / 'last.ckpt'}"
         assert (resumed in (job_dir / "train.log").read_text()) == (job < 2), job
     assert_no_process_left(tmp_path)
+
+
+@requires("optuna")
+def test_a_search_runs_its_n_jobs_trials_at_once_each_on_its_own_slot_and_its_pruner_still_prunes(
+    tmp_path: Path, mnist_root: Path
+):
+    """tests/optional/optuna/test_search_pruning.py's search, its trials two at once: the sampler's seed 6 draws lr
+    0.003, 0.003, 1e-7, 0.003, and trial 2 (1e-7), beside trial 3, is pruned at its first validation against the two
+    finished before it."""
+    import optuna
+
+    sweep_dir = tmp_path / "search"
+    check_ok(
+        run_module(
+            "project.train",
+            *mnist_overrides(mnist_root, "data.batch_size=64", "trainer.max_epochs=3"),
+            "hydra.mode=MULTIRUN",
+            "hparams_search=mnist_optuna",
+            "hydra.sweeper.n_trials=4",
+            "hydra.sweeper.n_jobs=2",
+            "hydra.sweeper.sampler.seed=6",
+            "model.optimizer.lr=choice(0.003,1e-7)",
+            "hydra.sweeper.pruner={_target_:optuna.pruners.MedianPruner,n_startup_trials:2,n_warmup_steps:0}",
+            *SIDE_BY_SIDE,
+            f"hydra.sweep.dir={sweep_dir}",
+            cwd=tmp_path,
+        )
+    )
+    trials = optuna.load_study(study_name="mnist_optuna", storage=f"sqlite:///{sweep_dir}/optuna.db").trials
+    complete, pruned = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED
+    assert [trial.params["model.optimizer.lr"] for trial in trials] == [0.003, 0.003, 1e-7, 0.003]
+    assert [trial.state for trial in trials] == [complete, complete, pruned, complete]
+    seen = {job: what_the_job_saw(sweep_dir / str(job)) for job in range(4)}
+    for first, second in ((0, 1), (2, 3)):
+        (gpus_a, _, start_a, end_a), (gpus_b, _, start_b, end_b) = seen[first], seen[second]
+        assert start_a < end_b and start_b < end_a, f"trials {first} and {second} ran at once"
+        assert not gpus_a & gpus_b

@@ -10,6 +10,7 @@ def test_gpus_are_dealt_out_devices_per_job_at_a_time_and_the_cores_shared_equal
     slots = plan_slots(["0", "1", "2", "3", "4"], list(range(8)), devices_per_job=2, jobs_at_once=None)
     assert [slot.gpus for slot in slots] == [("0", "1"), ("2", "3")], "the fifth GPU makes no slot of two"
     assert [slot.cores for slot in slots] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert [slot.describe() for slot in slots] == ["slot 0 (GPU 0,1, cores 0-3)", "slot 1 (GPU 2,3, cores 4-7)"]
 
 
 def test_jobs_at_once_caps_the_slots_and_each_then_has_more_cores():
