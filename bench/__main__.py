@@ -38,7 +38,7 @@ CPU_SUITES = (
     "image_folder",
     "time_to_accuracy",
 )
-GPU_SUITES = ("data_path", "lightning_overhead", "gpu", "time_to_accuracy")
+GPU_SUITES = ("data_path", "lightning_overhead", "gpu", "side_by_side", "time_to_accuracy")
 
 
 def declared(gpu_variant: bool) -> tuple[str, ...]:

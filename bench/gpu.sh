@@ -3,8 +3,9 @@
 #     OUT=/some/dir bash bench/gpu.sh
 # (a) the tests marked gpu anywhere under tests/ (tests/test_gpu.py and the optional parts' own, trainer=fsdp on one
 # GPU among them), (b) `python3 -m bench --gpu`: GPU-resident data, epoch times, Lightning/reference on the GPU,
-# bf16-mixed against fp32, trainer=gpu and trainer=dp (devices=[0]), and the accuracy of experiment=mnist on
-# Fashion-MNIST (the suites of optional parts deleted from this tree are left out), (c) the bench's fsdp_memory suite
+# bf16-mixed against fp32, trainer=gpu and trainer=dp (devices=[0]), 8 one-GPU jobs of a sweep one at a time and
+# side by side (hydra/launcher=parallel, a GPU each), and the accuracy of experiment=mnist on Fashion-MNIST (the
+# suites of optional parts deleted from this tree are left out), (c) the bench's fsdp_memory suite
 # with --device cpu, where the fsdp part is here: FSDP against DDP takes 2 ranks, which one GPU cannot give, so they
 # are 2 gloo processes on this machine's CPU. Everything lands in $OUT (at most 8 files): the bench's JSONs and PNGs,
 # pytest-gpu.log, bench-gpu.log, fsdp-memory.log, nvidia-smi.txt. Fails soft: every part runs whatever happened

@@ -3,13 +3,14 @@
 Most of the suite's processes are Python programs of the project: runs, the ranks a run or a launcher starts,
 torchrun's agents and workers, Slurm tasks, `ddp_spawn`'s workers. Each fresh interpreter spends seconds importing
 the same libraries before it does anything. The tests hand such processes to this server instead: it forks a child
-that becomes the process `python -m <module>` (or multiprocessing's `python -c ... --multiprocessing-fork`) would
-be: its own pid, working directory, CPU affinity, environment, argv, open files (stdin, stdout, stderr and any other descriptor
-the caller passed on, so a pipe stays a pipe and a log file keeps its offset), session, signal dispositions and,
-where the caller lives in other namespaces (a node of the local Slurm cluster), that node's network, hostname and
-mounts. `__main__` is the module, so exit statuses, signals, the ranks it launches and the files it writes are
-those of a real process. Only the libraries' import-time work is shared; the project itself is imported afresh in
-every child, and what Lightning read from the environment as it was imported (the process's rank) is read again.
+that becomes the process `python -m <module>` (or multiprocessing's `python -c ... --multiprocessing-fork`) would be:
+its own pid, working directory, CPU affinity, environment, argv, open files (stdin, stdout, stderr and any other
+descriptor the caller passed on, so a pipe stays a pipe and a log file keeps its offset), session, signal
+dispositions and, where the caller lives in other namespaces (a node of the local Slurm cluster), that node's
+network, hostname and mounts. `__main__` is the module, so exit statuses, signals, the ranks it launches and the
+files it writes are those of a real process. Only the libraries' import-time work is shared; the project itself is
+imported afresh in every child, and what Lightning read from the environment as it was imported (the process's rank)
+is read again.
 
 Who asks:
 - the tests themselves (`run_module`, `start_module` in tests/helpers.py), through `PreloadedPython`;

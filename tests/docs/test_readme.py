@@ -35,6 +35,7 @@ PAGE = DocsPage(
         **run_on_its_page(
             "python -m project.train -m data.folds=2 'data.fold=range(2)' trainer.max_epochs=2", "docs/sweeps.md"
         ),
+        **run_on_its_page("python -m project.train -m seed=1,2,3,4 hydra/launcher=parallel", "docs/parallel.md"),
         **run_on_its_page("python -m project.train -m experiment=mnist hparams_search=mnist_optuna", "docs/optuna.md"),
         **run_on_its_page(
             "python -m project.optional.reference.compare trainer=ddp trainer.devices=2", "docs/reference.md"

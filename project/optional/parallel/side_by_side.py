@@ -1,19 +1,21 @@
 """The launching side of `hydra/launcher=parallel`: a sweep's jobs started side by side, one per free slot.
 
-Each job is a Python of its own (`project.optional.parallel.worker`), started in a new session with its slot's
-GPUs as its CUDA_VISIBLE_DEVICES and its slot's cores as its CPU affinity, so it sees and uses those alone, and its
-DDP ranks and DataLoader workers with it. Its console output goes to `console.log` in its job dir (its `train.log`
-holds what it reports, as any run's). A slot is free again as its job's process ends, however it ends:
-- a job that fails (its error line, error.txt) fails alone, as under Hydra's own launcher; so does one whose process
-  was killed (out of memory): the launcher writes its error.txt;
+Each slot has a worker, a Python of its own (`project.optional.parallel.worker`) started in a new session with the
+slot's GPUs as its CUDA_VISIBLE_DEVICES and the slot's cores as its CPU affinity, so that its jobs see and use those
+alone, and their DDP ranks and DataLoader workers with them. A worker runs its slot's jobs one after another, as
+Hydra's own launcher runs a sweep's, so only a slot's first job pays the imports. A job's console output goes to
+`console.log` in its job dir (its `train.log` holds what it reports, as any run's). A slot takes its next job as its
+job ends, however it ends:
+- a job that fails (its error line, error.txt) fails alone, as under Hydra's own launcher; so does one whose worker
+  was killed (out of memory): the launcher writes its error.txt, and the slot's next job starts a new worker;
 - a job that ends in a way every job would meet (a stop, `UserError.ends_the_sweep`) ends the sweep, as it would the
   sweep's process under Hydra's own launcher: the other jobs are stopped (SIGTERM: each writes its checkpoint) and
   the launcher exits with that job's line and status;
-- Ctrl-C or SIGTERM to the launching process is passed on once to every running job's process group (the jobs run
-  in sessions of their own, so a terminal's Ctrl-C reaches them through here only, once); each stops at a step as a
-  run does, and the sweep ends with the line that carries it on (exit 130 or 143). A job that has not ended
-  `stop_grace_s` later, or when the signal comes again, is killed with all its processes. A job outlives no
-  launcher: it is sent SIGTERM as its launcher's process ends, however that ends (Linux's PR_SET_PDEATHSIG).
+- Ctrl-C or SIGTERM to the launching process is passed on once to every running job's process group (the workers
+  run in sessions of their own, so a terminal's Ctrl-C reaches them through here only, once); each job stops at a
+  step as a run does, and the sweep ends with the line that carries it on (exit 130 or 143). A job that has not
+  ended `stop_grace_s` later, or when the signal comes again, is killed with all its processes. A worker outlives
+  no launcher: it is sent SIGTERM as its launcher's process ends, however that ends (Linux's PR_SET_PDEATHSIG).
 """
 
 import contextlib
@@ -23,6 +25,7 @@ import json
 import logging
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -48,20 +51,28 @@ log = logging.getLogger(__name__)
 # The job's console output, in its job dir.
 CONSOLE_FILE = "console.log"
 PR_SET_PDEATHSIG = 1
-# How often the launcher looks for jobs that ended.
+# How long the launcher waits for an answer before it looks again at the workers and at a stop's deadline.
 POLL_SECONDS = 0.2
 STOPS = {signal.SIGINT: "interrupted by the user (Ctrl-C)", signal.SIGTERM: "stopped by SIGTERM"}
 
 
 @dataclass
-class RunningJob:
+class Job:
     number: int
     overrides: list[str]
-    slot: Slot
-    process: subprocess.Popen
-    answer: int  # the read end of the pipe the job's return value comes back on
     directory: Path
     started: float
+
+
+@dataclass
+class Worker:
+    """A slot's Python, and the job it runs (None: idle)."""
+
+    slot: Slot
+    process: subprocess.Popen
+    answers: int  # the read end of the pipe its jobs' answers come back on, one JSON line each
+    received: bytes = b""
+    job: Job | None = None
 
 
 @dataclass
@@ -94,7 +105,7 @@ def task_location(task: Any) -> tuple[str, str, str | None]:
 
 def job_config(launcher: Any, overrides: list[str], number: int) -> DictConfig:
     """The job's composed config, as Hydra's own launcher composes it, with its dir resolved here: a resolver that
-    names a dir (`${now:...}`) would name another in the job's own process."""
+    names a dir (`${now:...}`) would name another in the worker."""
     config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
     with open_dict(config):
         config.hydra.job.id = number
@@ -105,92 +116,103 @@ def job_config(launcher: Any, overrides: list[str], number: int) -> DictConfig:
 
 
 def slot_setup(cores: tuple[int, ...]) -> None:
-    """Runs in the job's process before Python starts: its cores, and a SIGTERM when its launcher ends."""
+    """Runs in the worker before Python starts: its cores, and a SIGTERM when its launcher ends."""
     os.sched_setaffinity(0, cores)
     if sys.platform == "linux":
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start(launcher: Any, task: tuple, overrides: list[str], number: int, slot: Slot) -> RunningJob:
+def start_worker(slot: Slot) -> Worker:
+    answers, answer_end = os.pipe()
+    environment = os.environ | {RETURN_FD: str(answer_end)}
+    if slot.gpus:
+        environment["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "project.optional.parallel.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,  # each job sends its own to its console.log
+        env=environment,
+        pass_fds=(answer_end,),
+        start_new_session=True,
+        preexec_fn=lambda: slot_setup(slot.cores),
+    )
+    os.close(answer_end)
+    return Worker(slot, process, answers)
+
+
+def hand_over(worker: Worker, launcher: Any, task: tuple, overrides: list[str], number: int) -> None:
+    """Give `worker` the job: its spec on the worker's standard input, from a thread (a spec is larger than a pipe
+    holds, and a new worker reads it only once its Python has started)."""
     config = job_config(launcher, overrides, number)
     directory = Path(config.hydra.sweep.dir, config.hydra.sweep.subdir)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / ERROR_FILE).unlink(missing_ok=True)  # a failed job run again by the sweep carried on
     context = dataclasses.replace(launcher.hydra_context, config_loader=None)  # the job composes nothing
-    payload = pickle.dumps({"config": config, "hydra_context": context, "task": task, "slot": slot.describe()})
-    answer, answer_end = os.pipe()
-    environment = os.environ | {RETURN_FD: str(answer_end)}
-    if slot.gpus:
-        environment["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
-    with open(directory / CONSOLE_FILE, "ab") as console:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "project.optional.parallel.worker"],
-            stdin=subprocess.PIPE,
-            stdout=console,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            pass_fds=(answer_end,),
-            start_new_session=True,
-            preexec_fn=lambda: slot_setup(slot.cores),
-        )
-    os.close(answer_end)
+    spec = {
+        "config": config,
+        "hydra_context": context,
+        "task": task,
+        "slot": worker.slot.describe(),
+        "console": str(directory / CONSOLE_FILE),
+    }
+    payload = pickle.dumps(spec)
 
-    def hand_over() -> None:  # larger than a pipe holds, and read once the job's Python has started
-        with contextlib.suppress(BrokenPipeError):
-            process.stdin.write(payload)
-            process.stdin.close()
+    def write() -> None:
+        with contextlib.suppress(BrokenPipeError):  # a worker that died: its end is read from its exit status
+            worker.process.stdin.write(payload)
+            worker.process.stdin.flush()
 
-    threading.Thread(target=hand_over, daemon=True).start()
-    report(f"job {number} started in {slot.describe()}: {' '.join(filter_overrides(overrides)) or 'no overrides'}")
-    return RunningJob(number, list(overrides), slot, process, answer, directory, time.monotonic())
+    threading.Thread(target=write, daemon=True).start()
+    worker.job = Job(number, list(overrides), directory, time.monotonic())
+    report(f"job {number} started in {worker.slot.describe()}: {' '.join(filter_overrides(overrides)) or '-'}")
 
 
-def signal_group(job: RunningJob, number: int) -> None:
+def signal_group(worker: Worker, number: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(job.process.pid, number)
+        os.killpg(worker.process.pid, number)
 
 
-def last_error_line(job: RunningJob) -> str | None:
+def last_error_line(job: Job) -> str | None:
     console = job.directory / CONSOLE_FILE
     lines = console.read_text(errors="replace").splitlines() if console.is_file() else []
     return next((line for line in reversed(lines) if line.startswith("error: ")), None)
 
 
-def finish(job: RunningJob, stop: SweepStop | None, metric: str) -> tuple[JobReturn, SweepStop | None]:
-    """The job's return, from what it sent back and how its process ended; a stop, where its end ends the sweep."""
-    with os.fdopen(job.answer) as answer:
-        sent = answer.read()
-    status = job.process.returncode
-    elapsed = f"{time.monotonic() - job.started:.0f} s"
+def answered(job: Job, answer: dict, metric: str) -> JobReturn:
+    """The return of a job its worker answered for: it ran to its end, failed or not."""
     outcome = JobReturn(overrides=job.overrides, working_dir=os.getcwd(), status=JobStatus.COMPLETED)
-    if sent:
-        answer = json.loads(sent)
-        if "error" in answer:
-            outcome.status, outcome.return_value = JobStatus.FAILED, RuntimeError(answer["error"])
-        else:
-            outcome.return_value = answer["value"]
-        error_file = job.directory / ERROR_FILE
-        error = error_file.read_text().strip() if error_file.is_file() else answer.get("error")
-        what = f"failed: {error.removeprefix('error: ')}" if error else f"{metric} {format_value(answer['value'])}"
-        report(f"job {job.number} ended after {elapsed}: {what}")
-        return outcome, None
+    if "error" in answer:
+        outcome.status, outcome.return_value = JobStatus.FAILED, RuntimeError(answer["error"])
+    else:
+        outcome.return_value = answer["value"]
+    error_file = job.directory / ERROR_FILE
+    error = error_file.read_text().strip() if error_file.is_file() else answer.get("error")
+    what = f"failed: {error.removeprefix('error: ')}" if error else f"{metric} {format_value(answer['value'])}"
+    report(f"job {job.number} ended after {time.monotonic() - job.started:.0f} s: {what}")
+    return outcome
+
+
+def worker_gone(job: Job, status: int, stop: SweepStop | None) -> tuple[JobReturn, SweepStop | None]:
+    """The return of a job whose worker ended without answering; a stop, where its end ends the sweep."""
+    outcome = JobReturn(overrides=job.overrides, working_dir=os.getcwd(), status=JobStatus.COMPLETED)
+    elapsed = f"{time.monotonic() - job.started:.0f} s"
     if status < 0 and stop is None:  # killed from outside (the kernel, out of memory): this job alone fails
         name = signal.Signals(-status).name
         line = f"error: the job's process was killed by {name} (out of memory, or from outside): see {CONSOLE_FILE}"
         (job.directory / ERROR_FILE).write_text(line + "\n")
         report(f"job {job.number} {line}", sys.stderr)
         return outcome, None
-    if stop is not None:
-        own = last_error_line(job) or ""  # "...: carry the sweep on ...; this job resumes from its last checkpoint"
+    own = last_error_line(job) or ""
+    if stop is not None:  # "...: carry the sweep on ...; this job resumes from its last checkpoint (step N)"
         report(f"job {job.number} stopped after {elapsed}" + (f": {own.rsplit('; ', 1)[-1]}" if "; " in own else ""))
         return outcome, None
-    line = last_error_line(job) or f"error: job {job.number} ended with status {status}: see {CONSOLE_FILE} in its dir"
     report(f"job {job.number} ended the sweep after {elapsed}")
+    line = own or f"error: job {job.number} ended with status {status}: see {CONSOLE_FILE} in its dir"
     return outcome, SweepStop(status, line, deadline=0.0)  # the launcher sets the other jobs' deadline
 
 
 def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) -> list[JobReturn]:
-    """Run the jobs, `len(slots)` at once; their returns in job order (the module docstring says how they end)."""
+    """Run the jobs, one per slot at once; their returns in job order (the module docstring says how they end)."""
     setup_globals()
     HydraConfig.instance().set_config(launcher.config)  # the sweep's, for the line that carries it on
     try:
@@ -199,43 +221,64 @@ def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) 
         task = task_location(launcher.task_function)
     except UserError as error:
         refuse(str(error))
+    metric = launcher.config.optimized_metric
     waiting = deque(enumerate(job_overrides, start=initial_job_idx))
-    free = deque(slots)
-    running: list[RunningJob] = []
+    free: deque[Slot] = deque(slots[: len(job_overrides)])
+    workers: list[Worker] = []
     returns: dict[int, JobReturn] = {}
     stop: SweepStop | None = None
-    log.info(f"Launching {len(job_overrides)} jobs, {len(slots)} at once")
+    log.info(f"Launching {len(job_overrides)} jobs, {min(len(slots), len(job_overrides))} at once")
+
+    def stop_jobs(number: int) -> None:
+        for worker in workers:
+            if worker.job is not None:
+                signal_group(worker, number)
 
     def on_signal(number: int, frame: Any) -> None:
         nonlocal stop
         if stop is None:
             line = f"error: {STOPS[signal.Signals(number)]}: {continue_hint()}"
             stop = SweepStop(128 + number, line, time.monotonic() + launcher.stop_grace_s)
-            for job in running:
-                signal_group(job, number)
+            stop_jobs(number)
         else:  # a second time: at once
             stop.deadline = 0.0
 
     previous = {number: signal.signal(number, on_signal) for number in STOPS}
     try:
-        while running or (waiting and stop is None):
-            while waiting and free and stop is None:
+        while any(worker.job for worker in workers) or (waiting and stop is None):
+            while waiting and stop is None and (idle := next((w for w in workers if w.job is None), None) or free):
+                worker = idle if isinstance(idle, Worker) else start_worker(free.popleft())
+                if worker not in workers:
+                    workers.append(worker)
                 number, overrides = waiting.popleft()
-                running.append(start(launcher, task, overrides, number, free.popleft()))
-            time.sleep(POLL_SECONDS)
-            for job in [job for job in running if job.process.poll() is not None]:
-                running.remove(job)
-                free.append(job.slot)
-                returns[job.number], ends = finish(job, stop, launcher.config.optimized_metric)
-                if ends is not None and stop is None:
-                    stop = dataclasses.replace(ends, deadline=time.monotonic() + launcher.stop_grace_s)
-                    for other in running:
-                        signal_group(other, signal.SIGTERM)
+                hand_over(worker, launcher, task, overrides, number)
+            busy = [worker for worker in workers if worker.job is not None]
+            readable, _, _ = select.select([worker.answers for worker in busy], [], [], POLL_SECONDS)
+            for worker in busy:
+                if worker.answers in readable:
+                    worker.received += os.read(worker.answers, 1 << 16)
+                if b"\n" in worker.received:
+                    line, worker.received = worker.received.split(b"\n", 1)
+                    returns[worker.job.number] = answered(worker.job, json.loads(line), metric)
+                    worker.job = None
+                elif worker.process.poll() is not None:
+                    returns[worker.job.number], ends = worker_gone(worker.job, worker.process.returncode, stop)
+                    workers.remove(worker)
+                    os.close(worker.answers)
+                    free.append(worker.slot)
+                    if ends is not None and stop is None:
+                        stop = dataclasses.replace(ends, deadline=time.monotonic() + launcher.stop_grace_s)
+                        stop_jobs(signal.SIGTERM)
             if stop is not None and not stop.killed and time.monotonic() > stop.deadline:
                 stop.killed = True
-                for job in running:
-                    signal_group(job, signal.SIGKILL)
+                stop_jobs(signal.SIGKILL)
     finally:
+        for worker in workers:  # idle now (or killed): the end of its input ends it
+            with contextlib.suppress(BrokenPipeError):
+                worker.process.stdin.close()
+        for worker in workers:
+            worker.process.wait()
+            os.close(worker.answers)
         for number, handler in previous.items():
             signal.signal(number, handler)
     if stop is not None:

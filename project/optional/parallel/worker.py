@@ -1,12 +1,16 @@
-"""One job of a side-by-side sweep, in a Python of its own: `python -m project.optional.parallel.worker`.
+"""The jobs of one slot of a side-by-side sweep, one after another, in a Python of their own:
+`python -m project.optional.parallel.worker`.
 
-The launching process (`project.optional.parallel.side_by_side`) writes the job on this process's standard input,
-pickled: the job's composed config, Hydra's callbacks and where the task function is defined (its module and name,
-as pickle cannot carry a function `hydra.main` wrapped). It is this process's own parent that writes it, nothing
-read from disk. The job then runs as Hydra's own launcher runs a job (`run_job`): the same callbacks, the same job
-dir, `-m`'s mode, so it is a sweep's job in every way (its error.txt, its carrying on). What it returns goes back as
-JSON on the descriptor the parent named (`RETURN_FD`); an end that must stop the whole sweep (a stop, an error every
-job would meet) is this process's exit status, as it would be the sweep process's under Hydra's own launcher.
+The launching process (`project.optional.parallel.side_by_side`) writes each job on this process's standard input,
+pickled: its composed config, Hydra's callbacks, where the task function is defined (its module and name, as pickle
+cannot carry a function `hydra.main` wrapped) and the file its console output goes to. It is this process's own
+parent that writes them, nothing read from disk. Each job runs as Hydra's own launcher runs a job (`run_job`): the
+same callbacks, the same job dir, `-m`'s mode, so it is a sweep's job in every way (its error.txt, its carrying on);
+and one job after another in one process, as Hydra's own launcher runs them, each giving back what it took
+(`project.engine.job`), so that only the slot's first job pays the imports. What a job returns goes back as one
+JSON line on the descriptor the parent named (`RETURN_FD`); an end that must stop the whole sweep (a stop, an error
+every job would meet) is this process's exit status, as it would be the sweep process's under Hydra's own launcher.
+Standard input's end (the sweep has no more jobs for this slot) ends the process.
 """
 
 import functools
@@ -22,11 +26,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# The environment variable that names the descriptor this process writes its job's return value to.
+# The environment variable that names the descriptor this process writes its jobs' return values to.
 RETURN_FD = "PROJECT_PARALLEL_RETURN_FD"
 log = logging.getLogger("project.optional.parallel")
 
 
+@functools.cache
 def task_function(module: str, name: str, path: str | None) -> Callable:
     """The function `hydra.main` decorated, found where it is defined (a script run by path: `path`).
 
@@ -61,29 +66,46 @@ def returned(value: Any) -> Any:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
-def main() -> None:
-    spec = pickle.load(sys.stdin.buffer)
+def console_to(path: str) -> None:
+    """From here on, this process's standard output and error (its libraries' too) go to the job's console file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(path, "ab") as console:
+        os.dup2(console.fileno(), 1)
+        os.dup2(console.fileno(), 2)
+
+
+def run(spec: dict) -> dict:
+    """Run one job; its answer for the parent."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import JobRuntime, run_job, setup_globals
 
+    console_to(spec["console"])
     setup_globals()
     config = spec["config"]
     HydraConfig.instance().set_config(config)
     JobRuntime.instance().set("name", config.hydra.job.name)
-    task = announced(task_function(*spec["task"]), spec["slot"])
-    answer = os.fdopen(int(os.environ[RETURN_FD]), "w")
     outcome = run_job(
         hydra_context=spec["hydra_context"],
-        task_function=task,
+        task_function=announced(task_function(*spec["task"]), spec["slot"]),
         config=config,
         job_dir_key="hydra.sweep.dir",
         job_subdir_key="hydra.sweep.subdir",
     )
     try:
-        json.dump({"value": returned(outcome.return_value)}, answer)
+        return {"value": returned(outcome.return_value)}
     except Exception as error:  # what the task raised past its own error handling: the parent fails the job with it
-        json.dump({"error": f"{type(error).__name__}: {error}"}, answer)
-    answer.close()
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def main() -> None:
+    with os.fdopen(int(os.environ[RETURN_FD]), "w", buffering=1) as answers:
+        while True:
+            try:
+                spec = pickle.load(sys.stdin.buffer)
+            except EOFError:
+                return
+            answers.write(json.dumps(run(spec)) + "\n")
 
 
 if __name__ == "__main__":
