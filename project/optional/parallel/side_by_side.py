@@ -41,7 +41,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides, setup_globa
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from project.engine.errors import UserError
-from project.engine.results import format_value
+from project.engine.results import format_results_table, format_value
 from project.engine.run_log import report
 from project.engine.sweeps import ERROR_FILE, continue_hint, refuse
 from project.optional.parallel.slots import Slot, plan_slots, visible_gpus
@@ -108,7 +108,7 @@ def job_config(launcher: Any, overrides: list[str], number: int) -> DictConfig:
     names a dir (`${now:...}`) would name another in the worker."""
     config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
     with open_dict(config):
-        config.hydra.job.id = number
+        config.hydra.job.id = str(number)  # a str in Hydra's schema
         config.hydra.job.num = number
         config.hydra.sweep.dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
         config.hydra.sweep.subdir = str(OmegaConf.select(config, "hydra.sweep.subdir"))
@@ -189,6 +189,9 @@ def answered(job: Job, answer: dict, metric: str) -> JobReturn:
     error = error_file.read_text().strip() if error_file.is_file() else answer.get("error")
     what = f"failed: {error.removeprefix('error: ')}" if error else f"{metric} {format_value(answer['value'])}"
     report(f"job {job.number} ended after {time.monotonic() - job.started:.0f} s: {what}")
+    results = job.directory / "results.json"
+    if results.is_file() and not error:  # the table the job printed in its console.log, as one at a time shows it
+        report(format_results_table(json.loads(results.read_text())))
     return outcome
 
 

@@ -18,5 +18,5 @@ def test_the_side_by_side_suite_times_one_at_a_time_and_two_at_once_at_two_job_l
     for timed in sweeps.values():
         assert set(timed) == {"short", "long"}
         assert timed["long"]["job_fit_s"] > timed["short"]["job_fit_s"] > 0
-    assert "sweep 2 at once / one at a time (long jobs)" in stdout
-    assert "sweep side by side pays" in stdout
+    assert "sweep 2 at once, long jobs" in stdout
+    assert "sweep 2 at once pays from jobs of" in stdout
