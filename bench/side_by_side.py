@@ -60,15 +60,18 @@ def line(short: dict, long: dict) -> tuple[float, float]:
 GPU_JOBS = 8
 
 
-def run_gpu(recipe: list[str], scratch: Path) -> dict:
+def run_gpu(settings: Settings, recipe: list[str], scratch: Path) -> dict:
+    """8 one-GPU jobs (2 in a smoke run; `--device cpu`, which checks the code, trains them on the CPU)."""
     import torch
 
-    command = (f"seed=range(1,{GPU_JOBS + 1})", "trainer=gpu", "trainer.max_epochs=1", "logger=none", *recipe)
+    jobs = 2 if settings.quick else GPU_JOBS
+    trainer = "trainer=gpu" if settings.device == "cuda" else "trainer=cpu"
+    command = (f"seed=range(1,{jobs + 1})", trainer, "trainer.max_epochs=1", "logger=none", *recipe)
     sweeps = {
-        name: sweep(launcher + command, 0, scratch / name.replace(" ", "_"), jobs=GPU_JOBS)
+        name: sweep(launcher + command, 0, scratch / name.replace(" ", "_"), jobs=jobs)
         for name, launcher in (("one at a time", ()), ("side by side", ("hydra/launcher=parallel",)))
     }
-    return {"jobs": GPU_JOBS, "gpus": torch.cuda.device_count(), "sweeps": sweeps}
+    return {"jobs": jobs, "gpus": torch.cuda.device_count(), "sweeps": sweeps}
 
 
 def compared(quick: bool) -> dict[str, tuple[str, ...]]:
@@ -81,7 +84,7 @@ def compared(quick: bool) -> dict[str, tuple[str, ...]]:
 def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
     """(The toy default on the CPU: `recipe` is not used there.)"""
     if settings.gpu_variant:
-        return run_gpu(recipe, scratch)
+        return run_gpu(settings, recipe, scratch)
     epochs = QUICK_EPOCHS if settings.quick else EPOCHS
     sweeps = {
         name: {

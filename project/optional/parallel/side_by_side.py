@@ -246,13 +246,18 @@ def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) 
         else:  # a second time: at once
             stop.deadline = 0.0
 
+    def ready_worker() -> Worker | None:
+        """An idle worker, or a new one on a free slot; None while every slot has a job."""
+        idle = next((worker for worker in workers if worker.job is None), None)
+        if idle is None and free:
+            idle = start_worker(free.popleft())
+            workers.append(idle)
+        return idle
+
     previous = {number: signal.signal(number, on_signal) for number in STOPS}
     try:
         while any(worker.job for worker in workers) or (waiting and stop is None):
-            while waiting and stop is None and (idle := next((w for w in workers if w.job is None), None) or free):
-                worker = idle if isinstance(idle, Worker) else start_worker(free.popleft())
-                if worker not in workers:
-                    workers.append(worker)
+            while waiting and stop is None and (worker := ready_worker()) is not None:
                 number, overrides = waiting.popleft()
                 hand_over(worker, launcher, task, overrides, number)
             busy = [worker for worker in workers if worker.job is not None]
@@ -276,7 +281,8 @@ def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) 
                 stop.killed = True
                 stop_jobs(signal.SIGKILL)
     finally:
-        for worker in workers:  # idle now (or killed): the end of its input ends it
+        stop_jobs(signal.SIGKILL)  # none, unless this loop failed
+        for worker in workers:  # idle now: the end of its input ends it
             with contextlib.suppress(BrokenPipeError):
                 worker.process.stdin.close()
         for worker in workers:

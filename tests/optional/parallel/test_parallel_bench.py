@@ -1,5 +1,5 @@
-"""`python -m bench --quick --only side_by_side`: the sweeps it times run to their end, one at a time and 2 at once,
-and its rows are in the table (no timing asserted: benchmarks are not tests)."""
+"""`python -m bench --quick --only side_by_side` and its GPU variant: the sweeps it times run to their end, one at a
+time and side by side, and its rows are in the table (no timing asserted: benchmarks are not tests)."""
 
 from pathlib import Path
 
@@ -20,3 +20,13 @@ def test_the_side_by_side_suite_times_one_at_a_time_and_two_at_once_at_two_job_l
         assert timed["long"]["job_fit_s"] > timed["short"]["job_fit_s"] > 0
     assert "sweep 2 at once, long jobs" in stdout
     assert "sweep 2 at once pays from jobs of" in stdout
+
+
+def test_the_gpu_variant_times_one_gpu_jobs_one_at_a_time_and_side_by_side(tmp_path: Path, capsys):
+    """`--gpu`'s code path, checked here with `--device cpu` (its jobs then train on the CPU)."""
+    stdout, results = run_quick_bench(tmp_path, capsys, "--gpu", "--device", "cpu", "--only", "side_by_side")
+
+    result = results["side_by_side"]
+    assert set(result["sweeps"]) == {"one at a time", "side by side"}
+    assert all(timed["job_fit_s"] > 0 for timed in result["sweeps"].values())
+    assert f"{result['jobs']} one-GPU jobs on 0 GPU(s)" in stdout
