@@ -1,6 +1,6 @@
 """A sweep of 4 toy jobs run one at a time (Hydra's own launcher), 2 at once (`hydra/launcher=parallel`) and all at
 once (`hydra/launcher=submitit_local`, submitit's local executor, which the slurm part's package brings), at two job
-lengths: short jobs (about a second of training each) and long ones (about 30 s). `--quick`, a smoke run, has jobs
+lengths: short jobs (about a second of training each) and long ones (about 30 s). `--quick`, a smoke run, has 2 jobs
 of a fraction of a second and a second, and leaves submitit out (a minute even for such jobs); so does a tree without
 the slurm part.
 
@@ -38,7 +38,7 @@ EPOCHS = {"short": 100, "long": 2700}
 QUICK_EPOCHS = {"short": 5, "long": 100}
 
 
-def sweep(overrides: tuple[str, ...], epochs: int, sweep_dir: Path, jobs: int = JOBS) -> dict:
+def sweep(overrides: tuple[str, ...], epochs: int, sweep_dir: Path, jobs: int) -> dict:
     """Run the sweep (`epochs`: the toy's, or 0 where `overrides` say what to train); its wall seconds and its jobs'
     mean training seconds (their results.json's `fit_seconds`)."""
     toy = (f"seed=range(1,{jobs + 1})", "logger=none", f"trainer.max_epochs={epochs}") if epochs else ()
@@ -86,16 +86,17 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
     if settings.gpu_variant:
         return run_gpu(settings, recipe, scratch)
     epochs = QUICK_EPOCHS if settings.quick else EPOCHS
+    jobs = 2 if settings.quick else JOBS
     sweeps = {
         name: {
-            length: sweep(launcher, count, scratch / f"{name.replace(' ', '_')}-{length}")
+            length: sweep(launcher, count, scratch / f"{name.replace(' ', '_')}-{length}", jobs)
             for length, count in epochs.items()
         }
         for name, launcher in compared(settings.quick).items()
     }
     (a_one, b_one), (a_two, b_two) = line(**sweeps["one at a time"]), line(**sweeps["2 at once"])
     crossover = (a_two - a_one) / (b_one - b_two) if b_one > b_two else None
-    return {"jobs": JOBS, "epochs": epochs, "sweeps": sweeps, "crossover_s": crossover}
+    return {"jobs": jobs, "epochs": epochs, "sweeps": sweeps, "crossover_s": crossover}
 
 
 def rows(result: dict) -> list[Row]:

@@ -165,3 +165,33 @@ def test_a_search_runs_its_n_jobs_trials_at_once_each_on_its_own_slot_and_its_pr
     for first, second in ((0, 1), (2, 3)):
         assert launches.index(f"job {second} started") < launches.index(f"job {first} ended"), launches
         assert not seen[first] & seen[second], seen
+
+
+def test_ddp_inside_each_job_runs_its_two_ranks_on_the_jobs_own_devices_at_the_same_time_as_the_other_job(
+    tmp_path: Path,
+):
+    sweep_dir = tmp_path / "sweep"
+    result = check_ok(
+        run_module(
+            "project.train",
+            "-m",
+            "seed=1,2",
+            "trainer=ddp",
+            "trainer.devices=2",
+            "trainer.max_epochs=40",
+            "logger=none",
+            *SIDE_BY_SIDE,
+            f"hydra.sweep.dir={sweep_dir}",
+            cwd=tmp_path,
+        )
+    )
+    launches = [" ".join(line.split()[:3]) for line in result.stdout.splitlines() if line.startswith("job ")]
+    assert launches.index("job 1 started") < launches.index("job 0 ended"), launches
+    given = {frozenset(what_the_job_saw(sweep_dir / str(job))[0]) for job in (0, 1)}
+    assert given == {frozenset("01"), frozenset("23")}
+    for job in (0, 1):
+        assert sorted(path.name for path in (sweep_dir / str(job)).glob("history.rank*.json")) == [
+            "history.rank0.json",
+            "history.rank1.json",
+        ]
+        assert json.loads((sweep_dir / str(job) / "results.json").read_text())["world_size"] == 2
