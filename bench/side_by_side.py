@@ -6,8 +6,9 @@ the slurm part.
 
 One at a time, the jobs share the sweep process's imports; side by side, each slot's worker is a Python of its own
 and pays its imports (seconds) before its first job trains. The wall times at the two lengths give each launcher a
-line, wall = a + b × (a job's training seconds), and where the lines of one at a time and 2 at once cross: the job
-length from which running side by side pays (`crossover_s`). Each sweep runs once (the long one takes minutes); the
+line, wall = a + b × (a job's epochs), and where the lines of one at a time and 2 at once cross: the job length from
+which running side by side pays (`crossover_s`, in one at a time's training seconds; 0 where side by side wins at any
+length, None where it never does). Each sweep runs once (the long one takes minutes); the
 ratio's spread is not measured.
 
 The GPU variant (`--gpu`, bench/gpu.sh) runs 8 one-GPU jobs of the `experiment=mnist` recipe (one epoch each), one at a
@@ -51,10 +52,11 @@ def sweep(overrides: tuple[str, ...], epochs: int, sweep_dir: Path, jobs: int) -
     return {"wall_s": wall, "job_fit_s": statistics.fmean(fits)}
 
 
-def line(short: dict, long: dict) -> tuple[float, float]:
-    """(a, b) of wall = a + b × job training seconds, through the short and the long sweep."""
-    slope = (long["wall_s"] - short["wall_s"]) / (long["job_fit_s"] - short["job_fit_s"])
-    return short["wall_s"] - slope * short["job_fit_s"], slope
+def line(short: dict, long: dict, epochs: dict) -> tuple[float, float]:
+    """(a, b) of wall = a + b × a job's epochs, through the short and the long sweep (in epochs, the same for every
+    launcher: a job's training seconds are longer where jobs share the cores)."""
+    slope = (long["wall_s"] - short["wall_s"]) / (epochs["long"] - epochs["short"])
+    return short["wall_s"] - slope * epochs["short"], slope
 
 
 GPU_JOBS = 8
@@ -94,8 +96,12 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
         }
         for name, launcher in compared(settings.quick).items()
     }
-    (a_one, b_one), (a_two, b_two) = line(**sweeps["one at a time"]), line(**sweeps["2 at once"])
-    crossover = (a_two - a_one) / (b_one - b_two) if b_one > b_two else None
+    (a_one, b_one), (a_two, b_two) = (line(**sweeps[name], epochs=epochs) for name in ("one at a time", "2 at once"))
+    seconds_per_epoch = sweeps["one at a time"]["long"]["job_fit_s"] / epochs["long"]
+    if b_one > b_two:
+        crossover = max(0.0, (a_two - a_one) / (b_one - b_two)) * seconds_per_epoch
+    else:
+        crossover = 0.0 if a_two < a_one else None
     return {"jobs": jobs, "epochs": epochs, "sweeps": sweeps, "crossover_s": crossover}
 
 

@@ -10,6 +10,7 @@ from torchvision import datasets
 
 from project.engine.errors import UserError
 from project.example.data import MNISTDataModule, ToyDataModule
+from project.example.data.folds import fold_split
 from project.example.data.in_memory import InMemoryDataset
 from project.example.data.toy import TEST_TARGETS, TRAIN_INPUTS
 from tests.faults import ENV, USER_ERROR, assert_ends_in_error_line
@@ -107,6 +108,13 @@ def test_more_folds_than_a_class_has_samples_is_refused_naming_the_class():
     datamodule = ToyDataModule(batch_size=2, seed=0, folds=3, fold=0)
     with pytest.raises(UserError, match="^data.folds=3 needs at least 3 samples of each class.*class '1' has 2"):
         datamodule.setup("fit")
+
+
+def test_a_label_outside_the_classes_is_refused_before_any_fold_is_dealt():
+    """A data module of the user's own whose labels do not number its classes from 0: one line, not a fold left
+    unset or an IndexError."""
+    with pytest.raises(UserError, match=r"^data.folds: a label 5 is not one of the 2 classes \(0, 1\)"):
+        fold_split(torch.tensor([0, 1, 0, 1, 5, 0]), folds=2, fold=0, seed=0, class_names=("0", "1"))
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from project.engine.sweep_summary import SUMMARY_FILE
@@ -173,3 +174,15 @@ def test_a_toy_sweep_over_seeds_and_folds_ends_with_its_summary_of_four_jobs(tmp
     configuration = "data.folds=2 trainer.max_epochs=2 logger=none"
     assert_summary_matches_the_jobs(sweep, result.stdout, "val/acc", {configuration: ["0", "1", "2", "3"]})
     assert stored_summary(sweep)[0]["n"] == 4
+
+
+def test_a_job_run_again_by_the_sweep_carried_on_starts_without_its_earlier_failures_line(tmp_path: Path):
+    """Under any launcher: the job's start (Hydra's `on_job_start`, in whichever process runs it) removes the
+    error.txt an earlier run of the sweep left, so the table shows this run's outcome; a single run's is left alone."""
+    job_dir = tmp_path / "0"
+    job_dir.mkdir()
+    (job_dir / ERROR_FILE).write_text("error: the earlier failure\n")
+    for mode, kept in ((RunMode.RUN, True), (RunMode.MULTIRUN, False)):
+        config = OmegaConf.create({"hydra": {"mode": mode, "runtime": {"output_dir": str(job_dir)}}})
+        SweepSummaryCallback().on_job_start(config)
+        assert (job_dir / ERROR_FILE).is_file() == kept, mode

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.results import format_value
@@ -116,6 +117,12 @@ class SweepSummaryCallback(Callback):
     Not where the sweep ends by an exception (a stop, SIGTERM or Ctrl-C, or a sweeper's fault): Hydra 1.4 calls this
     hook on the way out (1.3 does not), and the stop's line, which says how to carry the sweep on, stays the last
     word, with the stop's exit status (a fault keeps its traceback)."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A job that failed in an earlier run of its sweep starts without that failure's line: the sweep carried
+        on runs it again, and its table shows this run's outcome."""
+        if config.hydra.mode == RunMode.MULTIRUN:
+            Path(config.hydra.runtime.output_dir, ERROR_FILE).unlink(missing_ok=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -34,6 +34,12 @@ def check_fold_choice(folds: int | None, fold: int) -> None:
 def fold_of_each_sample(targets: Tensor, folds: int, seed: int, class_names: tuple[str, ...]) -> Tensor:
     """The fold (0 to `folds`-1) of each sample whose label is in `targets`; a class with fewer samples than folds
     (one that some fold would not hold) is refused in one line."""
+    outside = targets[(targets < 0) | (targets >= len(class_names))]
+    if len(outside):
+        raise UserError(
+            f"data.folds: a label {int(outside[0])} is not one of the {len(class_names)} classes "
+            f"({', '.join(class_names)}): the data module's labels must be 0 to {len(class_names) - 1}"
+        )
     counts = torch.bincount(targets.long(), minlength=len(class_names))
     for label, count in enumerate(counts.tolist()):
         if 0 < count < folds:
@@ -42,7 +48,7 @@ def fold_of_each_sample(targets: Tensor, folds: int, seed: int, class_names: tup
                 f"{class_names[label]!r} has {count}: use data.folds <= {count}, or data.folds=null"
             )
     generator = torch.Generator().manual_seed(seed)
-    fold_of = torch.empty(len(targets), dtype=torch.long)
+    fold_of = torch.full((len(targets),), -1, dtype=torch.long)
     start = 0
     for label in range(len(class_names)):
         members = torch.nonzero(targets == label).flatten()

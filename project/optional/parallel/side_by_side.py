@@ -19,7 +19,6 @@ job ends, however it ends:
 """
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import logging
@@ -32,6 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,12 +45,11 @@ from project.engine.results import format_results_table, format_value
 from project.engine.run_log import report
 from project.engine.sweeps import ERROR_FILE, continue_hint, refuse
 from project.optional.parallel.slots import Slot, plan_slots, visible_gpus
-from project.optional.parallel.worker import RETURN_FD
+from project.optional.parallel.worker import CORES, LAUNCHER, RETURN_FD
 
 log = logging.getLogger(__name__)
 # The job's console output, in its job dir.
 CONSOLE_FILE = "console.log"
-PR_SET_PDEATHSIG = 1
 # How long the launcher waits for an answer before it looks again at the workers and at a stop's deadline.
 POLL_SECONDS = 0.2
 STOPS = {signal.SIGINT: "interrupted by the user (Ctrl-C)", signal.SIGTERM: "stopped by SIGTERM"}
@@ -72,17 +71,20 @@ class Worker:
     process: subprocess.Popen
     answers: int  # the read end of the pipe its jobs' answers come back on, one JSON line each
     received: bytes = b""
+    answers_ended: bool = False  # its pipe's end read: nothing more will come
     job: Job | None = None
+    signalled: int = 0  # the stop's signal, once passed on to its job
 
 
 @dataclass
 class SweepStop:
-    """Why the sweep is ending before its last job: a signal to the launcher, or a job that ended the sweep."""
+    """Why the sweep is ending before its last job: a signal to the launcher, or a job that ended the sweep; the
+    launcher's loop passes `signal` on to every running job (SIGKILL once `deadline` has passed)."""
 
     status: int
     line: str
+    signal: int
     deadline: float
-    killed: bool = False
 
 
 def task_location(task: Any) -> tuple[str, str, str | None]:
@@ -115,16 +117,14 @@ def job_config(launcher: Any, overrides: list[str], number: int) -> DictConfig:
     return config
 
 
-def slot_setup(cores: tuple[int, ...]) -> None:
-    """Runs in the worker before Python starts: its cores, and a SIGTERM when its launcher ends."""
-    os.sched_setaffinity(0, cores)
-    if sys.platform == "linux":
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def start_worker(slot: Slot) -> Worker:
     answers, answer_end = os.pipe()
-    environment = os.environ | {RETURN_FD: str(answer_end)}
+    environment = os.environ | {
+        RETURN_FD: str(answer_end),
+        CORES: ",".join(map(str, slot.cores)),
+        LAUNCHER: str(os.getpid()),
+    }
+    environment.pop("MASTER_PORT", None)  # each job's DDP holds a port of its own (a set one would be shared)
     if slot.gpus:
         environment["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
     process = subprocess.Popen(
@@ -134,10 +134,15 @@ def start_worker(slot: Slot) -> Worker:
         env=environment,
         pass_fds=(answer_end,),
         start_new_session=True,
-        preexec_fn=lambda: slot_setup(slot.cores),
     )
     os.close(answer_end)
+    os.set_blocking(answers, False)
     return Worker(slot, process, answers)
+
+
+def job_context(launcher: Any) -> Any:
+    """What a worker needs of Hydra's context: its callbacks (a job composes nothing, so no config loader)."""
+    return dataclasses.replace(launcher.hydra_context, config_loader=None)
 
 
 def hand_over(worker: Worker, launcher: Any, task: tuple, overrides: list[str], number: int) -> None:
@@ -146,11 +151,9 @@ def hand_over(worker: Worker, launcher: Any, task: tuple, overrides: list[str], 
     config = job_config(launcher, overrides, number)
     directory = Path(config.hydra.sweep.dir, config.hydra.sweep.subdir)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / ERROR_FILE).unlink(missing_ok=True)  # a failed job run again by the sweep carried on
-    context = dataclasses.replace(launcher.hydra_context, config_loader=None)  # the job composes nothing
     spec = {
         "config": config,
-        "hydra_context": context,
+        "hydra_context": job_context(launcher),
         "task": task,
         "slot": worker.slot.describe(),
         "console": str(directory / CONSOLE_FILE),
@@ -162,8 +165,8 @@ def hand_over(worker: Worker, launcher: Any, task: tuple, overrides: list[str], 
             worker.process.stdin.write(payload)
             worker.process.stdin.flush()
 
-    threading.Thread(target=write, daemon=True).start()
     worker.job = Job(number, list(overrides), directory, time.monotonic())
+    threading.Thread(target=write, daemon=True).start()
     report(f"job {number} started in {worker.slot.describe()}: {' '.join(filter_overrides(overrides)) or '-'}")
 
 
@@ -197,11 +200,12 @@ def answered(job: Job, answer: dict, metric: str) -> JobReturn:
 
 def worker_gone(job: Job, status: int, stop: SweepStop | None) -> tuple[JobReturn, SweepStop | None]:
     """The return of a job whose worker ended without answering; a stop, where its end ends the sweep."""
-    outcome = JobReturn(overrides=job.overrides, working_dir=os.getcwd(), status=JobStatus.COMPLETED)
+    outcome = JobReturn(overrides=job.overrides, working_dir=str(job.directory), status=JobStatus.COMPLETED)
     elapsed = f"{time.monotonic() - job.started:.0f} s"
-    if status < 0 and stop is None:  # killed from outside (the kernel, out of memory): this job alone fails
+    if status < 0 and stop is None:  # killed by a signal no stop sent (the kernel's, a crash): this job alone fails
         name = signal.Signals(-status).name
-        line = f"error: the job's process was killed by {name} (out of memory, or from outside): see {CONSOLE_FILE}"
+        why = " (out of memory, or from outside)" if -status == signal.SIGKILL else ""
+        line = f"error: the job's process was killed by {name}{why}: see {CONSOLE_FILE} in its dir"
         (job.directory / ERROR_FILE).write_text(line + "\n")
         report(f"job {job.number} {line}", sys.stderr)
         return outcome, None
@@ -211,7 +215,29 @@ def worker_gone(job: Job, status: int, stop: SweepStop | None) -> tuple[JobRetur
         return outcome, None
     report(f"job {job.number} ended the sweep after {elapsed}")
     line = own or f"error: job {job.number} ended with status {status}: see {CONSOLE_FILE} in its dir"
-    return outcome, SweepStop(status, line, deadline=0.0)  # the launcher sets the other jobs' deadline
+    return outcome, SweepStop(status or 1, line, signal.SIGTERM, deadline=0.0)  # the launcher sets the deadline
+
+
+def checked_settings(launcher: Any) -> tuple[list[Slot], tuple]:
+    """The slots and where the workers find the task function, or one line saying what cannot be."""
+    devices, grace = launcher.devices, launcher.stop_grace_s
+    if devices is not None and not isinstance(devices, Sequence) or isinstance(devices, str):
+        raise UserError(
+            f"hydra.launcher.devices must be a list of GPUs ('hydra.launcher.devices=[0,1]'), got {devices!r}"
+        )
+    if not (isinstance(grace, (int, float)) and not isinstance(grace, bool) and grace >= 0):
+        raise UserError(f"hydra.launcher.stop_grace_s must be a number of seconds >= 0, got {grace!r}")
+    gpus = [str(gpu) for gpu in devices] if devices is not None else visible_gpus()
+    slots = plan_slots(gpus, sorted(os.sched_getaffinity(0)), launcher.devices_per_job, launcher.jobs_at_once)
+    task = task_location(launcher.task_function)
+    try:
+        pickle.dumps((job_context(launcher), task))
+    except Exception as error:
+        raise UserError(
+            f"hydra/launcher=parallel sends each job's Hydra callbacks to its worker, and one cannot be pickled "
+            f"({type(error).__name__}: {error}): drop it from hydra.callbacks, or use hydra/launcher=basic"
+        ) from None
+    return slots, task
 
 
 def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) -> list[JobReturn]:
@@ -219,9 +245,7 @@ def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) 
     setup_globals()
     HydraConfig.instance().set_config(launcher.config)  # the sweep's, for the line that carries it on
     try:
-        gpus = [str(gpu) for gpu in launcher.devices] if launcher.devices is not None else visible_gpus()
-        slots = plan_slots(gpus, sorted(os.sched_getaffinity(0)), launcher.devices_per_job, launcher.jobs_at_once)
-        task = task_location(launcher.task_function)
+        slots, task = checked_settings(launcher)
     except UserError as error:
         refuse(str(error))
     metric = launcher.config.optimized_metric
@@ -232,17 +256,12 @@ def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) 
     stop: SweepStop | None = None
     log.info(f"Launching {len(job_overrides)} jobs, {min(len(slots), len(job_overrides))} at once")
 
-    def stop_jobs(number: int) -> None:
-        for worker in workers:
-            if worker.job is not None:
-                signal_group(worker, number)
-
     def on_signal(number: int, frame: Any) -> None:
+        """Only notes the stop: the loop passes it on, to every job running then or handed over since."""
         nonlocal stop
         if stop is None:
             line = f"error: {STOPS[signal.Signals(number)]}: {continue_hint()}"
-            stop = SweepStop(128 + number, line, time.monotonic() + launcher.stop_grace_s)
-            stop_jobs(number)
+            stop = SweepStop(128 + number, line, number, time.monotonic() + launcher.stop_grace_s)
         else:  # a second time: at once
             stop.deadline = 0.0
 
@@ -254,43 +273,68 @@ def launch(launcher: Any, job_overrides: list[list[str]], initial_job_idx: int) 
             workers.append(idle)
         return idle
 
+    def pass_on(stop: SweepStop) -> None:
+        wanted = signal.SIGKILL if time.monotonic() > stop.deadline else stop.signal
+        for worker in workers:
+            if worker.job is not None and worker.signalled != wanted:
+                signal_group(worker, wanted)
+                worker.signalled = wanted
+
     previous = {number: signal.signal(number, on_signal) for number in STOPS}
     try:
         while any(worker.job for worker in workers) or (waiting and stop is None):
             while waiting and stop is None and (worker := ready_worker()) is not None:
                 number, overrides = waiting.popleft()
                 hand_over(worker, launcher, task, overrides, number)
+            if stop is not None:
+                pass_on(stop)
             busy = [worker for worker in workers if worker.job is not None]
-            readable, _, _ = select.select([worker.answers for worker in busy], [], [], POLL_SECONDS)
+            listening = [worker.answers for worker in busy if not worker.answers_ended]
+            readable, _, _ = select.select(listening, [], [], POLL_SECONDS)
             for worker in busy:
-                if worker.answers in readable:
-                    worker.received += os.read(worker.answers, 1 << 16)
+                ended = worker.process.poll() is not None  # asked first: what it sent before it ended is read below
+                if worker.answers in readable or ended:
+                    read_answers(worker)
                 if b"\n" in worker.received:
                     line, worker.received = worker.received.split(b"\n", 1)
                     returns[worker.job.number] = answered(worker.job, json.loads(line), metric)
-                    worker.job = None
-                elif worker.process.poll() is not None:
+                    worker.job, worker.signalled = None, 0
+                elif ended:
                     returns[worker.job.number], ends = worker_gone(worker.job, worker.process.returncode, stop)
+                    retire(worker)
                     workers.remove(worker)
-                    os.close(worker.answers)
                     free.append(worker.slot)
                     if ends is not None and stop is None:
                         stop = dataclasses.replace(ends, deadline=time.monotonic() + launcher.stop_grace_s)
-                        stop_jobs(signal.SIGTERM)
-            if stop is not None and not stop.killed and time.monotonic() > stop.deadline:
-                stop.killed = True
-                stop_jobs(signal.SIGKILL)
     finally:
-        stop_jobs(signal.SIGKILL)  # none, unless this loop failed
-        for worker in workers:  # idle now: the end of its input ends it
-            with contextlib.suppress(BrokenPipeError):
-                worker.process.stdin.close()
-        for worker in workers:
-            worker.process.wait()
-            os.close(worker.answers)
         for number, handler in previous.items():
             signal.signal(number, handler)
+        for worker in workers:  # idle by now, unless this loop failed: then its job is stopped first
+            if worker.job is not None:
+                signal_group(worker, signal.SIGTERM)
+            retire(worker, wait=launcher.stop_grace_s)
     if stop is not None:
         report(stop.line, sys.stderr)
         sys.exit(stop.status)
     return [returns[number] for number in sorted(returns)]
+
+
+def read_answers(worker: Worker) -> None:
+    """What the worker has sent (its pipe never blocks the launcher: a process the job forked may hold it open)."""
+    with contextlib.suppress(BlockingIOError):
+        while not worker.answers_ended:
+            chunk = os.read(worker.answers, 1 << 16)
+            worker.received += chunk
+            worker.answers_ended = not chunk
+
+
+def retire(worker: Worker, wait: float = 0.0) -> None:
+    """End the worker (the end of its input ends an idle one; `wait` seconds later, or at once for one that ended
+    already, whatever is left of its processes is killed) and close its pipes."""
+    with contextlib.suppress(BrokenPipeError):
+        worker.process.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        worker.process.wait(timeout=wait)
+    signal_group(worker, signal.SIGKILL)  # its processes that outlived it (a DDP rank, a DataLoader worker)
+    worker.process.wait()
+    os.close(worker.answers)

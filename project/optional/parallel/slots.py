@@ -65,6 +65,12 @@ def plan_slots(gpus: list[str], cores: list[int], devices_per_job: int, jobs_at_
     else:
         count = jobs_at_once or max(1, len(cores) // devices_per_job)
     share = len(cores) // count
+    if not gpus and share < devices_per_job:
+        raise UserError(
+            f"{count} job(s) at once of {devices_per_job} cores each (hydra.launcher.devices_per_job) need "
+            f"{count * devices_per_job} cores, and this process may run on {len(cores)}: lower "
+            "hydra.launcher.jobs_at_once or devices_per_job"
+        )
     if share == 0:
         raise UserError(
             f"{count} jobs at once would not each have a CPU core of their own (this process may run on "

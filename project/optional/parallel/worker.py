@@ -22,12 +22,16 @@ import math
 import os
 import pickle
 import runpy
+import signal
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
-# The environment variable that names the descriptor this process writes its jobs' return values to.
-RETURN_FD = "PROJECT_PARALLEL_RETURN_FD"
+# The environment variables that name the descriptor this process writes its jobs' return values to, the CPU cores
+# of its slot, and its launcher's pid.
+RETURN_FD, CORES, LAUNCHER = "PROJECT_PARALLEL_RETURN_FD", "PROJECT_PARALLEL_CORES", "PROJECT_PARALLEL_LAUNCHER"
+PR_SET_PDEATHSIG = 1
 log = logging.getLogger("project.optional.parallel")
 
 
@@ -75,6 +79,20 @@ def console_to(path: str) -> None:
         os.dup2(console.fileno(), 2)
 
 
+def take_slot() -> None:
+    """Before anything is imported (torch sizes its thread pool by the cores it may use): run on the slot's cores,
+    and be sent SIGTERM as the launcher ends, however it ends (Linux); a launcher gone already ends this process."""
+    os.sched_setaffinity(0, [int(core) for core in os.environ.pop(CORES).split(",")])
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    try:  # asked after the prctl: a launcher that ended before it sent no SIGTERM
+        os.kill(int(os.environ.pop(LAUNCHER)), 0)
+    except ProcessLookupError:
+        sys.exit(1)
+
+
 def run(spec: dict) -> dict:
     """Run one job; its answer for the parent."""
     from hydra.core.hydra_config import HydraConfig
@@ -95,11 +113,13 @@ def run(spec: dict) -> dict:
     try:
         return {"value": returned(outcome.return_value)}
     except Exception as error:  # what the task raised past its own error handling: the parent fails the job with it
+        traceback.print_exception(error)  # into the job's console.log (Hydra 1.3 prints only the job's overrides)
         return {"error": f"{type(error).__name__}: {error}"}
 
 
 def main() -> None:
-    with os.fdopen(int(os.environ[RETURN_FD]), "w", buffering=1) as answers:
+    take_slot()
+    with os.fdopen(int(os.environ.pop(RETURN_FD)), "w", buffering=1) as answers:
         while True:
             try:
                 spec = pickle.load(sys.stdin.buffer)

@@ -1,5 +1,7 @@
 """How `hydra/launcher=parallel` shares out one machine: GPUs and cores per slot, no two slots sharing either."""
 
+import re
+
 import pytest
 
 from project.engine.errors import UserError
@@ -35,8 +37,10 @@ def test_without_gpus_a_device_is_a_core():
     [
         (["0"], [0, 1], 2, None, "hydra.launcher.devices_per_job=2 but 1 GPU(s) are there (0): lower it"),
         (["0", "0"], [0, 1], 1, None, "hydra.launcher.devices lists a GPU twice (0,0)"),
-        ([], [0, 1], 1, 3, "3 jobs at once would not each have a CPU core of their own"),
+        (["0", "1", "2"], [0, 1], 1, None, "3 jobs at once would not each have a CPU core of their own"),
         ([], [0, 1], 0, None, "hydra.launcher.devices_per_job must be a whole number >= 1, got 0"),
+        ([], [0, 1, 2], 2, 2, "2 job(s) at once of 2 cores each (hydra.launcher.devices_per_job) need 4 cores"),
+        ([], [0], 2, None, "1 job(s) at once of 2 cores each (hydra.launcher.devices_per_job) need 2 cores"),
         ([], [0, 1], 1, 0, "hydra.launcher.jobs_at_once must be a whole number >= 1 or null, got 0"),
     ],
 )
@@ -50,3 +54,29 @@ def test_the_visible_gpus_are_cuda_visible_devices_where_it_is_set(monkeypatch: 
     assert visible_gpus() == ["3", "GPU-5b1e", "7"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == []
+
+
+def test_a_launcher_setting_or_task_function_the_workers_cannot_use_is_refused_in_one_line():
+    """`checked_settings` runs before any job: devices that are no list, a grace that is no number of seconds, and a
+    task function a new Python cannot find by its module and name."""
+    from types import SimpleNamespace
+
+    from project.optional.parallel.side_by_side import checked_settings
+
+    def main(cfg):  # defined here: no module has it at its top level
+        return None
+
+    def wrapped(cfg):
+        return main(cfg)
+
+    wrapped.__wrapped__ = main
+    launcher = SimpleNamespace(
+        devices=["0"], devices_per_job=1, jobs_at_once=None, stop_grace_s=120, task_function=main
+    )
+    for changed, words in (
+        ({"devices": 0}, "hydra.launcher.devices must be a list of GPUs"),
+        ({"stop_grace_s": None}, "hydra.launcher.stop_grace_s must be a number of seconds >= 0, got None"),
+        ({}, "hydra/launcher=parallel starts each job in a new Python, which finds the job's function by its module"),
+    ):
+        with pytest.raises(UserError, match="^" + re.escape(words)):
+            checked_settings(SimpleNamespace(**{**vars(launcher), **changed}))
