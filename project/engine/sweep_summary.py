@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from project.engine.run_config import overridden_key
+
 if TYPE_CHECKING:
     from project.engine.sweeps import JobRow
 
@@ -25,14 +27,9 @@ REPEATS = ("seed", "data.fold")
 SUMMARY_FILE = "summary.json"
 
 
-def override_key(override: str) -> str:
-    """`data.fold` for `data.fold=2` (and for `+data.fold=2`, `++data.fold=2`)."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def configuration(overrides: Sequence[str]) -> tuple[str, ...]:
     """The overrides that make a job's configuration: all but the repeats'."""
-    return tuple(override for override in overrides if override_key(override) not in REPEATS)
+    return tuple(override for override in overrides if overridden_key(override) not in REPEATS)
 
 
 def described(values: list[float]) -> dict:
@@ -57,8 +54,8 @@ def varied_repeats(rows: Sequence["JobRow"]) -> list[str]:
     seen: dict[str, set[str]] = {key: set() for key in REPEATS}
     for row in rows:
         for override in row.saved_overrides or ():
-            if override_key(override) in seen:
-                seen[override_key(override)].add(override)
+            if overridden_key(override) in seen:
+                seen[overridden_key(override)].add(override)
     return [key for key, values in seen.items() if len(values) > 1]
 
 

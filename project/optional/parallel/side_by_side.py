@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from project.engine.errors import UserError
 from project.engine.results import format_results_table, format_value
 from project.engine.run_log import report
-from project.engine.sweeps import ERROR_FILE, continue_hint, refuse
+from project.engine.sweeps import ERROR_FILE, continue_hint, finished_results, refuse
 from project.optional.parallel.slots import Slot, plan_slots, visible_gpus
 from project.optional.parallel.worker import CORES, LAUNCHER, RETURN_FD
 
@@ -192,15 +192,15 @@ def answered(job: Job, answer: dict, metric: str) -> JobReturn:
     error = error_file.read_text().strip() if error_file.is_file() else answer.get("error")
     what = f"failed: {error.removeprefix('error: ')}" if error else f"{metric} {format_value(answer['value'])}"
     report(f"job {job.number} ended after {time.monotonic() - job.started:.0f} s: {what}")
-    results = job.directory / "results.json"
-    if results.is_file() and not error:  # the table the job printed in its console.log, as one at a time shows it
-        report(format_results_table(json.loads(results.read_text())))
+    results = finished_results(job.directory)
+    if results is not None and not error:  # the table the job printed in its console.log, as one at a time shows it
+        report(format_results_table(results))
     return outcome
 
 
 def worker_gone(job: Job, status: int, stop: SweepStop | None) -> tuple[JobReturn, SweepStop | None]:
     """The return of a job whose worker ended without answering; a stop, where its end ends the sweep."""
-    outcome = JobReturn(overrides=job.overrides, working_dir=str(job.directory), status=JobStatus.COMPLETED)
+    outcome = JobReturn(overrides=job.overrides, working_dir=os.getcwd(), status=JobStatus.COMPLETED)
     elapsed = f"{time.monotonic() - job.started:.0f} s"
     if status < 0 and stop is None:  # killed by a signal no stop sent (the kernel's, a crash): this job alone fails
         name = signal.Signals(-status).name

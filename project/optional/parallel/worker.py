@@ -18,7 +18,6 @@ import importlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import pickle
 import runpy
@@ -67,7 +66,9 @@ def announced(task: Callable, slot: str) -> Callable:
 
 def returned(value: Any) -> Any:
     """What the parent is sent of the task's return value: a number (a sweeper's objective) or None."""
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+    from project.engine.sweep_summary import is_number  # not before `take_slot`: it imports the libraries
+
+    return value if is_number(value) else None
 
 
 def console_to(path: str) -> None:
