@@ -26,7 +26,7 @@ from bench.report import Row, ratio_cell
 from bench.settings import Settings
 from bench.timing import paired_ratio
 from bench.training_runs import compose_config, load_datamodule, train_step
-from project.engine.peers import reserved_port
+from project.engine.ddp import reserved_port
 from project.example.data.in_memory import keep_batch
 from project.example.data.training_order import EpochShuffleSampler
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 import project  # noqa: F401  (registers the resolvers conf/ uses)
 from project.engine.build import build as build_lightning
 from project.engine.history import HistoryCallback
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.upstream import VERSION_BASE
 from project.example.data import InMemoryDataModule, InMemoryDataset
 
 CONF_DIR = Path(project.__file__).resolve().parents[1] / "conf"

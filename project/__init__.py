@@ -7,13 +7,13 @@ from project.engine import startup
 if startup.launched_as_training():
     startup.arm()
 
-from project.engine import hints, run_dir, schedules  # noqa: E402
-from project.engine.upstream_noise import silence_upstream_noise  # noqa: E402
+from project.engine import config, run_dir, schedules  # noqa: E402
+from project.engine.upstream import silence_upstream_noise  # noqa: E402
 
 # Every entry point composes conf/, whose run directory uses `${launch_dir:}`, schedules `${run_steps:}` and recipes
 # `${subfolders:<dir>}`.
 run_dir.register_resolvers()
 schedules.register_resolvers()
-hints.register_resolvers()
-# Every entry point's first run shows what the user can act on (project/engine/upstream_noise.py lists what it hides).
+config.register_resolvers()
+# Every entry point's first run shows what the user can act on (project/engine/upstream.py lists what it hides).
 silence_upstream_noise()

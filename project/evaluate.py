@@ -10,13 +10,12 @@ bar in a terminal, plain lines in a file or a pipe.
 import lightning as L
 from omegaconf import DictConfig
 
-from project.engine.build import configured_callbacks, progress_bar_switch
-from project.engine.data_sources import check_data_for
+from project.engine.build import check_data_for, configured_callbacks, progress_bar_switch
 from project.engine.errors import exit_on_user_error, run_hydra_app
-from project.engine.hydra_versions import hydra_main
-from project.engine.results import metric_line
+from project.engine.reports import metric_line
 from project.engine.trained_run import blamed_on_data_given, rebuild_trained
 from project.engine.trusted_targets import job_whitelist
+from project.engine.upstream import hydra_main
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:

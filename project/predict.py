@@ -5,10 +5,10 @@ does); Lightning's `predict` runs it over one split with the chosen `trainer=` (
 share, `UnrepeatedDistributedSampler`'s samples r, r + N, ..., and rank 0 puts them back in order; `trainer=ddp_spawn`
 is refused: Lightning returns no predictions from spawned workers). Rank 0 writes what `predict_step` returned,
 whatever the module, to `predictions.pt` (a module without one gets Lightning's, which calls its `forward` with the
-batch, or else one line saying to define one: `project.engine.default_predict_step`). A module that defines
+batch, or else one line saying to define one: `project.engine.trained_run`). A module that defines
 `write_predictions(outputs, datamodule, directory)` writes the rest of its files itself and returns their names (the
 classifier: a CSV, a per-class table, pictures); for any other, `predictions.csv` is written where the outputs fit a
-table (`project.engine.predictions`). A data module with a `predict_split` attribute is told the split (`split=`); one
+table (`project.engine.trained_run`). A data module with a `predict_split` attribute is told the split (`split=`); one
 without serves its own predict_dataloader. Progress shows as in `project.train` (`callbacks.progress_bar`).
 """
 
@@ -20,26 +20,31 @@ import torch.distributed as dist
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from omegaconf import DictConfig, OmegaConf
 
-from project.engine import predictions
-from project.engine.build import configured_callbacks, instantiate_group, progress_bar_switch
-from project.engine.data_sources import check_data_for
-from project.engine.default_predict_step import predict_step_needed
+from project.engine.build import check_data_for, configured_callbacks, instantiate_group, progress_bar_switch
+from project.engine.config import RunConfigCallback
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
-from project.engine.hydra_versions import hydra_main
 from project.engine.job import isolated_job
-from project.engine.run_config import RunConfigCallback
 from project.engine.run_log import capture_logs, report
-from project.engine.trained_run import blamed_on_data_given, rebuild_trained
+from project.engine.trained_run import (
+    Outputs,
+    blamed_on_data_given,
+    interleave,
+    joined,
+    predict_step_needed,
+    rebuild_trained,
+    write_table,
+)
 from project.engine.trusted_targets import job_whitelist
+from project.engine.upstream import hydra_main
 
 SPLITS = ("test", "val", "train")
 
 
 def predict(
     cfg: DictConfig,
-) -> tuple[predictions.Outputs | None, L.LightningModule, L.LightningDataModule | None]:
+) -> tuple[Outputs | None, L.LightningModule, L.LightningDataModule | None]:
     """What `predict_step` returns for every sample of the split, once, in order, on rank 0 (None on the other
-    ranks), by output name (`project.engine.predictions`); the module and the data."""
+    ranks), by output name (`project.engine.trained_run`); the module and the data."""
     if cfg.split not in SPLITS:
         raise UserError(f"split must be one of {' | '.join(SPLITS)}, got {cfg.split!r}")
     datamodule, module = rebuild_trained(cfg, "project.predict")
@@ -64,14 +69,14 @@ def predict(
         )
     with isolated_job(trainer):
         with blamed_on_data_given(cfg), predict_step_needed(module):
-            outputs = predictions.joined(trainer.predict(module, datamodule=datamodule))
+            outputs = joined(trainer.predict(module, datamodule=datamodule))
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            outputs = predictions.interleave(gathered_shares(outputs))
+            outputs = interleave(gathered_shares(outputs))
     return (outputs if trainer.global_rank == 0 else None), module, datamodule
 
 
 def write_predictions(
-    outputs: predictions.Outputs, module: L.LightningModule, datamodule: L.LightningDataModule | None, run_dir: Path
+    outputs: Outputs, module: L.LightningModule, datamodule: L.LightningDataModule | None, run_dir: Path
 ) -> list[str]:
     """`predictions.pt` always; then the module's own files (`write_predictions`), or else `predictions.csv` where the
     outputs fit a table; the names written, in `run_dir`."""
@@ -84,11 +89,11 @@ def write_predictions(
     report(f"outputs: {shapes or 'none'}")
     return [
         "predictions.pt",
-        *(["predictions.csv"] if predictions.write_table(outputs, run_dir / "predictions.csv") else []),
+        *(["predictions.csv"] if write_table(outputs, run_dir / "predictions.csv") else []),
     ]
 
 
-def gathered_shares(outputs: predictions.Outputs) -> list[predictions.Outputs]:
+def gathered_shares(outputs: Outputs) -> list[Outputs]:
     """Every rank's outputs, by rank, on every rank.
 
     The shares travel on the CPU: `all_gather_object` pickles them, and a GPU tensor unpickles onto the GPU it was

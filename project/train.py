@@ -19,19 +19,16 @@ from hydra.utils import get_original_cwd
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from project.engine.build import build
-from project.engine.checks import check_config
-from project.engine.data_sources import why_no_test
+from project.engine.build import build, why_no_test
+from project.engine.config import check_config, give_hints
 from project.engine.errors import exit_on_user_error, in_sweep_job, run_hydra_app
-from project.engine.hints import give_hints
 from project.engine.history import summarise_history
-from project.engine.hparams import log_hyperparameters
-from project.engine.hydra_versions import hydra_main
 from project.engine.job import isolated_job, stop_if_signalled
-from project.engine.results import format_results_table, save_results
+from project.engine.reports import format_results_table, log_hyperparameters, save_results
 from project.engine.run_log import capture_logs, report
 from project.engine.sweeps import finished_results
 from project.engine.trusted_targets import job_whitelist
+from project.engine.upstream import hydra_main
 
 
 def train(cfg: DictConfig) -> dict:

@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from project.engine.ranks import process_rank
+from project.engine.run_log import process_rank
 from tests.faults import BadInput
 
 

@@ -25,7 +25,7 @@ import torch.multiprocessing
 import yaml
 
 from project.engine.checkpoints import is_sharded, plain_checkpoint
-from project.engine.peers import reserved_port
+from project.engine.ddp import reserved_port
 from tests import preloaded_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ HELD_PORTS: list = []
 
 
 def free_port() -> int:
-    """A port no other process of this machine will take (`project.engine.peers.reserved_port`) while the tests run: the
+    """A port no other process of this machine will take (`project.engine.ddp.reserved_port`) while the tests run: the
     server, store or launcher the test starts binds it (with SO_REUSEADDR, as theirs all do)."""
     holder = reserved_port()
     HELD_PORTS.append(holder)

@@ -10,10 +10,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torch import nn
 
-from project.engine.checks import check_config
+from project.engine.build import compile_networks
+from project.engine.config import check_config
 from project.engine.errors import UserError
-from project.engine.hydra_versions import VERSION_BASE
-from project.engine.networks import compile_networks
+from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import RegressionModule
 from tests.helpers import CONF_DIR
 

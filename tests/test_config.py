@@ -15,11 +15,9 @@ from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.build import build
-from project.engine.checks import check_added_keys, check_config, mistyped_value
+from project.engine.config import check_added_keys, check_config, command_line_overrides, give_hints, mistyped_value
 from project.engine.errors import UserError, error_line
-from project.engine.hints import give_hints
-from project.engine.hydra_versions import VERSION_BASE
-from project.engine.run_config import command_line_overrides
+from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
 

@@ -1,5 +1,5 @@
 """A stage runs where its dataloader is, the data module's or the module's own (`data=none`), and is refused in one
-line where there is none (project/engine/data_sources.py); the zoo (tests/test_zoo.py) runs such modules end to end.
+line where there is none (project/engine/build.py); the zoo (tests/test_zoo.py) runs such modules end to end.
 """
 
 from pathlib import Path
@@ -12,11 +12,10 @@ from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
 from lightning.pytorch.demos.transformer import LightningTransformer
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.engine.build import build
+from project.engine.build import build, check_data_for, why_no_test
 from project.engine.checkpoints import refuse_a_resume_the_data_cannot_continue
-from project.engine.data_sources import check_data_for, why_no_test
 from project.engine.errors import UserError, error_line
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import DictBatchData, DictBatchModule
 from tests.helpers import CONF_DIR
 

@@ -63,7 +63,7 @@ def test_a_user_error_a_spawned_worker_raised_is_its_one_line_and_exit_status():
         "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
         '  File "x.py", line 1, in f\nValueError: an earlier one\n\nThe above exception was the direct cause of the '
         'following exception:\n\nTraceback (most recent call last):\n  File "y.py", line 2, in g\n'
-        "project.engine.divergence.Diverged: training diverged at step 3 (loss nan): lower the learning rate\n"
+        "project.engine.history.Diverged: training diverged at step 3 (loss nan): lower the learning rate\n"
     )
     refusal = find_user_error(ProcessRaisedException(worker, 1, 123))
     assert error_line(refusal) == "error: training diverged at step 3 (loss nan): lower the learning rate"

@@ -12,8 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from project.engine.hydra_versions import VERSION_BASE
-from project.engine.results import format_value
+from project.engine.reports import format_value
+from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import CONF_DIR, REGRESSION, check_ok, error_lines, run_module, train_own
 

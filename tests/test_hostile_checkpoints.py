@@ -31,9 +31,9 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.checkpoints import check_shards, resume_path
 from project.engine.errors import UserError
-from project.engine.hydra_versions import VERSION_BASE
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import UntrustedConfig, trusted_targets
+from project.engine.upstream import VERSION_BASE
 from project.evaluate import evaluate
 from tests.faults import BadInput, bad_input_test
 from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule

@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata
 
-from project.engine.hparams import log_to_tensorboard
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.reports import log_to_tensorboard
+from project.engine.upstream import VERSION_BASE
 from tests.helpers import CONF_DIR, requires
 
 

@@ -15,8 +15,8 @@ from hydra import initialize_config_dir
 
 from project.engine.checkpoints import resume_path
 from project.engine.errors import UserError
-from project.engine.hydra_versions import VERSION_BASE
-from project.engine.results import format_value
+from project.engine.reports import format_value
+from project.engine.upstream import VERSION_BASE
 from tests.docs_commands import follow_steps, section_blocks
 from tests.helpers import (
     CONF_DIR,

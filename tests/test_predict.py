@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets
 
-from project.engine.default_predict_step import predict_step_needed
 from project.engine.errors import UserError
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.trained_run import predict_step_needed
+from project.engine.upstream import VERSION_BASE
 from project.example.predictions import Predictions, class_names
 from project.predict import gathered_shares, predict, write_predictions
 from tests.foreign_modules import PairForwardModule, RegressionModule

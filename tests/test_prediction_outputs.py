@@ -1,5 +1,5 @@
 """Any module's `predict_step` outputs, named, joined over batches, put back in the split's order across ranks and
-written as a CSV (project/engine/predictions.py); the entry point's files are tested in tests/test_predict.py."""
+written as a CSV (project/engine/trained_run.py); the entry point's files are tested in tests/test_predict.py."""
 
 from pathlib import Path
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from project.engine.errors import UserError
-from project.engine.predictions import interleave, joined, named, write_table
+from project.engine.trained_run import interleave, joined, named, write_table
 
 
 def test_outputs_are_named_by_their_place_in_what_predict_step_returned():

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from project.engine.rank_agreement import DeferredAgreement
+from project.engine.ddp import DeferredAgreement
 from tests.helpers import results_of_two_ranks
 
 # Which rank raises which flag at which call: rank 1 a SIGTERM at call 2, rank 0 its clock at call 3.

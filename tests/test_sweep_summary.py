@@ -11,8 +11,7 @@ import pytest
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from project.engine.sweep_summary import SUMMARY_FILE
-from project.engine.sweeps import ERROR_FILE, INTERRUPTED_FILE, PRUNED_FILE, SweepSummaryCallback
+from project.engine.sweeps import ERROR_FILE, INTERRUPTED_FILE, PRUNED_FILE, SUMMARY_FILE, SweepSummaryCallback
 from tests.faults import ENV
 from tests.helpers import check_ok, read_json, run_module
 

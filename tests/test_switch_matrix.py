@@ -26,10 +26,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.build import build
+from project.engine.config import run_config_of
 from project.engine.errors import find_user_error
 from project.engine.history import HistoryCallback
-from project.engine.hydra_versions import VERSION_BASE
-from project.engine.run_config import run_config_of
+from project.engine.upstream import VERSION_BASE
 from project.example.data import MNISTDataModule, ToyDataModule
 from project.example.networks import DeepNeuralNetwork, NeuralNetwork
 from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule

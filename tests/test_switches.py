@@ -21,8 +21,8 @@ from project.engine.build import build
 from project.engine.checkpoints import resume_path
 from project.engine.ddp import HydraJobLauncher, check_same_config_on_every_rank, differing_keys
 from project.engine.errors import UserError
-from project.engine.hydra_versions import VERSION_BASE
 from project.engine.job import isolated_job
+from project.engine.upstream import VERSION_BASE
 from tests.collective_counter import count_collectives
 from tests.helpers import (
     CONF_DIR,

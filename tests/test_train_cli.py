@@ -23,7 +23,7 @@ def test_default_run_learns_the_toy_problem_and_writes_everything_in_its_run_dir
     run_dir = run_dirs[0]
     assert "Results" in result.stdout and str(run_dir) in result.stdout
     noise = re.findall(r".*(?:\.py:\d+: |warn|💡).*", result.stdout + result.stderr, flags=re.IGNORECASE)
-    assert noise == [], "a first run prints only what its user can act on (project/engine/upstream_noise.py)"
+    assert noise == [], "a first run prints only what its user can act on (project/engine/upstream.py)"
 
     results = read_json(run_dir / "results.json")
     assert results["train/acc"] == 1.0 and results["test/acc"] == 1.0

@@ -1,11 +1,11 @@
-"""The keys and options suggested for a misspelt override (project/engine/typos.py), on the config `train` composes."""
+"""The keys and options suggested for a misspelt override (project/engine/errors.py), on the config `train` composes."""
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from project.engine.hydra_versions import VERSION_BASE
-from project.engine.typos import dotted_keys, nearest_keys, typo_message
+from project.engine.errors import dotted_keys, nearest_keys, typo_message
+from project.engine.upstream import VERSION_BASE
 from tests.helpers import CONF_DIR
 
 

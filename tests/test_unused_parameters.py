@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.errors import error_line
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.upstream import VERSION_BASE
 from tests.faults import USER_ERROR, assert_ends_in_error_line
 from tests.helpers import CONF_DIR, REPO, check_ok, read_json, run_module, train_own
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.engine.results import format_value
+from project.engine.reports import format_value
 from tests.helpers import REPO, TRUST_TEST_CODE, check_ok, free_port, mnist_overrides, read_json, requires, run_module
 from tests.tensorboard_events import read_scalars
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.engine.results import format_value
+from project.engine.reports import format_value
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import REPO, check_ok, error_lines, histories, read_json, requires, train_own
 

@@ -25,7 +25,7 @@ The sampler is reseeded at random where the study is shared or carried on: seede
 suggest that run's (or that worker's) parameters again, so such suggestions are new but not reproducible.
 A trial whose job failed (it returned None, `project.engine.errors`, or raised) is a failed trial of the study and the
 search goes on, except where its module does not log `optimized_metric`, which every trial would meet alike: that
-ends the search at the trial's first validation, in one `error:` line (`project.engine.best_checkpoint`), the trial
+ends the search at the trial's first validation, in one `error:` line (`project.engine.checkpoints`), the trial
 left running in the study as a stopped one is. A trial its job's pruner stopped (`project.optional.optuna.pruning`,
 which leaves `pruned.txt` in the job dir) is a pruned one. The summary table (`project.engine.sweeps`) of the jobs
 this worker ran ends its search, also one without a finished trial, after the study's best trial.

@@ -1,8 +1,33 @@
-"""What a run is made of: a config checked, then its data module, module, callbacks, loggers and Trainer built, in the
+"""[networks] The networks a LightningModule holds (`networks_of`), and `compile=true`: `torch.compile` of them.
+
+A module's networks are its direct submodules that hold parameters (the classifier's `network`, or whatever a module
+of your own keeps), not its metrics (torchmetrics modules, which hold counts, not weights): what is compiled here,
+and what a strategy that shards them (`trainer=fsdp`) takes as its units.
+
+Networks are compiled in place (`nn.Module.compile`): the module keeps its class and its parameters' names, so a
+checkpoint written with `compile=true` loads without it and the other way round, and nothing else in the project
+(checkpoints, DDP, evaluate, predict) needs to know.
+
+The Lightning side compiles in the `setup` hook, in the process that trains: a module pickled to the processes of
+`trainer=ddp_spawn` arrives without its compiled code (torch does not pickle it).
+
+
+[data_sources] Whether a stage (train, test, predict) has what it runs on: a step of the module's and a dataloader, of the data
+module or of the module itself.
+
+With `data=none` there is no data module and the module serves its own batches (Lightning's BoringModel defines
+every `*_dataloader`; its LightningTransformer demo only `train_dataloader`). Lightning looks for a stage's
+dataloader in the data module, then in the module; found in neither, it stops training with a message that names no
+config, and runs a test or a prediction over no batches at all, writing nothing. Checked here first, each is one line
+naming what to define.
+
+
+[build] What a run is made of: a config checked, then its data module, module, callbacks, loggers and Trainer built, in the
 order a hand-written loop would (seed, data, network), whatever the module and data module are (no data module with
 `data=none`: the module's own dataloaders serve).
 
 `project.train` builds its run here; so do the benchmarks and tests, which add their probes as extra callbacks.
+
 """
 
 from collections.abc import Sequence
@@ -15,22 +40,111 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torchmetrics import Metric
 
 from project.engine.checkpoints import PartWayResumeCheck, ResumedWeightsCheck, check_checkpoint_dirs, resume_path
-from project.engine.checks import check_config, check_launched_on_every_node, mistyped_value
-from project.engine.data_sources import check_data_for
-from project.engine.divergence import DivergenceGuard
+from project.engine.config import (
+    RunConfigCallback,
+    check_config,
+    check_launched_on_every_node,
+    command_line_overrides,
+    give_hints,
+    mistyped_value,
+    overridden_key,
+)
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
-from project.engine.hints import give_hints
-from project.engine.hydra_versions import execution_whitelist
+from project.engine.history import DivergenceGuard
 from project.engine.job import TrainingStarts
-from project.engine.networks import CompileNetworks
-from project.engine.run_config import RunConfigCallback, command_line_overrides, overridden_key
 from project.engine.schedules import ScheduleLengthCheck
 from project.engine.trusted_targets import composed_targets
+from project.engine.upstream import execution_whitelist
 
 
+# ---- from networks.py
+def networks_of(module: nn.Module) -> dict[str, nn.Module]:
+    """`module`'s networks, by attribute name, in the order it registered them."""
+    return {
+        name: child
+        for name, child in module.named_children()
+        if not isinstance(child, Metric) and next(child.parameters(), None) is not None
+    }
+
+
+def compile_networks(module: nn.Module) -> list[str]:
+    """Compile, in place, each of `module`'s networks (`networks_of`); return their names."""
+    networks = networks_of(module)
+    for network in networks.values():
+        network.compile()
+    if not networks:
+        raise UserError(
+            f"compile=true compiles the submodules of the model that hold parameters, and {type(module).__name__} "
+            "has none (its layers are not nn.Module attributes of it): set compile=false, or keep the network in "
+            "an attribute (self.network = ...)"
+        )
+    return list(networks)
+
+
+class CompileNetworks(L.Callback):
+    """Compiles the LightningModule's networks before the first of fitting, validating, testing or predicting."""
+
+    def __init__(self) -> None:
+        self.compiled: nn.Module | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.compiled is pl_module:  # fit, then test: compiled once
+            return
+        self.compiled = pl_module
+        names = compile_networks(pl_module)
+        rank_zero_info(f"compile=true: torch.compile of {', '.join(names)} (the first steps wait for the compiler)")
+
+
+# ---- from data_sources.py
+def serves(stage: str, module: L.LightningModule, datamodule: L.LightningDataModule | None) -> bool:
+    """Whether `module` or `datamodule` (None: `data=none`) defines `stage`'s dataloader."""
+    hook = f"{stage}_dataloader"
+    in_data = datamodule is not None and is_overridden(hook, datamodule, L.LightningDataModule)
+    return in_data or is_overridden(hook, module, L.LightningModule)
+
+
+def why_no_test(module: L.LightningModule, datamodule: L.LightningDataModule | None) -> str | None:
+    """Why `project.train` tests nothing after training, if it does not: the module defines no `test_step`, or
+    nothing defines a `test_dataloader` (training needs neither)."""
+    name = type(module).__name__
+    if not is_overridden("test_step", module, L.LightningModule):
+        return f"{name} defines no test_step"
+    if not serves("test", module, datamodule):
+        where = "" if datamodule is None else f" nor {type(datamodule).__name__}"
+        return f"neither {name}{where} defines a test_dataloader"
+    return None
+
+
+def check_data_for(
+    stage: str, module: L.LightningModule, datamodule: L.LightningDataModule | None, program: str
+) -> None:
+    """Refuse `program`'s `stage` where neither `module` nor `datamodule` (None: `data=none`) defines its dataloader,
+    or, for a test, where the module defines no `test_step` (a prediction falls back on `forward`)."""
+    name = type(module).__name__
+    if stage == "test" and not is_overridden("test_step", module, L.LightningModule):
+        raise UserError(f"{program} runs the module's test_step, which {name} does not define: define test_step in it")
+    if serves(stage, module, datamodule):
+        return
+    hook = f"{stage}_dataloader"
+    if datamodule is None:
+        raise UserError(
+            f"{program} needs a {hook}, and {name} defines none while data=none gives it no data module: define "
+            f"{hook} in {name}, or choose a data module (data=<option>)"
+        )
+    raise UserError(
+        f"{program} needs a {hook}, which neither {name} nor {type(datamodule).__name__} defines: define "
+        f"{hook} in one of them"
+    )
+
+
+# ---- from build.py
 @dataclass
 class TrainingSetup:
     """What `build` makes of a config: the pieces `trainer.fit` takes, and the checkpoint to resume from."""
@@ -113,7 +227,7 @@ def configured_callbacks(callbacks: DictConfig) -> list[L.Callback]:
 
 def progress_bar_switch(callbacks: Sequence[L.Callback]) -> dict[str, bool]:
     """The Trainer's keyword that leaves progress to conf/callbacks/ alone: with no bar among `callbacks`
-    (callbacks=none) Lightning would add its own, whose redraws a log file or a pipe keeps (`project.engine.progress`).
+    (callbacks=none) Lightning would add its own, whose redraws a log file or a pipe keeps (`project.engine.reports`).
     Used by project.train, project.evaluate and project.predict alike."""
     return {} if any(isinstance(callback, ProgressBar) for callback in callbacks) else {"enable_progress_bar": False}
 

@@ -1,11 +1,24 @@
-"""Checkpoints: which one a run resumes from, refusing files that are not Lightning checkpoints, weights that do not
-fit the module built and resumes the data cannot carry on, and writing them atomically."""
+"""[checkpoints] Checkpoints: which one a run resumes from, refusing files that are not Lightning checkpoints, weights that do not
+fit the module built and resumes the data cannot carry on, and writing them atomically.
+
+[best_checkpoint] The best checkpoint (by `optimized_metric`), for any module: one that does not log that metric is told so once.
+
+Lightning's `ModelCheckpoint(monitor=...)` ends the run at the first validation when the module never logged the
+monitored key. A module of the user's own logs metrics of its own names, so at that first validation this says,
+in one line, which metrics the module does log and how to pick one; the run goes on without a best checkpoint. So
+does each job of a grid sweep (`-m seed=1,2`), which needs no objective: its table shows `-` for the metric.
+Where the run needs that metric it is an error there instead, before more epochs are spent: with `results_from=best`
+(in a grid sweep, that job fails alone), and in a job of a search, whose sweeper optimises the metric; every trial
+of a search would meet it alike, so it ends the search at its first trial, in that one line (`ObjectiveNotLogged`).
+
+"""
 
 import contextlib
 import io
 import math
 import os
 import pickle
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,20 +30,24 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import Tensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.nn.parameter import is_lazy
 
 from project.engine.errors import UserError, disk_refuses, nearest_existing, unwritable
+from project.engine.run_log import report
+from project.engine.sweeps import in_a_search
 from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, check_stored_config
 
 
+# ---- from checkpoints.py
 def load_lightning_checkpoint(path: str | Path, trust: TrustedTargets, tensors: bool = True) -> dict[str, Any]:
     """The Lightning checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one, or if
     its stored config names a target `trust` does not trust (`project.engine.trusted_targets`).
 
     A Lightning checkpoint holds the module's weights (`state_dict`); one of ours also holds its run's `config`
-    (stored by `project.engine.run_config`), and a foreign one (a plain `Trainer.save_checkpoint`) is used with the
+    (stored by `project.engine.config`), and a foreign one (a plain `Trainer.save_checkpoint`) is used with the
     module and data the command line composes. A sharded one (trainer=fsdp, a directory) is assembled on this
     process, or with `tensors=False` only its metadata is read (what a resume checks before the ranks load their
     shards themselves).
@@ -465,3 +482,46 @@ def keeps_its_position(datamodule: L.LightningDataModule) -> bool:
         kind.state_dict is not L.LightningDataModule.state_dict
         and kind.load_state_dict is not L.LightningDataModule.load_state_dict
     )
+
+
+# ---- from best_checkpoint.py
+class ObjectiveNotLogged(UserError):
+    """The module does not log the metric a search optimises: the end of the search, not only of its trial."""
+
+    ends_the_sweep = True
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` keeping the best `monitor`; `results_from` says whether the run's results need it."""
+
+    def __init__(self, *args, results_from: str = "last", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.results_from = results_from
+        self._told = False
+
+    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
+        if self.monitor is None or self.monitor in monitor_candidates:
+            super()._save_topk_checkpoint(trainer, monitor_candidates)
+            return
+        if self._told:
+            return
+        self._told = True
+        logged = sorted(name for name in monitor_candidates if name not in ("epoch", "step"))
+        module = type(trainer.lightning_module).__name__
+        if logged:
+            message = (
+                f"optimized_metric={self.monitor} is not logged by {module} (it logs: {', '.join(logged)}): set "
+                f"optimized_metric to one of those and optimized_mode=min|max, or log {self.monitor} with self.log "
+                "in the module"
+            )
+        else:
+            message = (
+                f"optimized_metric={self.monitor} is not logged by {module}, which logs no metric: log one with "
+                "self.log in the module and name it with optimized_metric=<name> optimized_mode=min|max"
+            )
+        if in_a_search():
+            raise ObjectiveNotLogged(f"{message} (the search optimises it)")
+        if self.results_from == "best":
+            raise UserError(f"{message} (results_from=best is that metric)")
+        if trainer.global_rank == 0:
+            report(f"warning: {message}; no best checkpoint is kept", sys.stderr)

@@ -1,4 +1,26 @@
-"""DDP whose extra processes re-run this Hydra *job*, not the command line, so `-m` sweeps stay correct.
+"""[peers] How a wait on the other processes of a launch ends, told apart so that it ends in one line naming who did not answer.
+
+torch reports these ends in its own words, and the same words reach several places (Lightning's DDP start-up, the
+end of a job, torchrun's agent), so they are recognised here once:
+- a port that another program (or another run) already holds, met when a process tries to serve the run's store;
+- a store address where another program listens: torch's store client, connected there, waits for an answer
+  without end, past its timeout (`answers_as_store` asks first, and gives up in time);
+- a collective that timed out: a rank went silent (stopped, hung, far slower than the others) for the whole
+  `trainer.strategy.timeout`; `silent_ranks` then asks the run's store which ranks are still there to say so.
+
+
+[rank_agreement] Ranks agreeing on a few flags (a SIGTERM seen, a checkpoint due by the clock) without waiting on the device.
+
+A flag one rank sets (its SIGTERM, its clock) must change what every rank does at one same step, or the ranks part
+ways and the next collective hangs. An all-reduce of the flags on the training device at every step would agree, but
+on GPUs it makes the CPU wait for the device each step, which then idles while the next step is queued. So the flags
+travel on a small gloo (CPU) group of their own, asynchronously: the all-reduce a rank starts at one step is read at
+its next, and the ranks act one step later than a synchronous agreement would, all at the same step. The Lightning
+strategies agree on SIGTERM with it (`project.engine.ddp`); a mid-epoch checkpoint's clock, and a hand-written loop,
+can use it too.
+
+
+[ddp] DDP whose extra processes re-run this Hydra *job*, not the command line, so `-m` sweeps stay correct.
 
 Lightning's DDP starts ranks 1..N-1 by re-running `sys.argv` with `hydra.run.dir` appended. Under `-m` (or an
 Optuna search, which is a sweep too) that argv is the whole sweep: every child re-runs the sweep and joins the wrong
@@ -16,22 +38,26 @@ that one line once, whichever got there first, or rank 0 alone when it kills the
 
 The launcher subclasses Lightning's private `_SubprocessScriptLauncher` (hence the `lightning<2.7` pin); it can go
 once Lightning starts Hydra children as single runs of the current job.
+
 """
 
 import ctypes
 import inspect
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import lightning as L
+import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
@@ -41,12 +67,159 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from omegaconf import OmegaConf
 
 import __main__
+from project.engine.config import command_line_overrides, config_source_arguments, run_config_of
 from project.engine.errors import UserError
-from project.engine.lightning_sigterm_broadcast import skip_lightning_sigterm_broadcast
-from project.engine.peers import TIMEOUT_KEY, answers_as_store, port_in_use, reserved_port
-from project.engine.rank_agreement import DeferredAgreement
-from project.engine.run_config import command_line_overrides, config_source_arguments, run_config_of
+from project.engine.upstream import skip_lightning_sigterm_broadcast
 
+# ---- from peers.py
+# The config key that sets how long a rank waits for the others (conf/trainer/ddp.yaml, slurm.yaml, ddp_spawn.yaml).
+TIMEOUT_KEY = "trainer.strategy.timeout.seconds"
+# How torch says a collective timed out.
+TIMEOUT_WORDS = (
+    "Timed out waiting",  # gloo, on the rank whose timer ran out
+    "Application timeout caused pair closure",  # gloo, on a rank another rank's timeout cut off
+    "Watchdog caught collective operation timeout",  # NCCL
+)
+# How long the ranks that timed out wait for each other to say so: their timers, started as they entered the same
+# collective, end within moments of each other.
+ROLL_CALL_SECONDS = 3.0
+
+
+def reserved_port() -> socket.socket:
+    """A socket bound to a free port of this machine (`getsockname()[1]`), never listening: while it is open, no other
+    bind to port 0 and no outgoing connection here takes that port, and a server that binds it with SO_REUSEADDR
+    (torch's TCPStore, Python's HTTP servers) still can. A port only found free, then closed, can be taken by any
+    of those before the server that is to listen there binds it."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("", 0))
+    return holder
+
+
+def port_in_use(error: BaseException) -> int | None:
+    """The port of torch's "address already in use" (serving a store on a port something else holds), if that is
+    what `error` is."""
+    if not isinstance(error, dist.DistNetworkError) or "EADDRINUSE" not in str(error):
+        return None
+    found = re.search(r"port: (\d+)", str(error))
+    return int(found.group(1)) if found else None
+
+
+def answers_as_store(host: str, port: int, seconds: float) -> bool | None:
+    """Whether what listens at host:port answers as torch's store (a rendezvous, a process group's) within `seconds`;
+    None when nothing listens there yet (torch's client then waits its timeout for the store to start, and says so).
+
+    It is asked from a thread that is given up on: against another program the client waits without end.
+    """
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+    except OSError:
+        return None
+    asked, answered = threading.Event(), threading.Event()
+
+    def ask() -> None:
+        try:
+            dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=seconds)).check(["project/probe"])
+            answered.set()
+        except RuntimeError:  # it answered, but not as a store does
+            pass
+        finally:
+            asked.set()
+
+    threading.Thread(target=ask, daemon=True, name="store-probe").start()
+    return asked.wait(seconds) and answered.is_set()
+
+
+def collective_timed_out(error: BaseException) -> bool:
+    """Whether `error` is a collective that waited the process group's whole timeout for another rank, here or on a
+    rank that then closed its connection to this one (gloo's words; NCCL's where its watchdog raises rather than
+    aborts)."""
+    return (
+        isinstance(error, RuntimeError)
+        and dist.is_available()
+        and dist.is_initialized()
+        and any(words in str(error) for words in TIMEOUT_WORDS)
+    )
+
+
+def silent_ranks(seconds: float = ROLL_CALL_SECONDS) -> list[int]:
+    """The ranks that do not say, within `seconds`, that they are here: every rank whose collective timed out calls
+    this at about the same moment and marks itself in the run's store (MASTER_ADDR:MASTER_PORT, which every rank
+    joined); the others are the silent ones.
+
+    A store that does not answer is served by a silent process: rank 0's (Lightning's launcher and torchrun's
+    workers serve it there). torch's store client can wait on it past its own timeout, so it is asked from a thread
+    that is given up on.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    prefix = f"project/present/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    present: list[int] = []
+
+    def roll_call() -> None:
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        try:
+            store = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=seconds))
+            store.set(f"{prefix}{rank}", "")
+            time.sleep(seconds)
+            marked = [other for other in range(world_size) if store.check([f"{prefix}{other}"])]
+            present.extend(marked)
+        except RuntimeError:  # the store is gone: its process ended
+            pass
+
+    caller = threading.Thread(target=roll_call, daemon=True, name="roll-call")
+    caller.start()
+    caller.join(3 * seconds)
+    if not present:  # the store did not answer (or is gone)
+        return [0] if rank != 0 else []
+    return [other for other in range(world_size) if other not in present]
+
+
+# ---- from rank_agreement.py
+class DeferredAgreement:
+    """The max over ranks of `size` flags, started by one `exchange` and answered by the next.
+
+    Every rank must call `exchange` and `settle` at the same points (between the same steps), as for any collective.
+    Created once every rank has joined the process group, by every rank at once (it creates a process group).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.group = dist.new_group(backend="gloo")  # CPU, whatever the training device
+        self._in_flight: tuple[torch.Tensor, dist.Work] | None = None
+
+    def exchange(self, flags: Sequence[bool]) -> list[bool]:
+        """The agreement started by the previous call (all False if none is in flight); this call's starts now."""
+        agreed = self.settle()
+        self.start(flags)
+        return agreed
+
+    def start(self, flags: Sequence[bool]) -> None:
+        """Start the agreement on `flags`, for the next `settle` or `exchange` to answer; none may be in flight.
+
+        `settle`, act, then `start` is `exchange` with flags computed after the acting: a flag that the acting clears
+        (a clock a checkpoint resets) is then not sent once more."""
+        if self._in_flight is not None:
+            raise RuntimeError("an agreement is in flight already: settle it first")
+        sent = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
+        self._in_flight = sent, dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+
+    def settle(self) -> list[bool]:
+        """The agreement in flight, waited for (on the other ranks' CPU threads, not on a device); none is left in
+        flight. All False if none was."""
+        if self._in_flight is None:
+            return [False] * self.size
+        sent, work = self._in_flight
+        self._in_flight = None
+        work.wait()
+        return [bool(value) for value in sent.tolist()]
+
+    def now(self, flags: Sequence[bool]) -> list[bool]:
+        """What any rank has flagged by now, waited for: the agreement in flight, or'ed with `flags` agreed at once."""
+        earlier = self.exchange(flags)
+        return [a or b for a, b in zip(earlier, self.settle(), strict=True)]
+
+
+# ---- from ddp.py
 log = logging.getLogger(__name__)
 # Hydra overrides the child command sets itself (each may appear once).
 CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")

@@ -1,4 +1,12 @@
-"""The exceptions for runs that end early through no bug, and the entry points' way of reporting any failure.
+"""[typos] What to say of an override Hydra could not apply because the config has no such key (`trainer.max_epoch=3`) or its
+group no such option (`trainer=ddpp`): the nearest keys or options that do exist.
+
+Hydra's own message ends by advising `+trainer.max_epoch=3`, which would add a key that nothing reads; where a key
+or option is near, the line names it instead, and gives the `+` only where none is. `errors.run_hydra_app` calls
+`typo_message` on Hydra's composition errors.
+
+
+[errors] The exceptions for runs that end early through no bug, and the entry points' way of reporting any failure.
 
 Entry points wrap their work in `exit_on_user_error`:
 - a `UserError` (or Lightning's own misconfiguration error), even when Hydra's `instantiate` has wrapped it,
@@ -11,8 +19,10 @@ Entry points wrap their work in `exit_on_user_error`:
   (`UserError.ends_the_sweep`: a stop, a search's objective not logged) ends the sweep, with its line and status.
 They call their `@hydra.main` function through `run_hydra_app`, so that a config file Hydra cannot even read is one
 such line too.
+
 """
 
+import difflib
 import errno
 import functools
 import importlib
@@ -28,18 +38,91 @@ from typing import ParamSpec, TypeVar
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException, ConfigCompositionException, InstantiationException
+from hydra.errors import (
+    CompactHydraException,
+    ConfigCompositionException,
+    InstantiationException,
+    MissingConfigException,
+)
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf import Container, DictConfig
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 from torch.multiprocessing.spawn import ProcessRaisedException
 
-from project.engine.ranks import process_rank, started_by_rank_zero
-from project.engine.run_log import DISK_ERRORS, report, to_log_file
-from project.engine.sweeps import ERROR_FILE
-from project.engine.typos import typo_message
+from project.engine.run_log import DISK_ERRORS, process_rank, report, started_by_rank_zero, to_log_file
 
+# ---- from typos.py
+# Hydra 1.3's words for an override of a key the config does not have, with the command-line text of the override.
+NOT_APPLIED = re.compile(r"Could not override '(?P<key>[^']+)'\.\nTo append to your config use \+(?P<override>.+)")
+PRINTS_THE_CONFIG = "--cfg job prints the config"
+# How alike (difflib's ratio) a name must be to be suggested: `max_epoch` and `max_epochs` are, `max_steps` is not.
+CUTOFF = 0.75
+
+
+def typo_message(error: ConfigCompositionException) -> str | None:
+    """The message (without `error: `) for a key or option the config does not have; None for any other error."""
+    if isinstance(error, MissingConfigException):
+        if error.options and error.missing_cfg_file and "/" in error.missing_cfg_file:
+            return unknown_option(error.missing_cfg_file, list(error.options))
+        return None
+    not_applied = NOT_APPLIED.match(str(error))
+    cause = error.__cause__
+    if not_applied is None or not isinstance(cause, OmegaConfBaseException) or cause.parent_node is None:
+        return None
+    keys = dotted_keys(cause.parent_node._get_root())
+    return unknown_key(not_applied["key"], keys, not_applied["override"])
+
+
+def unknown_key(key: str, keys: list[str], override: str) -> str:
+    near = nearest_keys(key, keys)
+    if near:
+        return f"{key} is not a key of the config: did you mean {' or '.join(near)}? ({PRINTS_THE_CONFIG})"
+    return (
+        f"{key} is not a key of the config, nor near one ({PRINTS_THE_CONFIG}): check its spelling, or write "
+        f"+{override} to add a key that your code reads"
+    )
+
+
+def unknown_option(config_file: str, options: list[str]) -> str:
+    group, _, name = config_file.rpartition("/")
+    near = difflib.get_close_matches(name, options, n=3, cutoff=CUTOFF)
+    choices = f"{group} has: {', '.join(options)}"
+    if near:
+        suggestions = " or ".join(f"{group}={option}" for option in near)
+        return f"{group}={name} is not an option of {group}: did you mean {suggestions}? ({choices})"
+    return f"{group}={name} is not an option of {group} ({choices}): check its spelling, or add {config_file}.yaml"
+
+
+def nearest_keys(key: str, keys: list[str]) -> list[str]:
+    """The keys nearest to `key`, best first: keys beside it of a similar name (`trainer.max_epochs` for
+    `trainer.max_epoch`), found under the nearest existing parents where its own parent is a typo too
+    (`trainer.max_epochs` for `trainr.max_epochs`)."""
+    parent, _, name = key.rpartition(".")
+    parents = [parent] if not parent or parent in keys else nearest_keys(parent, keys)
+    beside: dict[str, list[str]] = {}
+    for existing in keys:
+        existing_parent, _, existing_name = existing.rpartition(".")
+        if existing_parent in parents:
+            beside.setdefault(existing_name, []).append(existing)
+    return [found for near in difflib.get_close_matches(name, beside, n=3, cutoff=CUTOFF) for found in beside[near]]
+
+
+def dotted_keys(config: Container, prefix: str = "") -> list[str]:
+    """Every key of `config`, nested ones dotted (`trainer.max_epochs`), values left unresolved."""
+    if not isinstance(config, DictConfig) or config._is_none() or config._is_missing():
+        return []
+    keys = []
+    for key in config:
+        keys.append(f"{prefix}{key}")
+        keys.extend(dotted_keys(config._get_node(key), f"{prefix}{key}."))
+    return keys
+
+
+# ---- from errors.py
 P = ParamSpec("P")
+# A failed sweep job's error line, in its directory, where the sweep's table finds it.
+ERROR_FILE = "error.txt"
 # Less free space than this is a full disk (torch.save's own report of one carries no errno).
 FULL_BELOW_BYTES = 1 << 20
 # What `instantiate` raises where a constructor refuses its config: Hydra 1.3 wraps the constructor's own TypeError or
@@ -97,7 +180,7 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
     return None
 
 
-# The line of a worker's traceback that names its exception: `project.engine.divergence.Diverged: training ...`.
+# The line of a worker's traceback that names its exception: `project.engine.history.Diverged: training ...`.
 EXCEPTION_LINE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*)\.(?P<name>[A-Za-z_]\w*): (?P<message>.*)", re.MULTILINE)
 
 

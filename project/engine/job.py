@@ -21,7 +21,7 @@ A job that ends early is reported by what happened first, in one line (`project.
 - another rank lost mid-run where a launcher started the ranks (torchrun, srun): the broken collective is one line
   here, exit 1; the launcher, which saw the rank end, names it.
 - a rank that went silent (stopped, hung) for the whole `trainer.strategy.timeout`: the other ranks' collective
-  times out, and each names the silent rank (`project.engine.peers`) and the key that sets the wait, exit 1.
+  times out, and each names the silent rank (`project.engine.ddp`) and the key that sets the wait, exit 1.
 - a DataLoader worker process that died (killed, or out of memory): one line naming the data module and how to
   resume, exit 1.
 - a DataLoader worker that sent no batch within its DataLoader's `timeout` (one the data module set): one line naming
@@ -47,9 +47,8 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.engine.checkpoints import checkpoint_step
-from project.engine.ddp import HydraJobLauncher, HydraJobRanks
+from project.engine.ddp import TIMEOUT_KEY, HydraJobLauncher, HydraJobRanks, collective_timed_out, silent_ranks
 from project.engine.errors import RunStopped, UserError, find_user_error, in_sweep_job
-from project.engine.peers import TIMEOUT_KEY, collective_timed_out, silent_ranks
 from project.engine.startup import RUN_AGAIN, arm, disarm, stop_on_sigterm
 from project.engine.sweeps import continue_hint
 

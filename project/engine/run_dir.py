@@ -33,9 +33,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from project.engine.hydra_versions import register_resolver
-from project.engine.ranks import process_rank
+from project.engine.run_log import process_rank
 from project.engine.sweeps import check_same_sweep
+from project.engine.upstream import register_resolver
 
 TIME_FORMAT = "%Y-%m-%d/%H-%M-%S"
 # The file in a run dir that says which launch it belongs to.

@@ -1,4 +1,9 @@
-"""What the console shows of a run also goes to its log file (`<run dir>/train.log`, `train.rank<N>.log`).
+"""[ranks] Which rank this process is, and who started it, as its launcher's environment variables say.
+
+Standard library only: `project.engine.startup` asks before the libraries are imported.
+
+
+[run_log] What the console shows of a run also goes to its log file (`<run dir>/train.log`, `train.rank<N>.log`).
 
 Hydra sets up logging (console and that file) when the job starts. Lightning, imported before, gave its logger a
 console handler of its own and cut it off from the root logger, so none of its messages reached the file; Python's
@@ -6,6 +11,7 @@ warnings and `print` never did. `capture_logs` reconnects Lightning and the warn
 `report` prints a text (the config, the results table, an error line, on a line of its own) and writes it to the
 file too, so a failed run leaves in its directory what its user saw. A console that goes away mid-run
 (`python -m project.train | head`) does not end the run: its output goes on to the file only (`ClosableConsole`).
+
 """
 
 import errno
@@ -16,6 +22,25 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
+
+# ---- from ranks.py
+def process_rank() -> int:
+    """This process's rank as its launcher announced it (torchrun: RANK, srun: SLURM_PROCID, Lightning: LOCAL_RANK)."""
+    for variable in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        rank = int(os.environ.get(variable, "0"))
+        if rank > 0:
+            return rank
+    return 0
+
+
+def started_by_rank_zero() -> bool:
+    """Whether this process is a rank that rank 0 itself started (Lightning's own DDP launcher), which then reports
+    for it. Ranks srun or torchrun start each report: a signal may end rank 0 before it can (Slurm's requeue)."""
+    launched = "SLURM_PROCID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+    return process_rank() != 0 and not launched
+
+
+# ---- from run_log.py
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 # What a full or read-only disk raises (project.engine.errors reports it in one line).
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
@@ -113,7 +138,7 @@ def report(text: str, stream: TextIO | None = None, level: int = logging.INFO) -
 
     A text for stderr (a `warning:` line) while a progress bar is drawn on stdout starts on the next line: a terminal,
     or a log file that holds both, would show it glued to the bar. (A failed run's bar is closed before its error
-    line, `project.engine.progress`.)
+    line, `project.engine.reports`.)
     """
     stream = stream or sys.stdout
     below_a_bar = stream is not sys.stdout and not getattr(sys.stdout, "at_line_start", True)

@@ -25,7 +25,7 @@ import lightning as L
 import torch
 
 from project.engine.errors import UserError
-from project.engine.hydra_versions import register_resolver
+from project.engine.upstream import register_resolver
 
 RUN_STEPS = "<the run's optimizer steps>"
 RUN_EPOCHS = "<the run's epochs>"

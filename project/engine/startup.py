@@ -32,8 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from project.engine.ranks import started_by_rank_zero
-from project.engine.run_log import report, to_log_file
+from project.engine.run_log import report, started_by_rank_zero, to_log_file
 
 STOPPED_STATUS = 128 + signal.SIGTERM
 # How long the thread gives the main thread's handler to run before it takes the main thread for stuck in C.

@@ -1,4 +1,21 @@
-"""A trained run rebuilt from its checkpoint, for `project.evaluate` and `project.predict`, whatever its module.
+"""[predictions] What any module's `predict_step` returns, gathered into one tensor per output and written as files.
+
+`predict_step` may return a tensor, a tuple or list of tensors, or a dict of them, per batch; here each output is
+named (`output`; `0`, `1`, ...; the dict's keys) and its batches are joined along the first dimension, so every
+output has one row per sample of the split. `predictions.pt` holds them all; `predictions.csv` one row per sample
+where every output is 1-D or 2-D (a column per value).
+
+
+[default_predict_step] Lightning's default `predict_step`, for a module that defines none: it calls the module's `forward` with the whole
+batch as one argument. A `forward` whose arguments cannot take it so (inputs and targets as two arguments) fails at
+that call with a TypeError, which here becomes one line saying to define `predict_step`.
+
+Only that failure: a module that defines its own `predict_step`, or a TypeError raised inside its `forward` (its own
+code, once the call has bound its arguments), keeps its traceback. So does a `forward(x)` handed the whole `(x, y)`,
+which fails inside its own code: nothing tells that apart from a fault of that code.
+
+
+[trained_run] A trained run rebuilt from its checkpoint, for `project.evaluate` and `project.predict`, whatever its module.
 
 A checkpoint of this project carries its run's whole config, so the network and the data are rebuilt exactly as they
 were trained, except for the `data` keys given on the command line (`data.root=<dir>` where the files are on this
@@ -8,21 +25,125 @@ data=<option>` as `project.train` takes them. Either way the weights load strict
 Loading uses `weights_only=True`; a file that is not a Lightning checkpoint is refused in one line, and so is a stored
 config that names code this checkout does not name or trust (`project.engine.trusted_targets`): it is checked whole
 before any of it is imported.
+
 """
 
+import csv
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import lightning as L
+import torch
+import torch.nn.modules.module
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 
 from project.engine.build import instantiate_group
 from project.engine.checkpoints import LAST, check_weights_fit, load_lightning_checkpoint
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error
 from project.engine.trusted_targets import trusted_instantiation, trusted_targets
 
+# ---- from predictions.py
+Outputs = dict[str, Tensor]
 
+
+def named(batch_output: object) -> Outputs:
+    """One batch's outputs by name."""
+    if isinstance(batch_output, Tensor):
+        outputs = {"output": batch_output}
+    elif isinstance(batch_output, dict):
+        outputs = {str(key): value for key, value in batch_output.items()}
+    elif isinstance(batch_output, (tuple, list)):
+        outputs = {str(index): value for index, value in enumerate(batch_output)}
+    else:
+        outputs = {"output": batch_output}
+    for name, value in outputs.items():
+        if not (isinstance(value, Tensor) and value.ndim > 0):
+            raise UserError(
+                f"predict_step returned {type(value).__name__} as its output {name!r}: project.predict writes "
+                "tensors with a row per sample (a tensor, or a tuple, list or dict of them)"
+            )
+    return outputs
+
+
+def joined(batches: list[object]) -> Outputs:
+    """Every batch's outputs, joined along the samples."""
+    per_batch = [named(batch) for batch in batches]
+    if not per_batch:
+        return {}
+    return {name: torch.cat([outputs[name].detach().cpu() for outputs in per_batch]) for name in per_batch[0]}
+
+
+def interleave(shares: list[Outputs]) -> Outputs:
+    """The ranks' shares back in the split's order: rank r holds samples r, r + N, r + 2N, ..."""
+    ranks = len(shares)
+    result = {}
+    for name, first in shares[0].items():
+        total = sum(len(share[name]) for share in shares)
+        joined_output = torch.empty((total, *first.shape[1:]), dtype=first.dtype)
+        for rank, share in enumerate(shares):
+            joined_output[rank::ranks] = share[name]
+        result[name] = joined_output
+    return result
+
+
+def write_table(outputs: Outputs, path: Path) -> bool:
+    """One CSV row per sample (`index`, then a column per value) where every output is 1-D or 2-D; whether it did."""
+    if not outputs or any(output.ndim > 2 for output in outputs.values()):
+        return False
+    columns: list[str] = []
+    values: list[Tensor] = []
+    for name, output in outputs.items():
+        matrix = output.reshape(len(output), -1)
+        columns += [name] if matrix.shape[1] == 1 else [f"{name}_{index}" for index in range(matrix.shape[1])]
+        values.append(matrix)
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["index", *columns])
+        rows = zip(*(matrix.tolist() for matrix in values), strict=True)
+        for index, parts in enumerate(rows):
+            writer.writerow([index, *(value for part in parts for value in part)])
+    return True
+
+
+# ---- from default_predict_step.py
+DEFAULT_PREDICT_STEP = L.LightningModule.predict_step.__code__
+# Where torch's `Module.__call__` runs, between the default predict_step and the module's forward.
+MODULE_CALL_FILE = torch.nn.modules.module.__file__
+
+
+def forward_refused_the_batch(error: TypeError, module: L.LightningModule) -> bool:
+    """Whether `error` is the module's `forward` refusing, as it was called, what Lightning's default `predict_step`
+    gave it: no frame after that predict_step's is anything but torch's call of a module."""
+    if is_overridden("predict_step", module):
+        return False
+    codes = [frame.f_code for frame, _ in traceback.walk_tb(error.__traceback__)]
+    if DEFAULT_PREDICT_STEP not in codes:
+        return False
+    return all(code.co_filename == MODULE_CALL_FILE for code in codes[codes.index(DEFAULT_PREDICT_STEP) + 1 :])
+
+
+@contextmanager
+def predict_step_needed(module: L.LightningModule) -> Iterator[None]:
+    """Run a prediction of `module`; its forward refusing the batch of the default predict_step is one line."""
+    try:
+        yield
+    except TypeError as error:
+        if not forward_refused_the_batch(error, module):
+            raise
+        raise UserError(
+            f"{type(module).__name__} defines no predict_step, and Lightning's default one calls its forward with the "
+            f"whole batch, which it does not take ({' '.join(str(error).split())}): define "
+            "predict_step(self, batch, batch_idx) in the module, returning its predictions"
+        ) from None
+
+
+# ---- from trained_run.py
 def data_given(cfg: DictConfig) -> dict[str, Any]:
     """The `data.<key>=` values given on the command line (those not null): they replace the checkpoint's. Nothing where
     `data=<option>` chose a data config of its own (a foreign checkpoint's): nothing of a checkpoint's is replaced."""

@@ -35,9 +35,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.errors import UserError
-from project.engine.hydra_versions import defined_name, execution_whitelist, located
+from project.engine.upstream import defined_name, execution_whitelist, located
 
 TARGET_KEY = "_target_"
+# The engine's own targets in conf/ that a checkpoint of an earlier version of the template stores under their old name.
+MOVED_TARGETS = {
+    "project.engine.best_checkpoint.BestCheckpoint": "project.engine.checkpoints.BestCheckpoint",
+    "project.engine.progress.progress_bar": "project.engine.reports.progress_bar",
+}
 
 
 class UntrustedConfig(UserError):
@@ -185,7 +190,7 @@ def check_stored_config(config: Any, source: str, trust: TrustedTargets) -> None
             "project.train wrote"
         )
     for key, target in target_keys(config):
-        if not isinstance(target, str) or not trust.trusts(target):
+        if not isinstance(target, str) or not trust.trusts(MOVED_TARGETS.get(target, target)):
             label = str(target).split(".")[0] or "mine"
             raise UntrustedConfig(
                 f"{source}: its stored config names {key}={target}, which no config file here names and "

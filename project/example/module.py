@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from project.engine.errors import UserError
-from project.engine.predictions import Outputs
 from project.engine.schedules import build_schedule, check_resumable
+from project.engine.trained_run import Outputs
 from project.example.metrics import ClassificationTotals
 
 STAGES = ("train", "val", "test")
@@ -38,7 +38,7 @@ class ClassifierModule(L.LightningModule):
         if learning_rate is not None and not (isinstance(learning_rate, (int, float)) and learning_rate > 0):
             raise UserError(f"model.optimizer.lr must be a number > 0, got {learning_rate!r}")
         # No `save_hyperparameters()`: the entry point saves the whole Hydra config (which builds the network and
-        # the partials) in every checkpoint (`project.engine.run_config`), and logs it to TensorBoard's HParams view.
+        # the partials) in every checkpoint (`project.engine.config`), and logs it to TensorBoard's HParams view.
         self.network = network
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler

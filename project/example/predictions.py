@@ -18,8 +18,8 @@ import torch
 from matplotlib.figure import Figure  # no pyplot: files only, no display needed (a cluster node has none)
 from torch import Tensor
 
-from project.engine.predictions import Outputs, write_table
 from project.engine.run_log import report
+from project.engine.trained_run import Outputs, write_table
 
 MISTAKES_SHOWN = 16
 

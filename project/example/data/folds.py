@@ -4,7 +4,7 @@ validation samples and trains on the other K-1 folds; the test set is never in a
 The folds are stratified by class and fixed by the data's seed: each class's samples, in a seeded random order, are
 dealt round-robin to the folds (each class going on from the fold the previous one stopped at), so a class's count in
 two folds differs by at most one, and so does the folds' size. `-m data.folds=5 'data.fold=range(5)'` then trains on
-every split once, and the sweep ends with the summary over its folds (`project.engine.sweep_summary`).
+every split once, and the sweep ends with the summary over its folds (`project.engine.sweeps`).
 """
 
 import torch

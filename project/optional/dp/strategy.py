@@ -22,8 +22,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.nn import DataParallel, Module
 
+from project.engine.build import CompileNetworks
 from project.engine.errors import UserError
-from project.engine.networks import CompileNetworks
 
 
 def under_callers_autocast(module: Callable[..., Any], device_type: str) -> Callable[..., Any]:
@@ -88,7 +88,7 @@ class DataParallelStrategy(ParallelStrategy):
 
     def setup(self, trainer: L.Trainer) -> None:
         """Refuses `compile=true`: DataParallel copies the network onto every GPU at each step, and the copies would
-        run the original's compiled code (`project.engine.networks`)."""
+        run the original's compiled code (`project.engine.build`)."""
         if any(isinstance(callback, CompileNetworks) for callback in trainer.callbacks):
             raise UserError(
                 "compile=true with trainer=dp: DataParallel copies the network onto every GPU at each step, and the "

@@ -31,10 +31,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from project.engine.build import networks_of
 from project.engine.checkpoints import check_shards, is_sharded
 from project.engine.ddp import HydraJobRanks
 from project.engine.errors import UserError
-from project.engine.networks import networks_of
 from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish, remove
 from project.optional.fsdp.units import KEY, UnitChoice
 
@@ -55,7 +55,7 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
 
 def shard_module(module: nn.Module, units: UnitChoice, mesh: DeviceMesh, policy: MixedPrecisionPolicy) -> None:
     """Shard `module` (a LightningModule) in place: its units, then each of its networks
-    (`project.engine.networks.networks_of`: the children that hold parameters; see the module docstring).
+    (`project.engine.build.networks_of`: the children that hold parameters; see the module docstring).
 
     Parameters of `module`'s own (not in a child) would train unsharded and unreduced, and a parameter two networks
     share would be sharded twice: both refused in one line.

@@ -25,8 +25,8 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.engine.ddp import DeferredAgreement
 from project.engine.errors import UserError
-from project.engine.rank_agreement import DeferredAgreement
 
 
 class MidEpochCheckpoint(L.Callback):

@@ -23,7 +23,7 @@ from mlflow.exceptions import MlflowException
 
 from project.engine.errors import UserError, in_sweep_job
 from project.engine.run_dir import shown
-from project.engine.upstream_noise import DropMessages
+from project.engine.upstream import DropMessages
 
 log = logging.getLogger(__name__)
 # "Retrying (Retry(total=1, ...)) after connection broken by '...': /api/2.0/mlflow/runs/log-batch", a line per retry

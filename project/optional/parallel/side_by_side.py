@@ -41,7 +41,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides, setup_globa
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from project.engine.errors import UserError
-from project.engine.results import format_results_table, format_value
+from project.engine.reports import format_results_table, format_value
 from project.engine.run_log import report
 from project.engine.sweeps import ERROR_FILE, continue_hint, finished_results, refuse
 from project.optional.parallel.slots import Slot, plan_slots, visible_gpus

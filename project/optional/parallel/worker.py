@@ -66,7 +66,7 @@ def announced(task: Callable, slot: str) -> Callable:
 
 def returned(value: Any) -> Any:
     """What the parent is sent of the task's return value: a number (a sweeper's objective) or None."""
-    from project.engine.sweep_summary import is_number  # not before `take_slot`: it imports the libraries
+    from project.engine.sweeps import is_number  # not before `take_slot`: it imports the libraries
 
     return value if is_number(value) else None
 

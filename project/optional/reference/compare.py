@@ -19,12 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
-from project.engine.checks import check_config
+from project.engine.config import check_config, command_line_overrides, config_source_arguments
+from project.engine.ddp import reserved_port
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
-from project.engine.hydra_versions import hydra_main
-from project.engine.peers import reserved_port
-from project.engine.run_config import command_line_overrides, config_source_arguments
 from project.engine.trusted_targets import job_whitelist
+from project.engine.upstream import hydra_main
 from project.optional.reference.loop import (
     require_one_device,
     require_the_classifier,

@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.history import TrainingHistory
-from project.engine.hydra_versions import hydra_main
 from project.engine.trusted_targets import job_whitelist
+from project.engine.upstream import hydra_main
 from project.optional.reference.environment import joined_process_group, require_environment
 from project.optional.reference.loop import Trainer, build, fit_and_report
 

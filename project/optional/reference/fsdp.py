@@ -22,8 +22,8 @@ from torch.distributed.fsdp import fully_shard
 
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
 from project.engine.history import TrainingHistory
-from project.engine.hydra_versions import hydra_main
 from project.engine.trusted_targets import job_whitelist
+from project.engine.upstream import hydra_main
 from project.optional.fsdp.strategy import mixed_precision_policy, shard_units, units_read_where_called
 from project.optional.fsdp.units import UnitChoice
 from project.optional.reference.environment import joined_process_group, require_environment

@@ -7,7 +7,7 @@ refused). Like the Lightning path it writes `checkpoints/last.pt` at every epoch
 `callbacks.mid_epoch_checkpoint.every_n_steps` steps and/or `every_n_minutes`, and when SIGTERM stops it (with
 `accumulate_grad_batches`, at the end of the accumulation window it falls in); `ckpt_path=<that file>` resumes exactly
 where it stood, because the training order's position is saved with the weights (`_save_checkpoint`). A NaN or
-infinite loss or gradient stops it as it stops the Lightning path (`project.engine.divergence`).
+infinite loss or gradient stops it as it stops the Lightning path (`project.engine.history`).
 """
 
 import contextlib
@@ -31,13 +31,11 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
 from project.engine.build import instantiate_group
-from project.engine.checks import targets_subclass_of
-from project.engine.divergence import DivergenceWatch, first_learning_rate
+from project.engine.config import give_hints, targets_subclass_of
+from project.engine.ddp import DeferredAgreement
 from project.engine.errors import RunStopped, UserError
-from project.engine.hints import give_hints
-from project.engine.history import TrainingHistory
-from project.engine.rank_agreement import DeferredAgreement
-from project.engine.results import format_results_table, save_results
+from project.engine.history import DivergenceWatch, TrainingHistory, first_learning_rate
+from project.engine.reports import format_results_table, save_results
 from project.engine.schedules import Schedule, build_schedule, check_resumable
 from project.example.data import ClassificationDataModule
 from project.example.data.training_order import TrainingPosition
@@ -218,7 +216,7 @@ def build(
     datamodule.setup("fit")
     network = instantiate_group("model", cfg.model.network).to(device)
     if cfg.get("compile"):
-        network.compile()  # in place, as project.engine.networks compiles the Lightning side's network
+        network.compile()  # in place, as project.engine.build compiles the Lightning side's network
     if shard is not None:
         shard(network)
     optimizer = instantiate_group("model", cfg.model.optimizer)(network.parameters())
@@ -431,7 +429,7 @@ class Trainer:
         """Write the checkpoint every N steps / M minutes, and on SIGTERM write it and stop.
 
         Under DDP or FSDP the ranks agree on a SIGTERM and on a clock that says it is time, one window after they
-        saw it (`project.engine.rank_agreement`: no wait on the device), so all act after one same step."""
+        saw it (`project.engine.ddp`: no wait on the device), so all act after one same step."""
         every_n_steps = self.checkpointing.every_n_steps
         by_steps = every_n_steps is not None and self.global_step % every_n_steps == 0
         if self.agreement is None:

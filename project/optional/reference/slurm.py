@@ -15,8 +15,8 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
-from project.engine.hydra_versions import hydra_main
 from project.engine.trusted_targets import job_whitelist
+from project.engine.upstream import hydra_main
 from project.optional.reference.ddp import train_process
 from project.optional.reference.environment import require_environment
 

@@ -36,7 +36,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.run import parse_args, run
 
-from project.engine.peers import answers_as_store, port_in_use
+from project.engine.ddp import answers_as_store, port_in_use
 
 # The port of a c10d rendezvous endpoint that names none (torch's own default).
 DEFAULT_RENDEZVOUS_PORT = 29400

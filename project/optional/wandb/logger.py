@@ -32,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from wandb.errors import AuthenticationError, CommError
 
 from project.engine.errors import in_sweep_job
-from project.engine.hparams import flat
+from project.engine.reports import flat
 from project.engine.run_dir import shown
 from project.engine.run_log import report
 from project.optional.wandb.login_state import logged_in

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from project.engine.build import build
 from project.engine.errors import UserError
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.upstream import VERSION_BASE
 from project.example.data import ToyDataModule
 from project.example.module import ClassifierModule
 from project.example.networks import NeuralNetwork

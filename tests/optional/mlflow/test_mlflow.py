@@ -22,7 +22,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from project.engine.build import build
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.upstream import VERSION_BASE
 from tests.helpers import CONF_DIR, REPO, check_ok, free_port, read_json, run_module
 
 LOST_SERVER_WARNING = re.compile(r"^MLflow: \S+ failed; no more logging there, training goes on: ", re.MULTILINE)

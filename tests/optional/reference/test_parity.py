@@ -13,7 +13,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.history import TrainingHistory
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.upstream import VERSION_BASE
 from project.optional.reference.ddp import train_process
 from project.optional.reference.loop import Trainer, build
 from project.optional.reference.parity import max_loss_difference, max_weight_difference, network_weights

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from project.engine.rank_agreement import DeferredAgreement
+from project.engine.ddp import DeferredAgreement
 from project.optional.reference import loop
 from tests.helpers import one_rank_process_group
 

@@ -11,7 +11,7 @@ import pytest
 import wandb
 from hydra import compose, initialize_config_dir
 
-from project.engine.hydra_versions import VERSION_BASE
+from project.engine.upstream import VERSION_BASE
 from project.optional.wandb.login_state import logged_in
 from tests.helpers import CONF_DIR, check_ok, free_port, read_json, run_module
 from tests.optional.wandb.offline_runs import OfflineRun, offline_runs

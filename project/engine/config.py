@@ -1,26 +1,94 @@
-"""Checks of the engine's config values that would otherwise fail deep inside Lightning with an unclear message.
+"""[run_config] The run's whole resolved config, stored in every checkpoint the run writes, whatever its LightningModule.
+
+`project.evaluate`, `project.predict` and resuming rebuild a run from `checkpoint["config"]` alone (its model, its
+data); a DDP run's ranks compare it to find a rank that composed another config. The entry point adds this
+callback to every run, so a module of the user's own needs no hook of its own for it. The overrides it was
+composed from are read as given (`command_line_overrides`), for the processes it starts to compose it alike.
+
+
+[checks] Checks of the engine's config values that would otherwise fail deep inside Lightning with an unclear message.
 
 What a module, a data module or a strategy takes is checked by each in its own constructor (the classifier's learning
 rate, MNIST's `val_size`, DataParallel's one process, FSDP's precision); `mistyped_value` names a value of the wrong
 type for any class, once its constructor has failed.
+
+
+[hints] Config values a recipe offers a constructor only where it takes them (`hints`), and what a replaced `_target_`
+leaves out.
+
+`hints:` mirrors the config: each value under it is given to the `_target_` of the node at the same place, but only
+where that target's constructor names the argument, and unless the command line sets it itself. A recipe that knows
+the data (its channels, image size, number of classes) so fits any network: `experiment=image_folder_cnn` hints
+`model.network` with all three; the project's CNN takes them all, torchvision's `ResNet` class swapped in by its
+`_target_` only `num_classes`, its `resnet18` builder (which passes `**kwargs` on, naming none) and a network of your
+own perhaps none. Set on the network itself, each would fail a network without
+that argument ("unexpected keyword argument").
+
+A `_target_` replaced on the command line (`model.network._target_=torchvision.models.resnet18`,
+`model.optimizer._target_=torch.optim.AdamW`) keeps the other keys its node had, written for what it replaces (the
+CNN's `in_channels`, SGD's `momentum`): those the new target does not name are left out, and the run says which.
+Keys typed on the command line are kept.
+
+Every path that builds from the config applies these first (`project.engine.build`), and checkpoints store the
+config they leave, so evaluation rebuilds the same objects.
+
 """
 
 import inspect
 import types
 import typing
+from pathlib import Path
 
+import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import get_class, get_object
 from lightning.pytorch.strategies import StrategyRegistry
-from omegaconf import DictConfig, OmegaConf
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from project.engine.errors import UserError
-from project.engine.ranks import process_rank
-from project.engine.run_config import command_line_overrides
+from project.engine.run_log import process_rank
+from project.engine.upstream import register_resolver
 
 
+# ---- from run_config.py
+class RunConfigCallback(L.Callback):
+    """Writes `config` into every checkpoint as `checkpoint["config"]`."""
+
+    def __init__(self, config: dict) -> None:
+        self.config = config
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint["config"] = self.config
+
+
+def run_config_of(trainer: L.Trainer) -> dict | None:
+    """The config the run's `RunConfigCallback` stores, or None for a Trainer built without one."""
+    return next((callback.config for callback in trainer.callbacks if isinstance(callback, RunConfigCallback)), None)
+
+
+def command_line_overrides() -> list[str]:
+    """The command line's overrides as given: a `${...}` in one is its value's, not to be resolved in Hydra's config."""
+    return OmegaConf.to_container(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def overridden_key(override: str) -> str:
+    """The key an override sets: `+model.optimizer.lr=0.1` sets `model.optimizer.lr`, `~callbacks.history` removes
+    `callbacks.history`."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def config_source_arguments() -> list[str]:
+    """`--config-name` and any `--config-dir` this process was started with: a process it starts composes from the
+    same config files."""
+    hydra = HydraConfig.get()
+    config_dirs = [source.path for source in hydra.runtime.config_sources if source.provider == "command-line"]
+    return [f"--config-name={hydra.job.config_name}", *(f"--config-dir={path}" for path in config_dirs)]
+
+
+# ---- from checks.py
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -173,3 +241,66 @@ def mistyped_value(node: object, key: str) -> str | None:
             given = type(value).__name__
             return f"{key}.{name}={value} is a {given}, but {owner}'s {name} takes {wanted}: give it {wanted}"
     return None
+
+
+# ---- from hints.py
+def give_hints(cfg: DictConfig) -> None:
+    """Leave out what replaced `_target_`s do not take, then give each of `cfg.hints` where its target takes it."""
+    typed = {overridden_key(override) for override in command_line_overrides()}
+    for key in sorted(typed):
+        path = key.removesuffix("._target_")
+        node = OmegaConf.select(cfg, path) if path != key else None
+        if isinstance(node, DictConfig) and isinstance(node.get("_target_"), str):
+            leave_out_replaced_arguments(node, path, typed)
+    hints = cfg.get("hints")
+    if isinstance(hints, DictConfig):
+        give(cfg, hints, "", typed)
+
+
+def give(node: DictConfig, hints: DictConfig, path: str, typed: set[str]) -> None:
+    """Set, in `node` (at `path`), each of `hints` its `_target_` takes; nested hints go to nested nodes."""
+    target = node.get("_target_")
+    taken = taken_arguments(get_object(target)) if isinstance(target, str) else set()
+    for name, value in hints.items():
+        inner = node.get(name)
+        if isinstance(value, DictConfig) and isinstance(inner, DictConfig):
+            give(inner, value, f"{path}{name}.", typed)
+        elif name in taken and f"{path}{name}" not in typed:
+            with open_dict(node):
+                node[name] = value
+
+
+def leave_out_replaced_arguments(node: DictConfig, path: str, typed: set[str]) -> None:
+    """The keys of `node` (whose `_target_` the command line replaced) that the new target does not name, left out
+    and said so (see the module docstring)."""
+    kept = taken_arguments(get_object(node._target_)) | {"_target_", "_partial_"}
+    kept |= {key.removeprefix(f"{path}.") for key in typed}
+    replaced = [key for key in node if key not in kept]
+    with open_dict(node):
+        for key in replaced:
+            del node[key]
+    if replaced:
+        rank_zero_info(
+            f"{path}: {node._target_} names no {', '.join(replaced)} (set in the YAML for the one it replaces): left "
+            f"out; {path}.<key>=<value> gives it one"
+        )
+
+
+def taken_arguments(target: object) -> set[str]:
+    """The argument names a class or function declares (not those a `**kwargs` might take: it says nothing)."""
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return set()
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def subfolders(directory: str) -> int:
+    """`${subfolders:<dir>}`: the folders in `directory`; 0 where it does not exist yet (whatever reads it then says
+    so in one line)."""
+    folder = Path(directory)
+    return sum(path.is_dir() for path in folder.iterdir()) if folder.is_dir() else 0
+
+
+def register_resolvers() -> None:
+    register_resolver("subfolders", subfolders, replace=True)

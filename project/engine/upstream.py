@@ -1,4 +1,4 @@
-"""The calls that differ between Hydra 1.3 and 1.4 (and OmegaConf 2.3 and 2.4), made here so that the project reads
+"""[hydra_versions] The calls that differ between Hydra 1.3 and 1.4 (and OmegaConf 2.3 and 2.4), made here so that the project reads
 the same on both, and neither prints a deprecation warning.
 
 - `version_base`: Hydra 1.3 wants `version_base="1.3"` (without it, it warns and keeps 1.1's defaults); 1.4 has
@@ -15,21 +15,47 @@ the same on both, and neither prints a deprecation warning.
   `trainer=ddp_spawn`. It is pickled here as the `functools.partial` it is: its target was checked when it was made,
   and a worker calls it only with what the module gives it. This can go once Hydra pickles them, or once no
   strategy the project offers pickles the module.
+
+
+[upstream_noise] What the libraries print on every run that tells a user of this project nothing, silenced by its text, in one place.
+
+A first run should show the config, the progress and the results: a warning a user can do nothing about teaches
+them to skip warnings, and the one that matters is then missed. Each entry names where it comes from and what ends
+it upstream, so that it goes when the pins in pyproject.toml move past that. Anything not listed here still prints.
+An optional part silences what only it causes, with `DropMessages`, where it is imported.
+
+
+[lightning_sigterm_broadcast] Switches off the SIGTERM broadcast Lightning's training loop makes before every batch, for strategies that agree on
+SIGTERM themselves.
+
+Lightning 2.6 (`_TrainingEpochLoop._broadcast_sigterm_tensor`, from Lightning-AI/pytorch-lightning#20825) broadcasts
+rank 0's SIGTERM flag over the training process group before every training batch and reads it back with `.item()`:
+one collective and one host-device sync per step, on the device that trains (upstream issue
+Lightning-AI/pytorch-lightning#21487; the open PR #21640 would make it every N steps). `HydraJobRanks` agrees on
+SIGTERM over a small CPU group, asynchronously, so the broadcast only costs. This private override goes once Lightning
+lets a strategy (or the Trainer) skip it.
+
 """
 
 import copyreg
 import functools
 import importlib
 import inspect
+import logging
+import os
+import re
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import hydra
 import hydra.utils
+import lightning as L
 import omegaconf
 from omegaconf import DictConfig, OmegaConf
 
+# ---- from hydra_versions.py
 # Hydra 1.4's execution whitelist (`instantiate(_execution_whitelist_=...)`, `hydra.main(execution_whitelist=...)`).
 HAS_EXECUTION_WHITELIST = hasattr(hydra.utils, "execution_whitelist")
 VERSION_BASE: dict[str, str] = {} if HAS_EXECUTION_WHITELIST else {"version_base": "1.3"}
@@ -119,3 +145,66 @@ def register_resolver(name: str, resolver: Callable, replace: bool = False, use_
     """`${name:...}` calls `resolver`, on OmegaConf 2.3 and 2.4."""
     register = OmegaConf.register_resolver if OMEGACONF_2_4 else OmegaConf.register_new_resolver
     register(name, resolver, replace=replace, use_cache=use_cache)
+
+
+# ---- from upstream_noise.py
+# (message regex, why it says nothing here, what ends it upstream)
+WARNINGS = (
+    (
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        "torch 2.14 deprecates a check lightning/pytorch/utilities/_pytree.py still makes",
+        "Lightning-AI/pytorch-lightning#21326 (closed; no release up to 2.6.6 has the fix)",
+    ),
+)
+# Printed only outside a Slurm allocation, where nothing is to be prepended: the project's sbatch scripts start
+# the ranks under srun themselves, and a run typed on a login node is a local run on purpose. Inside an allocation
+# (SLURM_JOB_ID set) the hint can save a hang, and prints.
+OUTSIDE_SLURM_WARNINGS = (
+    (
+        r"The `srun` command is available on your system but is not used",
+        "Lightning's hint on a machine that has Slurm installed",
+        "lightning/fabric/plugins/environments/slurm.py, any version so far",
+    ),
+)
+# Log records, by the logger that emits them.
+LOG_MESSAGES = (
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        r"💡 Tip: For seamless cloud logging",
+        "an advertisement for a hosted logger, on every run",
+        "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py since 2.6",
+    ),
+    (
+        "torch.utils.cpp_extension",
+        r"No CUDA runtime is found, using CUDA_HOME=",
+        "printed by torch.compile's C++ compiler set-up (compile=true) on every machine without a GPU",
+        "torch/utils/cpp_extension.py, any version so far",
+    ),
+)
+
+
+class DropMessages(logging.Filter):
+    """Drops the records whose message matches one of `patterns`."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        super().__init__()
+        self.pattern = re.compile("|".join(f"(?:{pattern})" for pattern in patterns))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.pattern.match(record.getMessage()) is None
+
+
+def silence_upstream_noise() -> None:
+    """Install the filters (every entry point imports `project`, which calls this once)."""
+    listed = WARNINGS if "SLURM_JOB_ID" in os.environ else WARNINGS + OUTSIDE_SLURM_WARNINGS
+    for pattern, _, _ in listed:
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in {name for name, _, _, _ in LOG_MESSAGES}:
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, DropMessages) for existing in logger.filters):
+            logger.addFilter(DropMessages([pattern for emitter, pattern, _, _ in LOG_MESSAGES if emitter == name]))
+
+
+# ---- from lightning_sigterm_broadcast.py
+def skip_lightning_sigterm_broadcast(trainer: L.Trainer) -> None:
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
