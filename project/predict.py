@@ -17,7 +17,6 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.build import check_data_for, configured_callbacks, instantiate_group, progress_bar_switch
@@ -35,7 +34,7 @@ from project.engine.trained_run import (
     write_table,
 )
 from project.engine.trusted_targets import job_whitelist
-from project.engine.upstream import hydra_main
+from project.engine.upstream import hydra_main, is_spawn_launcher
 
 SPLITS = ("test", "val", "train")
 
@@ -62,7 +61,7 @@ def predict(
         callbacks=[same_config, *progress],
         **progress_bar_switch(progress),
     )
-    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+    if is_spawn_launcher(trainer.strategy.launcher):
         raise UserError(
             "project.predict takes the predictions back from its processes, which spawned workers (trainer=ddp_spawn) "
             "do not return: use trainer=ddp"

@@ -96,7 +96,7 @@ def test_launches_in_the_same_second_get_their_own_directories(tmp_path: Path, m
 
 def test_processes_of_one_torchrun_launch_share_a_directory_another_launch_does_not(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    monkeypatch.setattr(run_dir, "_process_start_time", lambda pid: 1_800_000_000.0)
+    monkeypatch.setattr(run_dir, "process_start_time", lambda pid: 1_800_000_000.0)
     parent = str(tmp_path / "outputs")
     worker_one, worker_two = run_dir.launch_dir(parent), run_dir.launch_dir(parent)
     assert worker_one == worker_two, "same agent: same launch"
@@ -228,7 +228,7 @@ def test_a_child_that_fails_first_is_noted_not_printed_beside_rank_zeros_own_err
     its own (`project.engine.job`), instead of adding a line of its own between the two ranks' identical ones."""
     launcher = HydraJobLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
     launcher.procs.append(subprocess.Popen(["sh", "-c", "exit 2"]))
-    watcher = threading.Thread(target=launcher._watch_children)
+    watcher = threading.Thread(target=launcher.watch_children)
     watcher.start()
     deadline = time.monotonic() + 30
     while launcher.failure is None and time.monotonic() < deadline:

@@ -39,6 +39,7 @@ from project.engine.errors import UserError, disk_refuses, nearest_existing, unw
 from project.engine.run_log import report
 from project.engine.sweeps import in_a_search
 from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, check_stored_config
+from project.engine.upstream import SHARDS_INDEX_CLASSES, TopKCheckpoint
 
 
 # ---- from checkpoints.py
@@ -360,27 +361,6 @@ def plain_checkpoint(path: str | Path) -> dict[str, Any]:
 
 # DCP's index of the shards, a pickle of these classes of torch's (and torch's dtypes): what DCP itself writes there.
 SHARDS_INDEX = ".metadata"
-SHARDS_INDEX_CLASSES = {
-    ("torch.distributed.checkpoint.metadata", name)
-    for name in (
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "_MEM_FORMAT_ENCODING",
-    )
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-}
-
-
 DTYPES = {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
 
 
@@ -491,21 +471,18 @@ class ObjectiveNotLogged(UserError):
     ends_the_sweep = True
 
 
-class BestCheckpoint(ModelCheckpoint):
+class BestCheckpoint(TopKCheckpoint):
     """`ModelCheckpoint` keeping the best `monitor`; `results_from` says whether the run's results need it."""
 
     def __init__(self, *args, results_from: str = "last", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.results_from = results_from
-        self._told = False
+        self.told = False
 
-    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
-        if self.monitor is None or self.monitor in monitor_candidates:
-            super()._save_topk_checkpoint(trainer, monitor_candidates)
+    def monitor_not_logged(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
+        if self.told:
             return
-        if self._told:
-            return
-        self._told = True
+        self.told = True
         logged = sorted(name for name in monitor_candidates if name not in ("epoch", "step"))
         module = type(trainer.lightning_module).__name__
         if logged:

@@ -89,20 +89,20 @@ def config_source_arguments() -> list[str]:
 
 
 # ---- from checks.py
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_config(cfg: DictConfig) -> None:
     """Raise `UserError` naming the key, the bad value and what is allowed."""
     OmegaConf.to_container(cfg, resolve=True)  # a `${...}` that names nothing fails here, naming its key
-    if not (_is_int(cfg.seed) and 0 <= cfg.seed < 2**32):
+    if not (is_int(cfg.seed) and 0 <= cfg.seed < 2**32):
         raise UserError(f"seed must be an integer from 0 to 2**32 - 1, got {cfg.seed!r}")
     max_epochs = cfg.trainer.get("max_epochs")
-    if not (_is_int(max_epochs) and (max_epochs >= 1 or max_epochs == -1)):
+    if not (is_int(max_epochs) and (max_epochs >= 1 or max_epochs == -1)):
         raise UserError(f"trainer.max_epochs must be an integer >= 1 (or -1 for no limit), got {max_epochs!r}")
     devices = cfg.trainer.get("devices")
-    if _is_int(devices) and devices < 1 and devices != -1:
+    if is_int(devices) and devices < 1 and devices != -1:
         raise UserError(f"trainer.devices must be a positive number of devices (or -1 for all), got {devices!r}")
     if str(cfg.trainer.get("precision")) in ("16-mixed", "16") and not torch.cuda.is_available():
         raise UserError(

@@ -61,15 +61,21 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
-from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import OmegaConf
 
 import __main__
 from project.engine.config import command_line_overrides, config_source_arguments, run_config_of
 from project.engine.errors import UserError
-from project.engine.upstream import skip_lightning_sigterm_broadcast
+from project.engine.upstream import (
+    OwnScriptLauncher,
+    ScriptLauncher,
+    flag_sigterm,
+    replace_sigterm_notifier,
+    set_num_threads_if_needed,
+    skip_lightning_sigterm_broadcast,
+    strategy_timeout,
+)
 
 # ---- from peers.py
 # The config key that sets how long a rank waits for the others (conf/trainer/ddp.yaml, slurm.yaml, ddp_spawn.yaml).
@@ -185,7 +191,7 @@ class DeferredAgreement:
     def __init__(self, size: int) -> None:
         self.size = size
         self.group = dist.new_group(backend="gloo")  # CPU, whatever the training device
-        self._in_flight: tuple[torch.Tensor, dist.Work] | None = None
+        self.in_flight: tuple[torch.Tensor, dist.Work] | None = None
 
     def exchange(self, flags: Sequence[bool]) -> list[bool]:
         """The agreement started by the previous call (all False if none is in flight); this call's starts now."""
@@ -198,18 +204,18 @@ class DeferredAgreement:
 
         `settle`, act, then `start` is `exchange` with flags computed after the acting: a flag that the acting clears
         (a clock a checkpoint resets) is then not sent once more."""
-        if self._in_flight is not None:
+        if self.in_flight is not None:
             raise RuntimeError("an agreement is in flight already: settle it first")
         sent = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
-        self._in_flight = sent, dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self.in_flight = sent, dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
 
     def settle(self) -> list[bool]:
         """The agreement in flight, waited for (on the other ranks' CPU threads, not on a device); none is left in
         flight. All False if none was."""
-        if self._in_flight is None:
+        if self.in_flight is None:
             return [False] * self.size
-        sent, work = self._in_flight
-        self._in_flight = None
+        sent, work = self.in_flight
+        self.in_flight = None
         work.wait()
         return [bool(value) for value in sent.tolist()]
 
@@ -228,12 +234,12 @@ PR_SET_PDEATHSIG = 1
 STOP_GRACE_SECONDS = 30.0
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: the kernel sends SIGKILL when the parent process ends (Linux only)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _quoted(value: str) -> str:
+def quoted(value: str) -> str:
     """`value` as one Hydra override value, whatever characters it holds."""
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
@@ -256,7 +262,7 @@ def child_command(ckpt_path: str | None = None) -> list[str]:
     ]
     job_overrides = [o for o in command_line_overrides() if ckpt_path is None or not o.startswith("ckpt_path=")]
     if ckpt_path is not None:
-        job_overrides.append(f"ckpt_path={_quoted(ckpt_path)}")
+        job_overrides.append(f"ckpt_path={quoted(ckpt_path)}")
     return [
         sys.executable,
         *program,
@@ -264,20 +270,20 @@ def child_command(ckpt_path: str | None = None) -> list[str]:
         *hydra_overrides,
         *job_overrides,
         "hydra.mode=RUN",
-        f"hydra.run.dir={_quoted(hydra.runtime.output_dir)}",
+        f"hydra.run.dir={quoted(hydra.runtime.output_dir)}",
         f"hydra.job.name={hydra.job.name}",
         "hydra.output_subdir=null",
     ]
 
 
-class HydraJobLauncher(_SubprocessScriptLauncher):
+class HydraJobLauncher(ScriptLauncher):
     """Starts local ranks 1..N-1 as single runs of the current Hydra job (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._stopping = threading.Event()
+        self.stopping = threading.Event()
         # The run's MASTER_PORT, held from its choice until the job ends (`peers.reserved_port`).
-        self._port_holder: socket.socket | None = None
+        self.port_holder: socket.socket | None = None
         # The line that named the first child to end badly, and its rank, once one has.
         self.failure: str | None = None
         self.failed_rank: int | None = None
@@ -294,15 +300,15 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             raise UserError(f"{' '.join(str(error).split())} (trainer.devices, trainer.num_nodes)") from None
         if not self.cluster_environment.creates_processes_externally:
             ckpt_path = inspect.signature(function).bind(*args, **kwargs).arguments.get("ckpt_path")
-            self._start_children(None if ckpt_path is None else str(ckpt_path))
-        _set_num_threads_if_needed(num_processes=self.num_processes)
+            self.start_children(None if ckpt_path is None else str(ckpt_path))
+        set_num_threads_if_needed(num_processes=self.num_processes)
         return function(*args, **kwargs)
 
-    def _start_children(self, ckpt_path: str | None) -> None:
-        self._check_can_spawn_children()
+    def start_children(self, ckpt_path: str | None) -> None:
+        self.check_can_spawn_children()
         if "MASTER_PORT" not in os.environ:  # Lightning would pick a free port and let go of it until rank 0 binds it
-            self._port_holder = reserved_port()
-            os.environ["MASTER_PORT"] = str(self._port_holder.getsockname()[1])
+            self.port_holder = reserved_port()
+            os.environ["MASTER_PORT"] = str(self.port_holder.getsockname()[1])
         os.environ.update(
             MASTER_ADDR=self.cluster_environment.main_address,
             MASTER_PORT=str(self.cluster_environment.main_port),
@@ -311,23 +317,23 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
             WORLD_SIZE=str(self.num_processes * self.num_nodes),
         )
         command = child_command(ckpt_path)
-        die_with_parent = _die_with_parent if sys.platform == "linux" else None
+        before_exec = die_with_parent if sys.platform == "linux" else None
         for local_rank in range(1, self.num_processes):
             environment = os.environ | {"LOCAL_RANK": str(local_rank)}
-            child = subprocess.Popen(command, env=environment, cwd=get_original_cwd(), preexec_fn=die_with_parent)
+            child = subprocess.Popen(command, env=environment, cwd=get_original_cwd(), preexec_fn=before_exec)
             self.procs.append(child)
-        threading.Thread(target=self._watch_children, daemon=True, name="child-watcher").start()
+        threading.Thread(target=self.watch_children, daemon=True, name="child-watcher").start()
 
-    def _watch_children(self) -> None:
+    def watch_children(self) -> None:
         """Beside training: note the first rank that ended badly (gloo's own error names only an address).
 
         Rank 0 then fails in its next collective, and its job names that rank (`engine.job`). Should it still run
         `STOP_GRACE_SECONDS` later, it is blocked where Python cannot interrupt it (waiting for the dead rank to join
         the process group): the process then ends at once, with the other children and that line last.
         """
-        while not self._stopping.is_set():
-            if self._note_failed_child():
-                if not self._stopping.wait(STOP_GRACE_SECONDS):
+        while not self.stopping.is_set():
+            if self.note_failed_child():
+                if not self.stopping.wait(STOP_GRACE_SECONDS):
                     for child in self.procs:
                         child.kill()
                     print(f"error: {self.failure}", file=sys.stderr, flush=True)
@@ -335,14 +341,14 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
                 return
             if all(child.returncode == 0 for child in self.procs):
                 return
-            self._stopping.wait(0.2)
+            self.stopping.wait(0.2)
 
-    def _note_failed_child(self) -> bool:
+    def note_failed_child(self) -> bool:
         """Note (`failure`) the first child that has ended with an error; whether there was one."""
         first_rank = self.cluster_environment.node_rank() * self.num_processes
         for local_rank, child in enumerate(self.procs, start=1):
             code = child.poll()
-            if code and not self._stopping.is_set():
+            if code and not self.stopping.is_set():
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
                 self.failed_rank = first_rank + local_rank
                 self.failure = f"rank {self.failed_rank} (pid {child.pid}) {how}: the run stops"
@@ -353,11 +359,11 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         """Note the first child that has died (`failure`), or dies within `wait` s, then stop noting: a child that
         ends after this is the consequence of this rank's end, not its cause."""
         deadline = time.monotonic() + wait
-        while self.failure is None and not self._stopping.is_set() and not self._note_failed_child():
+        while self.failure is None and not self.stopping.is_set() and not self.note_failed_child():
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        self._stopping.set()
+        self.stopping.set()
 
     def finish(self, failed: bool, timeout: float = 60.0) -> None:
         """End the children, once: a later call finds none left (a failed job's end calls this twice).
@@ -365,7 +371,7 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
         After a success, wait for them (up to `timeout` s). After a failure, kill them: they would otherwise sit in a
         collective until gloo's 30-minute timeout (`note_dead_child` first, to name a child whose death was the cause).
         """
-        self._stopping.set()
+        self.stopping.set()
         for child in self.procs:
             if failed:
                 child.kill()
@@ -375,17 +381,17 @@ class HydraJobLauncher(_SubprocessScriptLauncher):
                 child.kill()
                 child.wait()
         self.procs.clear()
-        if self._port_holder is not None:
-            self._port_holder.close()
-            self._port_holder = None
+        if self.port_holder is not None:
+            self.port_holder.close()
+            self.port_holder = None
 
     def kill(self, signum: signal.Signals) -> None:
         """Lightning's stop of the children (Ctrl-C, SIGTERM): their ends are then no failure to name."""
-        self._stopping.set()
+        self.stopping.set()
         super().kill(signum)
 
 
-class HydraJobRanks:
+class HydraJobRanks(OwnScriptLauncher):
     """What a multi-process strategy of this project adds to Lightning's: `HydraJobLauncher` for the processes it
     starts itself, and SIGTERM that stops every rank at one same step. Mixed in before the Lightning strategy
     (`HydraDDPStrategy`, and trainer=fsdp's).
@@ -396,13 +402,13 @@ class HydraJobRanks:
     composed different configs end in one line too.
     """
 
-    # Set by the SIGTERM handler (`_note_sigterm_without_collectives`); kept through fit and test.
+    # Set by the SIGTERM handler (`note_sigterm_without_collectives`); kept through fit and test.
     sigterm_pending = False
     # The ranks' SIGTERM agreement, on a CPU group of its own; made once the ranks have met.
     sigterm_agreement: DeferredAgreement | None = None
 
     def setup_environment(self) -> None:
-        self._note_sigterm_without_collectives()
+        self.note_sigterm_without_collectives()
         try:
             super().setup_environment()
         except dist.DistError as error:
@@ -415,7 +421,7 @@ class HydraJobRanks:
                 ) from None
             reason = " ".join(str(error).split()[:40])
             raise UserError(
-                f"the {self.world_size} processes of this run did not all meet at {address} within {self._timeout} "
+                f"the {self.world_size} processes of this run did not all meet at {address} within {strategy_timeout(self)} "
                 f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
                 f"allow more time with {TIMEOUT_KEY}"
             ) from None
@@ -431,7 +437,8 @@ class HydraJobRanks:
         if serves_the_store:
             return
         address, port = self.cluster_environment.main_address, self.cluster_environment.main_port
-        seconds = self._timeout.total_seconds() if self._timeout else 1800.0
+        timeout = strategy_timeout(self)
+        seconds = timeout.total_seconds() if timeout else 1800.0
         if answers_as_store(address, port, seconds) is False:
             raise UserError(
                 f"nothing at {address}:{port} answers as this run's store within {seconds:g} s (another program holds "
@@ -439,12 +446,10 @@ class HydraJobRanks:
                 f"({TIMEOUT_KEY} sets the wait)"
             )
 
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        if isinstance(self._launcher, _SubprocessScriptLauncher):
-            self._launcher = HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+    def script_launcher(self) -> "HydraJobLauncher":
+        return HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
-    def _note_sigterm_without_collectives(self) -> None:
+    def note_sigterm_without_collectives(self) -> None:
         """On SIGTERM, only forward it to the children and note it; the ranks then agree, and stop at one same point.
 
         Lightning's own SIGTERM handler broadcasts to the other ranks from inside the signal handler, which can run
@@ -458,7 +463,6 @@ class HydraJobRanks:
         is replaced on the Trainer's private signal connector before the Trainer registers it; see the
         `lightning<2.7` pin.)
         """
-        connector = self.lightning_module.trainer._signal_connector
 
         def note_sigterm(signum: int, frame: object) -> None:
             log.info(f"[rank: {self.global_rank}] Received SIGTERM: stopping after the next step")
@@ -466,7 +470,7 @@ class HydraJobRanks:
                 self.launcher.kill(signum)
             self.sigterm_pending = True
 
-        connector._sigterm_notifier_fn = note_sigterm
+        replace_sigterm_notifier(self.lightning_module.trainer, note_sigterm)
 
     def sigterm_on_any_rank(self) -> bool:
         """Whether SIGTERM reached any rank by now (every rank must ask at the same point)."""
@@ -483,7 +487,7 @@ class HydraJobRanks:
         super().on_train_batch_start(batch, batch_idx)
         (sigterm,) = self.sigterm_agreement.exchange([self.sigterm_pending])
         if sigterm:
-            self.lightning_module.trainer._signal_connector.received_sigterm = True
+            flag_sigterm(self.lightning_module.trainer)
 
 
 class HydraDDPStrategy(HydraJobRanks, DDPStrategy):

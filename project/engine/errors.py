@@ -46,11 +46,12 @@ from hydra.errors import (
 )
 from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from omegaconf import Container, DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.run_log import DISK_ERRORS, process_rank, report, started_by_rank_zero, to_log_file
+from project.engine.upstream import STAGE_FUNCTIONS, config_root
 
 # ---- from typos.py
 # Hydra 1.3's words for an override of a key the config does not have, with the command-line text of the override.
@@ -70,7 +71,7 @@ def typo_message(error: ConfigCompositionException) -> str | None:
     cause = error.__cause__
     if not_applied is None or not isinstance(cause, OmegaConfBaseException) or cause.parent_node is None:
         return None
-    keys = dotted_keys(cause.parent_node._get_root())
+    keys = dotted_keys(config_root(cause.parent_node))
     return unknown_key(not_applied["key"], keys, not_applied["override"])
 
 
@@ -108,15 +109,15 @@ def nearest_keys(key: str, keys: list[str]) -> list[str]:
     return [found for near in difflib.get_close_matches(name, beside, n=3, cutoff=CUTOFF) for found in beside[near]]
 
 
-def dotted_keys(config: Container, prefix: str = "") -> list[str]:
-    """Every key of `config`, nested ones dotted (`trainer.max_epochs`), values left unresolved."""
-    if not isinstance(config, DictConfig) or config._is_none() or config._is_missing():
+def dotted_keys(config: object, prefix: str = "") -> list[str]:
+    """Every key of a config (a DictConfig, or nested dicts), nested ones dotted (`trainer.max_epochs`), unresolved."""
+    if isinstance(config, DictConfig):
+        config = OmegaConf.to_container(config, resolve=False)
+    if not isinstance(config, dict):
         return []
-    keys = []
-    for key in config:
-        keys.append(f"{prefix}{key}")
-        keys.extend(dotted_keys(config._get_node(key), f"{prefix}{key}."))
-    return keys
+    return [
+        found for key, value in config.items() for found in (f"{prefix}{key}", *dotted_keys(value, f"{prefix}{key}."))
+    ]
 
 
 # ---- from errors.py
@@ -236,20 +237,10 @@ def is_out_of_memory(error: BaseException) -> bool:
     )
 
 
-# Where in a run memory ran out, by the function that was running (Lightning's Trainer, Hydra's instantiate).
-STAGES = {
-    "_call_target": "while building the run",
-    "_fit_impl": "while training",
-    "_validate_impl": "while validating",
-    "_test_impl": "while testing",
-    "_predict_impl": "while predicting",
-}
-
-
 def out_of_memory(error: BaseException) -> UserError:
     """The one line for memory running out: where, how much was asked for, and what to make smaller."""
     functions = {frame.name for frame in traceback.extract_tb(error.__traceback__)}
-    stage = next((stage for function, stage in STAGES.items() if function in functions), "")
+    stage = next((stage for function, stage in STAGE_FUNCTIONS.items() if function in functions), "")
     asked = re.search(r"[Tt]ried to allocate ([\d.]+(?: bytes| ?[KMGT]i?B)?)", str(error))
     amount = asked.group(1).removesuffix(" bytes") if asked else ""
     size = f"{int(amount) / 2**30:.3g} GiB" if amount.isdigit() else amount

@@ -101,35 +101,35 @@ class HistoryCallback(L.Callback):
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
         self.history = TrainingHistory()
-        self._losses: list[Tensor] = []
-        self._samples: int | None = 0
-        self._start: float | None = None  # None until training starts: a finished run resumed never does
+        self.losses: list[Tensor] = []
+        self.samples: int | None = 0
+        self.started_at: float | None = None  # None until training starts: a finished run resumed never does
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After a checkpoint was restored, so current_epoch and global_step are where training resumes.
         self.history = TrainingHistory(
             trainer.global_rank, trainer.world_size, first_epoch=trainer.current_epoch, first_step=trainer.global_step
         )
-        self._start = time.perf_counter()
+        self.started_at = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._losses, self._samples = [], 0
+        self.losses, self.samples = [], 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = training_loss(outputs)
         if loss is not None:
-            self._losses.append(loss.detach())
+            self.losses.append(loss.detach())
         size = batch_size_of(batch)
-        self._samples = None if size is None or self._samples is None else self._samples + size
+        self.samples = None if size is None or self.samples is None else self.samples + size
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.history.end_epoch(self._losses, self._samples)
+        self.history.end_epoch(self.losses, self.samples)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._start is None:  # nothing was left to train: the run's epochs are the checkpoint's
+        if self.started_at is None:  # nothing was left to train: the run's epochs are the checkpoint's
             self.history = TrainingHistory(trainer.global_rank, trainer.world_size, first_epoch=trainer.current_epoch)
         else:
-            self.history.fit_seconds = time.perf_counter() - self._start
+            self.history.fit_seconds = time.perf_counter() - self.started_at
         Path(self.run_dir).mkdir(parents=True, exist_ok=True)
         self.history.save(self.run_dir)
 
@@ -175,7 +175,7 @@ class DivergenceWatch:
         self.loss: Tensor | None = None  # the loss of that step
         self.bad_inputs: Tensor | None = None  # whether that step's batch held NaN or infinite values
 
-    def _note(self, step: int, bad: Tensor) -> None:
+    def note(self, step: int, bad: Tensor) -> None:
         if self.first_step is None:
             self.first_step = torch.full((), -1, dtype=torch.long, device=bad.device)
             self.loss = torch.full((), float("nan"), device=bad.device)
@@ -186,14 +186,13 @@ class DivergenceWatch:
         """After the backward pass (and DDP's averaging) of optimizer step `step` (counted from 1)."""
         gradients = [p.grad for p in parameters if p.grad is not None]
         if gradients:
-            norms = torch._foreach_norm(gradients)
-            self._note(step, ~torch.stack([norm.float() for norm in norms]).isfinite().all())
+            self.note(step, ~torch.nn.utils.get_total_norm(gradients).float().isfinite())
 
     def observe_step(self, step: int, loss: Tensor | None, batch: object) -> None:
         """After optimizer step `step`: its loss (None: the module returned none), and its batch's inputs."""
         if loss is not None:
             loss = loss.detach().float()
-            self._note(step, ~loss.isfinite())
+            self.note(step, ~loss.isfinite())
             this_step = self.first_step == step
             self.loss = torch.where(this_step, loss, self.loss)
             self.bad_inputs = torch.where(this_step, holds_non_finite(batch, loss.device), self.bad_inputs)
@@ -270,13 +269,13 @@ class DivergenceGuard(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         self.watch.observe_step(trainer.global_step, training_loss(outputs), batch)
         if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
-            self._check(trainer)
+            self.check(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._check(trainer)
+        self.check(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._check(trainer)
+        self.check(trainer)
 
-    def _check(self, trainer: L.Trainer) -> None:
+    def check(self, trainer: L.Trainer) -> None:
         self.watch.check(first_learning_rate(trainer.optimizers))

@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.engine.checkpoints import checkpoint_step
@@ -51,6 +50,7 @@ from project.engine.ddp import TIMEOUT_KEY, HydraJobLauncher, HydraJobRanks, col
 from project.engine.errors import RunStopped, UserError, find_user_error, in_sweep_job
 from project.engine.startup import RUN_AGAIN, arm, disarm, stop_on_sigterm
 from project.engine.sweeps import continue_hint
+from project.engine.upstream import is_spawn_launcher
 
 # What a SIGTERM does to ddp_spawn's processes, which cannot agree on a step to stop at with a process that only waits.
 SPAWNED_RANKS_ENDED = "the ddp_spawn processes were ended at once, not after a step"
@@ -151,7 +151,7 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
     saved_variables = {name: os.environ.get(name) for name in JOB_VARIABLES}
     saved_threads = torch.get_num_threads()
     launcher = trainer.strategy.launcher
-    if isinstance(launcher, _MultiProcessingLauncher):  # ddp_spawn: Lightning handles SIGTERM in its processes alone
+    if is_spawn_launcher(launcher):  # ddp_spawn: Lightning handles SIGTERM in its processes alone
         stop_on_sigterm(lambda: f"stopped by SIGTERM: {SPAWNED_RANKS_ENDED}: {resume_hint(trainer)}")
     failed = True
     try:

@@ -49,6 +49,7 @@ from torch.utils.tensorboard.writer import FileWriter
 from project.engine.config import command_line_overrides, overridden_key
 from project.engine.errors import in_sweep_job
 from project.engine.run_log import report
+from project.engine.upstream import open_tqdm_bars
 
 # ---- from results.py
 STAGES = ("train", "val", "test")
@@ -137,10 +138,8 @@ class ClosingTQDMProgressBar(TQDMProgressBar):
     run's error line."""
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        bars = (self._train_progress_bar, self._val_progress_bar, self._test_progress_bar, self._predict_progress_bar)
-        for bar in bars:
-            if bar is not None:
-                bar.close()
+        for bar in open_tqdm_bars(self):
+            bar.close()
 
 
 class ProgressLines(ProgressBar):

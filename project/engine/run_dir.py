@@ -44,7 +44,7 @@ CLAIM_FILE = ".launch_id"
 CLAIMED_HERE: set[Path] = set()
 
 
-def _process_start_time(pid: int) -> float:
+def process_start_time(pid: int) -> float:
     """Seconds since the epoch at which process `pid` started (Linux `/proc`)."""
     ticks_since_boot = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     boot_time = next(
@@ -110,7 +110,7 @@ def launch_id() -> str:
         return f"torchrun {torchrun_run_name()}"
     if "TORCHELASTIC_RUN_ID" in os.environ:
         agent = os.getppid()
-        return f"torchrun {agent} {_process_start_time(agent)}"
+        return f"torchrun {agent} {process_start_time(agent)}"
     return f"process {os.getpid()} {time.time_ns()}"
 
 
@@ -120,7 +120,7 @@ def launch_dir(parent: str = "outputs") -> str:
         return f"{parent}/slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
     if multi_node_torchrun():
         return claimed(f"{parent}/torchrun-{torchrun_run_name()}", launch_id())
-    started = _process_start_time(os.getppid()) if "TORCHELASTIC_RUN_ID" in os.environ else time.time()
+    started = process_start_time(os.getppid()) if "TORCHELASTIC_RUN_ID" in os.environ else time.time()
     return claimed(f"{parent}/{time.strftime(TIME_FORMAT, time.localtime(started))}", launch_id())
 
 
@@ -199,16 +199,16 @@ class RunDirCheck(Callback):
     holds another sweep (`check_same_sweep`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._make(config.hydra.run.dir, "hydra.run.dir")
+        self.make(config.hydra.run.dir, "hydra.run.dir")
         if process_rank() == 0:
             check_run_dir_is_this_runs(Path(config.hydra.run.dir), config.get("ckpt_path"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._make(config.hydra.sweep.dir, "hydra.sweep.dir")
+        self.make(config.hydra.sweep.dir, "hydra.sweep.dir")
         check_same_sweep(config)
 
     @staticmethod
-    def _make(directory: str, key: str) -> None:
+    def make(directory: str, key: str) -> None:
         try:
             Path(directory).mkdir(parents=True, exist_ok=True)
             problem = None if os.access(directory, os.W_OK) else "it exists but cannot be written"

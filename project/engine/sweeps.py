@@ -48,6 +48,7 @@ from project.engine.config import overridden_key
 from project.engine.errors import ERROR_FILE
 from project.engine.reports import format_value
 from project.engine.run_log import report
+from project.engine.upstream import GRID_SWEEPER
 
 # ---- from sweep_summary.py
 # The overrides whose values repeat a configuration rather than make another one.
@@ -170,7 +171,6 @@ INTERRUPTED_FILE = "interrupted.txt"
 # A trial its search's pruner stopped early: its results are those of a short run.
 PRUNED_FILE = "pruned.txt"
 # Hydra's grid sweeper (`hydra/sweeper=basic`, what `-m` runs by default), which ignores what its jobs return.
-GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def in_a_search() -> bool:

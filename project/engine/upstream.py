@@ -67,6 +67,8 @@ def plain_partial(factory: functools.partial) -> tuple:
     return functools.partial(factory.func, *factory.args, **factory.keywords).__reduce__()
 
 
+# Hydra 1.4 refuses to pickle its private `_DeferredTarget` (trainer=ddp_spawn pickles the module): goes when Hydra
+# pickles them, or when no strategy offered pickles the module.
 if HAS_EXECUTION_WHITELIST:
     from hydra._internal.execution_policy import _DeferredTarget
 
@@ -208,3 +210,113 @@ def silence_upstream_noise() -> None:
 # ---- from lightning_sigterm_broadcast.py
 def skip_lightning_sigterm_broadcast(trainer: L.Trainer) -> None:
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
+# ---- Lightning 2.6's private names (hence `lightning<2.7` in pyproject.toml); each goes where its note says.
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar  # noqa: E402
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher  # noqa: E402
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher  # noqa: E402
+
+# Lightning 2.6's own launchers lower the threads per process this way; a launcher replacing one must too (private).
+set_num_threads_if_needed = _set_num_threads_if_needed
+
+
+class ScriptLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher that starts ranks 1..N-1 by re-running `sys.argv` (Lightning-AI/pytorch-lightning#18175:
+    goes when Lightning starts Hydra children as single runs of the current job)."""
+
+    def check_can_spawn_children(self) -> None:
+        self._check_can_spawn_children()
+
+
+class OwnScriptLauncher:
+    """Mixed into a strategy before Lightning's: its `script_launcher()` replaces the script launcher Lightning
+    configures (private `_configure_launcher`; Lightning-AI/pytorch-lightning#18175)."""
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if isinstance(self._launcher, _SubprocessScriptLauncher):
+            self._launcher = self.script_launcher()
+
+
+def strategy_timeout(strategy: Any) -> Any:
+    """A DDP or FSDP strategy's process-group timeout (a `timedelta`, or None): private `_timeout` in Lightning 2.6,
+    which has no public reader; no upstream issue found."""
+    return strategy._timeout
+
+
+def replace_sigterm_notifier(trainer: L.Trainer, notifier: Callable[[int, object], None]) -> None:
+    """Make `notifier` the Trainer's SIGTERM handler, before `fit` registers it: Lightning's broadcasts from inside
+    the handler (private `_signal_connector`, Lightning 2.6; no upstream issue found: goes when a strategy can take
+    over SIGTERM)."""
+    trainer._signal_connector._sigterm_notifier_fn = notifier
+
+
+def flag_sigterm(trainer: L.Trainer) -> None:
+    """Set the flag Lightning 2.6's loops stop on after SIGTERM (private, as in `replace_sigterm_notifier`)."""
+    trainer._signal_connector.received_sigterm = True
+
+
+def is_spawn_launcher(launcher: object) -> bool:
+    """Whether a strategy's launcher is ddp_spawn's, whose processes this one only waits for (private class in
+    Lightning 2.6; no public test for it)."""
+    return isinstance(launcher, _MultiProcessingLauncher)
+
+
+class TopKCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` that calls `monitor_not_logged` where Lightning raises because the monitored metric is not
+    logged (private `_save_topk_checkpoint`, Lightning 2.6; no upstream issue found: re-check at each Lightning bump)."""
+
+    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        if self.monitor is None or self.monitor in monitor_candidates:
+            super()._save_topk_checkpoint(trainer, monitor_candidates)
+        else:
+            self.monitor_not_logged(trainer, monitor_candidates)
+
+
+def open_tqdm_bars(bar: TQDMProgressBar) -> list:
+    """The bars a `TQDMProgressBar` holds open (private in Lightning 2.6, whose bar has no `on_exception` closing
+    them; no upstream issue found)."""
+    held = (bar._train_progress_bar, bar._val_progress_bar, bar._test_progress_bar, bar._predict_progress_bar)
+    return [tqdm for tqdm in held if tqdm is not None]
+
+
+# Where in a run memory ran out, by the private function of Lightning's Trainer (or Hydra's instantiate) that ran.
+STAGE_FUNCTIONS = {
+    "_call_target": "while building the run",
+    "_fit_impl": "while training",
+    "_validate_impl": "while validating",
+    "_test_impl": "while testing",
+    "_predict_impl": "while predicting",
+}
+# Hydra's grid sweeper, the default one: a sweep under any other is a search.
+GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def config_root(node: Any) -> Any:
+    """The whole config an OmegaConf node belongs to (private `_get_root`; OmegaConf has no public one)."""
+    return node._get_root()
+
+
+# What torch DCP's index of shards (`.metadata`) pickles, as torch 2.14 writes it: the classes a checkpoint's index
+# may name (`checkpoints.ShardsIndexUnpickler`); a new torch that writes others is refused until they are added.
+SHARDS_INDEX_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+}

@@ -1,0 +1,81 @@
+"""The private names of Lightning, torch, Hydra and OmegaConf that the engine and the entry points use sit in one
+module, project/engine/upstream.py, each with the upstream issue that would remove it (docs/engine.md lists them)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1] / "project"
+UPSTREAM = PROJECT / "engine" / "upstream.py"
+# Names with a leading underscore that are public: Hydra's config keys, and `os._exit`.
+PUBLIC = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_", "_exit"}
+
+
+def private_names(source: str) -> set[str]:
+    """The single-underscore names a module's code uses (not dunders): identifiers, imported names, and the strings
+    that are one (a frame's or a class's name matched as text), or a dotted path through one."""
+    tree = ast.parse(source)
+    in_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.update(node.name.split("."))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update(node.module.split("."))
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_fstrings:
+            names.update(part for part in node.value.split(".") if part.isidentifier())
+    private = {name for name in names if name.startswith("_") and not name.startswith("__") and len(name) > 1}
+    return private - PUBLIC
+
+
+def checked_files() -> list[Path]:
+    return [path for path in [*PROJECT.glob("*.py"), *PROJECT.glob("engine/*.py")] if path != UPSTREAM]
+
+
+@pytest.mark.parametrize("path", checked_files(), ids=lambda path: str(path.relative_to(PROJECT.parent)))
+def test_private_upstream_names_are_used_only_in_upstream_py(path: Path) -> None:
+    assert private_names(path.read_text()) == set(), (
+        f"{path.name} uses private names: move each into project/engine/upstream.py with its upstream issue"
+    )
+
+
+def test_the_check_finds_a_private_name_in_each_form_it_takes() -> None:
+    source = (
+        "from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher\n"
+        "import torch\n"
+        "norms = torch._foreach_norm(grads)\n"
+        "STAGES = {'_fit_impl': 'while training'}\n"
+        "SWEEPER = 'hydra._internal.core_plugins.basic_sweeper.BasicSweeper'\n"
+        "class Bar:\n"
+        "    def _save_topk_checkpoint(self): ...\n"
+        "hook = f'{stage}_dataloader'\n"
+        "config = {'_target_': 'x.Y'}\n"
+        "os._exit(1)\n"
+    )
+    expected = {"_SubprocessScriptLauncher", "_foreach_norm", "_fit_impl", "_internal", "_save_topk_checkpoint"}
+    assert private_names(source) == expected
+
+
+def test_upstream_py_names_an_issue_or_a_version_for_each_private_name_it_holds() -> None:
+    """Each top-level definition of upstream.py that touches a private name says in its docstring or the comment
+    above it which upstream issue or version removes it."""
+    source = UPSTREAM.read_text()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or not private_names(ast.get_source_segment(source, node)):
+            continue
+        above = "\n".join(lines[max(0, node.lineno - 4) : node.lineno - 1])
+        said = (ast.get_docstring(node) if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else None) or ""
+        assert any(mark in said + above for mark in ("#", "Lightning 2", "Hydra 1", "torch 2", "OmegaConf 2")), (
+            f"upstream.py line {node.lineno}: say which upstream issue or version removes it"
+        )
