@@ -295,7 +295,7 @@ GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def config_root(node: Any) -> Any:
-    """The whole config an OmegaConf node belongs to (private `_get_root`; OmegaConf has no public one)."""
+    """The whole config an OmegaConf node belongs to (private `_get_root`: OmegaConf 2.3 and 2.4 have no public one)."""
     return node._get_root()
 
 
