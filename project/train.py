@@ -20,7 +20,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.build import build, why_no_test
-from project.engine.config import check_config, give_hints
 from project.engine.errors import exit_on_user_error, in_sweep_job, run_hydra_app
 from project.engine.history import summarise_history
 from project.engine.job import isolated_job, stop_if_signalled
@@ -39,7 +38,9 @@ def train(cfg: DictConfig) -> dict:
     `results_from` picks the weights the validation and test numbers (and so the value a sweep optimises) come
     from: `last`, the final epoch's, or `best`, the checkpoint with the best `optimized_metric`.
     """
-    setup = build(cfg, Path(get_original_cwd()) / "outputs")
+    setup = build(cfg, Path(get_original_cwd()) / "outputs")  # checks the config first, and fills in its hints
+    if rank_zero_only.rank == 0:
+        report(f"Config\n{OmegaConf.to_yaml(cfg, resolve=True)}")
     trainer, module, datamodule = setup.trainer, setup.module, setup.datamodule
     with isolated_job(trainer):
         trainer.fit(module, datamodule=datamodule, ckpt_path=setup.ckpt_path)
@@ -72,15 +73,11 @@ def metrics_of(trainer: L.Trainer) -> dict[str, float]:
 @exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
     capture_logs()
-    check_config(cfg)  # before the config is printed, so a bad value is the last thing on screen
-    give_hints(cfg)  # and the printed network is the one built
     finished = finished_results(cfg.run_dir) if in_sweep_job() else None
     if finished is not None:
         job = HydraConfig.get().job.num
         report(f"job {job} finished in an earlier run of this sweep: not run again ({cfg.run_dir})")
         return sweep_value(finished.get(cfg.optimized_metric))
-    if rank_zero_only.rank == 0:
-        report(f"Config\n{OmegaConf.to_yaml(cfg, resolve=True)}")
     results = train(cfg)
     if rank_zero_only.rank == 0:
         save_results(results, cfg.run_dir)

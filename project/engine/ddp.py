@@ -421,7 +421,8 @@ class HydraJobRanks(OwnScriptLauncher):
                 ) from None
             reason = " ".join(str(error).split()[:40])
             raise UserError(
-                f"the {self.world_size} processes of this run did not all meet at {address} within {strategy_timeout(self)} "
+                f"the {self.world_size} processes of this run did not all meet at {address} within "
+                f"{strategy_timeout(self)} "
                 f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
                 f"allow more time with {TIMEOUT_KEY}"
             ) from None

@@ -34,7 +34,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import NoReturn, ParamSpec, TypeVar
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -336,6 +336,13 @@ def record_failed_job(line: str) -> None:
         Path(HydraConfig.get().runtime.output_dir, ERROR_FILE).write_text(line + "\n")
 
 
+def refuse(line: str, status: int = 2) -> NoReturn:
+    """End the process in one `error:` line, where no `exit_on_user_error` is around to turn a `UserError` into one
+    (Hydra's resolvers and callbacks, a sweeper, reading the config files)."""
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
 def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
     """Run `function`; report a failure as the module docstring says."""
 
@@ -384,15 +391,13 @@ def run_hydra_app(main: Callable[[], object]) -> None:
         mark = error.problem_mark
         where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
         problem = ": ".join(part for part in (error.context, error.problem) if part)
-        print(f"error: {where} is not valid YAML ({problem}): correct the file", file=sys.stderr, flush=True)
-        sys.exit(2)
+        refuse(f"{where} is not valid YAML ({problem}): correct the file")
     except CompactHydraException as error:
         if asked_for_tracebacks:
             raise
         typo = typo_message(error) if isinstance(error, ConfigCompositionException) else None
         if typo is not None:
-            print(f"error: {typo}", file=sys.stderr, flush=True)
-            sys.exit(2)
+            refuse(typo)
         print(error, file=sys.stderr)
         if isinstance(error.__cause__, OmegaConfBaseException):
             print(error.__cause__, file=sys.stderr)

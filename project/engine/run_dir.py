@@ -25,7 +25,6 @@ Every process of a launch writes into that one directory, so only rank 0 saves H
 import os
 import re
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from project.engine.errors import refuse
 from project.engine.run_log import process_rank
 from project.engine.sweeps import check_same_sweep
 from project.engine.upstream import register_resolver
@@ -72,13 +72,10 @@ def torchrun_run_name() -> str:
     """
     run_id = os.environ["TORCHELASTIC_RUN_ID"]
     if run_id == "none":
-        print(
-            "error: a multi-node torchrun launch needs --rdzv-id=<a name for this run> (the same on every node): "
-            "its run directory, outputs/torchrun-<name>, is named after it",
-            file=sys.stderr,
-            flush=True,
+        refuse(
+            "a multi-node torchrun launch needs --rdzv-id=<a name for this run> (the same on every node): "
+            "its run directory, outputs/torchrun-<name>, is named after it"
         )
-        sys.exit(2)
     return re.sub(r"[^\w.-]", "_", run_id)
 
 
@@ -165,13 +162,10 @@ def check_run_dir_is_this_runs(directory: Path, ckpt_path: str | None) -> None:
         return
     found = holds_a_run(directory)
     if found and not carries_on(directory, ckpt_path):
-        print(
-            f"error: hydra.run.dir={directory} already holds another run ({', '.join(found)}), which this run would "
-            "write over: give a new directory, or carry that run on with ckpt_path=last",
-            file=sys.stderr,
-            flush=True,
+        refuse(
+            f"hydra.run.dir={directory} already holds another run ({', '.join(found)}), which this run would "
+            "write over: give a new directory, or carry that run on with ckpt_path=last"
         )
-        sys.exit(2)
     claim_file.write_text(this_launch)
 
 
@@ -215,13 +209,10 @@ class RunDirCheck(Callback):
         except OSError as error:
             problem = error.strerror
         if problem is not None:  # an existing one Hydra's log file would fail in, with logging's traceback
-            print(
-                f"error: the run's directory {directory} cannot be made or written in ({problem}): give {key} a "
-                "directory you can write, or run from one",
-                file=sys.stderr,
-                flush=True,
+            refuse(
+                f"the run's directory {directory} cannot be made or written in ({problem}): give {key} a "
+                "directory you can write, or run from one"
             )
-            sys.exit(2)
 
 
 def shown(directory: Path) -> str:

@@ -45,7 +45,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.config import overridden_key
-from project.engine.errors import ERROR_FILE
+from project.engine.errors import ERROR_FILE, refuse
 from project.engine.reports import format_value
 from project.engine.run_log import report
 from project.engine.upstream import GRID_SWEEPER
@@ -287,13 +287,6 @@ def check_same_sweep(config: DictConfig) -> None:
             "hydra.sweep.dir, or carry that sweep on with its own command"
         )
     report(f"carrying on the sweep in {sweep_dir}: its finished jobs are not run again, a stopped one resumes")
-
-
-def refuse(line: str) -> None:
-    """End the sweep in one line before any job (in a Hydra callback or sweeper, where an exception would be Hydra's
-    traceback)."""
-    print(f"error: {line}", file=sys.stderr, flush=True)
-    sys.exit(2)
 
 
 def finished_results(run_dir: str | Path) -> dict | None:

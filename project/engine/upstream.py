@@ -266,7 +266,7 @@ def is_spawn_launcher(launcher: object) -> bool:
 
 class TopKCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` that calls `monitor_not_logged` where Lightning raises because the monitored metric is not
-    logged (private `_save_topk_checkpoint`, Lightning 2.6; no upstream issue found: re-check at each Lightning bump)."""
+    logged (private `_save_topk_checkpoint`, Lightning 2.6; no upstream issue found: check at each Lightning bump)."""
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
         if self.monitor is None or self.monitor in monitor_candidates:

@@ -40,10 +40,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from project.engine.errors import UserError
+from project.engine.errors import ERROR_FILE, UserError, refuse
 from project.engine.reports import format_results_table, format_value
 from project.engine.run_log import report
-from project.engine.sweeps import ERROR_FILE, continue_hint, finished_results, refuse
+from project.engine.sweeps import continue_hint, finished_results
 from project.optional.parallel.slots import Slot, plan_slots, visible_gpus
 from project.optional.parallel.worker import CORES, LAUNCHER, RETURN_FD
 
