@@ -1,27 +1,5 @@
-"""[history] What one process saw during training, written as `history.rank<N>.json` in the run dir: per-step losses, samples
-per epoch, time.
-
-`HistoryCallback` records it for any module; a hand-written loop can fill a `TrainingHistory` itself. The results
-table takes the run's size and speed from rank 0's file, and tests read every rank's back, to compare runs step by
-step and to check that each rank of a distributed run saw its share of the data.
-
-
-[divergence] A run whose training diverges (a loss or gradient that is NaN or infinite) stops, instead of training on to
-weights of NaN and results that look like a success.
-
-`DivergenceWatch` notes, on the training device and without waiting for it, the first optimizer step whose
-gradients or loss are not finite, and whether that step's batch held non-finite inputs. It is read (`check`) only
-where the host waits for the device anyway: every `log_every_n_steps` steps (Lightning writes its logged values
-then), at each epoch's end, and before any checkpoint is written, so no checkpoint of diverged weights replaces the
-last finite one. Gradients are read after DDP has averaged them, and under DDP the ranks agree at each check (one
-small all-gather there, none per step), so all stop together at the same step. The run then ends in one line (exit
-status 2) naming the step, its loss, and what to change.
-
-Both paths use it: the Lightning path through `DivergenceGuard` (added by `project.engine.build.build`), the reference
-loop directly; `stop_when_diverged=false` (conf/train.yaml) turns it off. Under float16 autocast with a gradient
-scaler, infinite gradients are the scaler's business (it skips the step and lowers the scale): only the loss counts.
-
-"""
+"""What each process saw in training (`history.rank<N>.json`: per-step losses, samples per epoch, time), and the stop
+of a run whose loss or gradients turn NaN or infinite: one line, before any checkpoint of such weights is written."""
 
 import dataclasses
 import json
@@ -38,7 +16,6 @@ from torch import Tensor
 from project.engine.errors import UserError
 
 
-# ---- from history.py
 @dataclass
 class TrainingHistory:
     """Per-step losses and per-epoch sample counts of one process (`rank` of `world_size`)."""
@@ -60,10 +37,8 @@ class TrainingHistory:
         self.epoch_samples.append(samples)
 
     def run_summary(self, run_dir: str | Path) -> dict:
-        """The size, speed and place of the run, as both paths' results.json state them (samples of all ranks).
-
-        `samples_per_second` is None where some batch's size could not be read (`batch_size_of`).
-        """
+        """The run's size, speed (samples of all ranks; None where a batch's size could not be read) and place, as
+        both paths' results.json state them."""
         speed = None
         if None not in self.epoch_samples:
             samples = sum(self.epoch_samples) * self.world_size
@@ -93,6 +68,28 @@ def training_loss(outputs: object) -> Tensor | None:
     if isinstance(outputs, dict) and isinstance(outputs.get("loss"), Tensor):
         return outputs["loss"]
     return None
+
+
+def batch_size_of(batch: object) -> int | None:
+    """The samples in a batch of any structure (tensors in tuples, lists, dicts, dataclasses): the first dimension
+    every tensor in it shares, or None where there is none or they disagree."""
+    sizes = set(first_dimensions(batch))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def first_dimensions(batch: object) -> Iterator[int]:
+    if isinstance(batch, Tensor):
+        if batch.ndim > 0:
+            yield batch.shape[0]
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from first_dimensions(value)
+    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        for value in batch:
+            yield from first_dimensions(value)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for item in dataclasses.fields(batch):
+            yield from first_dimensions(getattr(batch, item.name))
 
 
 class HistoryCallback(L.Callback):
@@ -134,31 +131,9 @@ class HistoryCallback(L.Callback):
         self.history.save(self.run_dir)
 
 
-def batch_size_of(batch: object) -> int | None:
-    """The number of samples in a batch of any structure (a tensor, a tuple or list, a dict, a dataclass of them): the
-    first dimension shared by every tensor in it, or None where there is none or they disagree."""
-    sizes = set(first_dimensions(batch))
-    return sizes.pop() if len(sizes) == 1 else None
-
-
-def first_dimensions(batch: object) -> Iterator[int]:
-    if isinstance(batch, Tensor):
-        if batch.ndim > 0:
-            yield batch.shape[0]
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from first_dimensions(value)
-    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
-        for value in batch:
-            yield from first_dimensions(value)
-    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        for item in dataclasses.fields(batch):
-            yield from first_dimensions(getattr(batch, item.name))
-
-
 def summarise_history(run_dir: str, world_size: int, epochs: int) -> dict:
-    """Epochs, time and speed from rank 0's history file (written by every strategy, spawned workers included); where
-    there is none (callbacks=none records no history), `epochs` (the trainer's count), and no time or speed."""
+    """Epochs, time and speed from rank 0's history file (every strategy writes one); without it (callbacks=none),
+    the trainer's `epochs` and no time or speed."""
     history_file = Path(run_dir) / "history.rank0.json"
     if not history_file.is_file():
         summary = TrainingHistory(world_size=world_size, fit_seconds=float("nan")).run_summary(run_dir)
@@ -166,9 +141,23 @@ def summarise_history(run_dir: str, world_size: int, epochs: int) -> dict:
     return TrainingHistory.load(history_file).run_summary(run_dir)
 
 
-# ---- from divergence.py
+class Diverged(UserError):
+    """Training produced a NaN or infinite loss or gradient."""
+
+
+def holds_non_finite(batch: object, device: torch.device) -> Tensor:
+    """Whether any floating-point tensor of `batch` (a tensor, or a tuple, list or dict of them) holds NaN or inf,
+    as a tensor on `device`."""
+    if isinstance(batch, Tensor) and batch.is_floating_point():
+        return (~batch.isfinite().all()).to(device)
+    parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    flags = [holds_non_finite(part, device) for part in parts]
+    return torch.stack(flags).any() if flags else torch.zeros((), dtype=torch.bool, device=device)
+
+
 class DivergenceWatch:
-    """The first non-finite step, kept on the device as tensors (−1 while every step was finite)."""
+    """The first non-finite step, its loss and whether its batch held non-finite inputs, kept on the device as
+    tensors (−1 while every step was finite) so that no step waits for it; `check` reads it."""
 
     def __init__(self) -> None:
         self.first_step: Tensor | None = None
@@ -198,11 +187,8 @@ class DivergenceWatch:
             self.bad_inputs = torch.where(this_step, holds_non_finite(batch, loss.device), self.bad_inputs)
 
     def check(self, learning_rate: float | None) -> None:
-        """Raise `Diverged` if some step so far was not finite (waits for the device: call it where it waits anyway).
-
-        Under DDP every rank must call it at the same point: the ranks then agree on the first such step of any
-        rank, its loss averaged over them, and all raise the same error together.
-        """
+        """Raise `Diverged` if some step so far was not finite; it waits for the device, so call it where the host
+        waits anyway. Under DDP every rank calls it at the same point, and all raise the same error together."""
         noted = self.first_step is not None and int(self.first_step) >= 0
         step, loss, bad_inputs = (
             (int(self.first_step), float(self.loss), bool(self.bad_inputs)) if noted else (-1, 0, 0)
@@ -238,31 +224,19 @@ def agreed(step: int, loss: float, bad_inputs: bool) -> tuple[int, float, bool]:
     return first, sum(entry[1] for entry in there) / len(there), any(entry[2] for entry in there)
 
 
-class Diverged(UserError):
-    """Training produced a NaN or infinite loss or gradient."""
-
-
-def holds_non_finite(batch: object, device: torch.device) -> Tensor:
-    """Whether any floating-point tensor of `batch` (a tensor, or a tuple, list or dict of them) holds NaN or inf,
-    as a tensor on `device`."""
-    if isinstance(batch, Tensor) and batch.is_floating_point():
-        return (~batch.isfinite().all()).to(device)
-    parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    flags = [holds_non_finite(part, device) for part in parts]
-    return torch.stack(flags).any() if flags else torch.zeros((), dtype=torch.bool, device=device)
-
-
 def first_learning_rate(optimizers: list[torch.optim.Optimizer]) -> float | None:
     return optimizers[0].param_groups[0]["lr"] if optimizers and optimizers[0].param_groups else None
 
 
 class DivergenceGuard(L.Callback):
-    """`DivergenceWatch` on Lightning's training loop, for any module (see the module docstring)."""
+    """`DivergenceWatch` on Lightning's training loop, checked every `log_every_n_steps` steps (when Lightning waits
+    to log anyway), at each epoch's end and before each checkpoint is written."""
 
     def __init__(self) -> None:
         self.watch = DivergenceWatch()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        # A float16 gradient scaler skips a step of infinite gradients itself: there, only the loss counts.
         if getattr(trainer.precision_plugin, "scaler", None) is None:
             self.watch.observe_gradients(trainer.global_step + 1, pl_module.parameters())
 

@@ -1,40 +1,11 @@
-"""[results] The results table every run ends with, and `results.json`, its machine-readable twin in the run dir.
-
-The table shows what the module logged, whatever it is named: `<stage>/<name>` metrics (the classifier's
-`train/loss`, `val/acc`, ...) as a row per name and a column per stage, "-" where a stage has none; any other
-metric on a line of its own.
-
-
-[progress] The progress a run shows: a bar redrawn in place in a terminal, plain lines in a file or a pipe.
-
-A Slurm `.out` file, a CI log or a pipe keeps every redraw of a progress bar (the carriage returns a terminal
-overwrites), and a line printed while a bar is drawn (a failed run's `error:` line) lands in the middle of it, the bar
-redrawn after it when it is closed at exit. So where standard output is not a terminal, progress is plain lines
-(`ProgressLines`: a few per epoch, each with the epoch, the step and the loss); in a terminal it is Lightning's bar,
-closed as soon as the run fails (`ClosingTQDMProgressBar`), before its error line is printed, so that the line starts
-on a line of its own and is the last thing on the screen.
-
-
-[hparams] TensorBoard's HParams table: the keys a run chose first and shown, beside its final metrics, the optimised one first.
-
-TensorBoard takes the table's columns from the experiment summary of the first run it reads that has one, sorts
-them by `differs` (true first), then by name, and its HParams dashboard ticks the first five (the rest wait, unticked,
-in its side panel); it shows the first five metrics of the summary. Lightning's `log_hyperparams` writes every key
-with `differs` false, so a sweep's table opened on `ckpt_path`, `data/_target_`, ... and hid the swept key. Here the
-summary marks as differing the keys the run chose (`chosen_keys`): a search's parameters (`hydra.sweeper.params`,
-Optuna's search space) or else the command line's overrides (a plain run's, or a `-m` sweep's, whose jobs each get
-their swept values as overrides). Every job of one sweep makes the same marks, so it does not matter which one
-TensorBoard reads. Keys that differ anyway, such as `trainer/default_root_dir`, are not marked: marking from the
-values would put them first.
-
-"""
+"""What a run shows and leaves: the results table and `results.json`, its progress (a bar in a terminal, plain lines
+elsewhere), and every logger's table of runs (TensorBoard's HParams opening on the keys the run chose)."""
 
 import json
 import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
@@ -51,7 +22,6 @@ from project.engine.errors import in_sweep_job
 from project.engine.run_log import report
 from project.engine.upstream import open_tqdm_bars
 
-# ---- from results.py
 STAGES = ("train", "val", "test")
 RUN_KEYS = ("epochs", "world_size", "fit_seconds", "samples_per_second", "run_dir", "weights")
 
@@ -69,8 +39,8 @@ def format_value(value: object) -> str:
 
 
 def metric_line(name: str, value: object, width: int) -> str:
-    """A metric on a line of its own, as the table shows one (and `project.evaluate` each of its metrics): the name in
-    `width` characters, then the value in a column of 10."""
+    """A metric on a line of its own (the table's, `project.evaluate`'s): its name in `width` characters, its value in
+    a column of 10."""
     return f"{name:<{width}}{format_value(value):>10}"
 
 
@@ -120,22 +90,21 @@ def save_results(results: dict, run_dir: str | Path) -> Path:
     return path
 
 
-# ---- from progress.py
 # Plain lines where an epoch's length is unknown (an iterable data set): one every this many steps.
 STEPS_PER_LINE_OF_UNKNOWN_EPOCH = 100
 
 
 def progress_bar(refresh_rate: int, lines_per_epoch: int, lines: bool | None = None) -> ProgressBar:
-    """Plain lines (`lines` true), Lightning's bar redrawn every `refresh_rate` steps (false), or whichever suits
-    standard output (None: the bar where it is a terminal)."""
+    """Plain lines (`lines` true), Lightning's bar redrawn every `refresh_rate` steps (false), or (None) the bar where
+    standard output is a terminal: a log file or a pipe would keep every redraw."""
     if lines is None:
         lines = not sys.stdout.isatty()
     return ProgressLines(lines_per_epoch) if lines else ClosingTQDMProgressBar(refresh_rate=refresh_rate)
 
 
 class ClosingTQDMProgressBar(TQDMProgressBar):
-    """Lightning's bar, closed when the run fails: left open, it would be closed (and redrawn) at exit, after the
-    run's error line."""
+    """Lightning's bar, closed as soon as the run fails, so that its error line starts a line of its own and stays
+    last: left open, the bar would be redrawn at exit, after it."""
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         for bar in open_tqdm_bars(self):
@@ -143,10 +112,8 @@ class ClosingTQDMProgressBar(TQDMProgressBar):
 
 
 class ProgressLines(ProgressBar):
-    """`lines_per_epoch` lines per training epoch (`epoch 0 step 20/200 ...` and the progress bar's metrics: the
-    loss, and what the module logs with `prog_bar=True`), one after each validation, printed and written to the run's
-    log file; as many over a test or a prediction (`test step 5/50 ...`, `predict step 5/50`: project.evaluate,
-    project.predict)."""
+    """`lines_per_epoch` lines per epoch of training, test or prediction (`epoch 0 step 20/200: loss ...`, with what
+    the module logs with `prog_bar=True`) and one after each validation, printed and written to the run's log."""
 
     def __init__(self, lines_per_epoch: int = 10) -> None:
         super().__init__()
@@ -167,31 +134,13 @@ class ProgressLines(ProgressBar):
     def is_disabled(self) -> bool:
         return not self.enabled
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.step_line(f"epoch {trainer.current_epoch}", batch_idx + 1, self.total_train_batches, trainer, pl_module)
 
-    def on_test_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0) -> None:
         self.step_line("test", batch_idx + 1, trainer.num_test_batches[dataloader_idx], trainer, pl_module)
 
-    def on_predict_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0) -> None:
         self.step_line("predict", batch_idx + 1, trainer.num_predict_batches[dataloader_idx], trainer, pl_module)
 
     def step_line(self, stage: str, step: int, total: float, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -216,12 +165,10 @@ class ProgressLines(ProgressBar):
         report(f"{where}: {shown}" if shown else where)
 
 
-# ---- from hparams.py
 @rank_zero_only
 def log_to_tensorboard(logger: TensorBoardLogger, config: dict, metrics: dict[str, float], first_metric: str) -> None:
-    """Write the HParams summaries of a run with `config` and final `metrics` (shown `first_metric` first) into
-    `logger`'s directory, the keys the run chose marked as differing; the metrics as scalars too, as Lightning's
-    `log_hyperparams` writes them."""
+    """Write the HParams summaries of a run (`config`, final `metrics` with `first_metric` first) into `logger`'s
+    directory, marking as differing the keys the run chose, which TensorBoard's table then shows first."""
     params = flat(config)
     chosen = names_under(chosen_keys(), params)
     ordered = dict(sorted(metrics.items(), key=lambda item: item[0] != first_metric))
@@ -229,6 +176,7 @@ def log_to_tensorboard(logger: TensorBoardLogger, config: dict, metrics: dict[st
     experiment, session_start, session_end = hparams(params, ordered)
     value = experiment.value[0]
     data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    # Lightning marks no key as differing: the table opened on `ckpt_path`, `data/_target_`, ..., the swept key hidden.
     for info in data.experiment.hparam_infos:
         info.differs = info.name in chosen
     value.metadata.plugin_data.content = data.SerializeToString()
@@ -239,9 +187,8 @@ def log_to_tensorboard(logger: TensorBoardLogger, config: dict, metrics: dict[st
 
 
 def flat(config: dict | list, prefix: str = "") -> dict[str, bool | int | float | str]:
-    """`{"model": {"optimizer": {"lr": 0.1}}}` as `{"model/optimizer/lr": 0.1}`, the names the table shows, as
-    Lightning names them (a list of configs by index: `trainer/plugins/0/_target_`); a value the table cannot show
-    (None, a list of numbers) as its text."""
+    """`{"model": {"optimizer": {"lr": 0.1}}}` as `{"model/optimizer/lr": 0.1}`, as Lightning names them (a list of
+    configs by index: `trainer/plugins/0/_target_`); a value the table cannot show (None, a list) as its text."""
     items = config.items() if isinstance(config, dict) else enumerate(config)
     names: dict[str, bool | int | float | str] = {}
     for key, value in items:
@@ -255,9 +202,8 @@ def flat(config: dict | list, prefix: str = "") -> dict[str, bool | int | float 
 
 
 def chosen_keys() -> list[str]:
-    """The config keys this run chose: in a sweep whose sweeper has parameters, those (an Optuna trial's overrides
-    also repeat the search's fixed command line, e.g. `data.root=...`), else its command line's overrides
-    (`model.optimizer.lr=0.1` → `model.optimizer.lr`); none outside Hydra."""
+    """The config keys this run chose: its sweeper's parameters where it has some (a trial's overrides also repeat
+    the search's fixed ones), else its command line's overrides (`model.optimizer.lr=0.1` → `model.optimizer.lr`)."""
     search = HydraConfig.get().sweeper.get("params") if in_sweep_job() else None
     if search:
         return list(search)
@@ -265,19 +211,16 @@ def chosen_keys() -> list[str]:
 
 
 def names_under(keys: Iterable[str], names: Iterable[str]) -> set[str]:
-    """The `names` that `keys` set: `model.optimizer.lr` sets `model/optimizer/lr`, a config group (`model`, from
-    `model=cnn`) every name under `model/`; a choice with no key of its own (`experiment`) none."""
+    """The `names` that `keys` set: `model.optimizer.lr` sets `model/optimizer/lr`, a config group (`model=cnn`)
+    every name under `model/`, a choice with no key of its own (`experiment`) none."""
     prefixes = [key.replace(".", "/") for key in keys]
     return {name for name in names if any(name == prefix or name.startswith(f"{prefix}/") for prefix in prefixes)}
 
 
 def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:
-    """Every logger's table of runs (TensorBoard's HParams view, a tracker's runs table): the run's config beside its
-    final metrics, so runs and sweeps compare in one table, which in TensorBoard opens on the keys the run chose, the
-    optimised metric first.
-
-    The metrics get an `hp/` prefix: under their own names they would add a point to the per-epoch curves.
-    """
+    """Every logger's table of runs (TensorBoard's HParams, a tracker's runs table): the run's config beside its final
+    metrics, so runs and sweeps compare in one table. The metrics get an `hp/` prefix: under their own names they
+    would add a point to the per-epoch curves."""
     params = OmegaConf.to_container(cfg, resolve=True)
     for key in ("run_dir", "callbacks", "logger"):
         params.pop(key, None)

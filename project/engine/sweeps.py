@@ -1,34 +1,5 @@
-"""[sweep_summary] The summary a sweep ends with where it repeats a configuration: over seeds (`seed=1,2,3`), over the folds of a
-k-fold cross-validation (`data.fold=range(5)`), or over the trials of a search that met the same point twice.
-
-A job's configuration is its overrides less `seed=` and `data.fold=`. For each configuration, the `optimized_metric`
-and each numeric `test/...` metric of its jobs' `results.json` are summarised: mean ± sample standard deviation (n-1;
-none for one job), min, max and n. A job that failed, was interrupted or was pruned is left out, and counted as left
-out. The summary is printed below the sweep's table (`project.engine.sweeps.SweepSummaryCallback`) and written to
-`<sweep dir>/summary.json`; a sweep that varies neither `seed` nor `data.fold` and repeats no configuration (a plain
-grid) has none. Like the table, it reads only what the jobs left in their dirs, so it is the same whichever launcher
-ran them, and whatever module they trained (a metric no job logged is `-`).
-
-
-[sweeps] A `-m` sweep (a grid, an Optuna search) as a whole: the table at its end, and carrying on one that stopped.
-
-The table, printed at the end of every sweep (`SweepSummaryCallback`): one line per job, its overrides, its metric,
-its dir; below it, where the sweep repeats configurations (seeds, folds), their summary
-(`project.engine.sweeps`). It reads what each job left in its directory (`results.json`, `error.txt`,
-`.hydra/overrides.yaml`) rather than what the jobs returned, so it works the same whichever launcher ran them (in this
-process, or as Slurm jobs via submitit). A job that failed shows its error line instead of a metric, and the sweep
-then ends with exit status 1, after every other job has run.
-
-A sweep that stopped part-way (SIGTERM, Ctrl-C, a node lost) is carried on by the same command with its
-`hydra.sweep.dir`, which its stop names (`continue_hint`):
-- a job that finished there (its results.json) is not run again: its results stand as they were;
-- the job that stopped resumes from its own checkpoints/last.ckpt (`project.engine.checkpoints.resume_path`);
-- the jobs it had not reached run afresh.
-Job N of the same sweep is the same job (the same overrides in the same order), so a sweep dir whose sweep had other
-overrides is refused before any job runs (`check_same_sweep`). A search whose sweeper numbers its trials on by
-itself never meets its finished jobs again.
-
-"""
+"""A `-m` sweep as a whole: the table of its jobs at its end, the summary over its seeds, folds or repeated
+configurations, and carrying on a sweep that stopped, by the same command in the same sweep dir."""
 
 import json
 import math
@@ -50,119 +21,9 @@ from project.engine.reports import format_value
 from project.engine.run_log import report
 from project.engine.upstream import GRID_SWEEPER
 
-# ---- from sweep_summary.py
 # The overrides whose values repeat a configuration rather than make another one.
 REPEATS = ("seed", "data.fold")
 SUMMARY_FILE = "summary.json"
-
-
-def configuration(overrides: Sequence[str]) -> tuple[str, ...]:
-    """The overrides that make a job's configuration: all but the repeats'."""
-    return tuple(override for override in overrides if overridden_key(override) not in REPEATS)
-
-
-def described(values: list[float]) -> dict:
-    """Mean, sample standard deviation (None for fewer than two values), min, max and n of `values`."""
-    if not values:
-        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
-    std = statistics.stdev(values) if len(values) > 1 else None
-    return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values), "n": len(values)}
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def is_tested(name: str, value: object) -> bool:
-    """A test metric: a number logged as `test/...`."""
-    return name.startswith("test/") and is_number(value)
-
-
-def varied_repeats(rows: Sequence["JobRow"]) -> list[str]:
-    """The repeats (`seed`, `data.fold`) that take more than one value over the sweep's jobs."""
-    seen: dict[str, set[str]] = {key: set() for key in REPEATS}
-    for row in rows:
-        for override in row.saved_overrides or ():
-            if overridden_key(override) in seen:
-                seen[overridden_key(override)].add(override)
-    return [key for key, values in seen.items() if len(values) > 1]
-
-
-def counted_out(row: "JobRow") -> bool:
-    """A job whose numbers do not count: it failed, was interrupted, or its search's pruner stopped it early."""
-    return bool(row.error) or row.interrupted or row.pruned or row.results is None
-
-
-def summarise(rows: Sequence["JobRow"], metric: str) -> list[dict] | None:
-    """One entry per configuration, in the order of its first job: its overrides, n (the jobs that count), how many
-    were left out, which jobs count, and `metric` and each test metric described; None where the sweep repeats
-    nothing."""
-    groups: dict[tuple[str, ...], list[JobRow]] = {}
-    for row in rows:
-        if row.saved_overrides is not None:  # an interrupted job may have been killed before it saved them
-            groups.setdefault(configuration(row.saved_overrides), []).append(row)
-    if not varied_repeats(rows) and all(len(members) == 1 for members in groups.values()):
-        return None
-    summary = []
-    for overrides, members in groups.items():
-        counted = [row for row in members if not counted_out(row)]
-        tests = [name for row in counted for name, value in row.results.items() if is_tested(name, value)]
-        metrics = {
-            name: described([row.results[name] for row in counted if is_number(row.results.get(name))])
-            for name in dict.fromkeys([metric, *tests])
-        }
-        summary.append(
-            {
-                "overrides": list(overrides),
-                "n": len(counted),
-                "left_out": len(members) - len(counted),
-                "jobs": [row.job for row in counted],
-                "metrics": metrics,
-            }
-        )
-    return summary
-
-
-def summary_title(rows: Sequence["JobRow"]) -> str:
-    """What the summary is over: the repeats that vary, or the configurations that the sweep met more than once."""
-    over = " and ".join(varied_repeats(rows)) or "repeated configurations"
-    return f"Over {over}: per configuration, mean ± std (min–max) of the jobs that finished"
-
-
-def cell(stats: dict, n: int) -> str:
-    """`mean ± std (min–max)`; the mean alone for one value, `-` for none, and the metric's n where it is not the
-    configuration's (a job that did not log it)."""
-    if stats["n"] == 0:
-        return "-"
-    text = f"{stats['mean']:.4f}"
-    if stats["n"] > 1:
-        text += f" ± {stats['std']:.4f} ({stats['min']:.4f}–{stats['max']:.4f})"
-    return text if stats["n"] == n else f"{text} [n={stats['n']}]"
-
-
-def format_summary(summary: list[dict], title: str) -> str:
-    """A line per configuration: its overrides, n, then a column per metric."""
-    names = list(dict.fromkeys(name for entry in summary for name in entry["metrics"]))
-    rows = [["overrides", "n", *names]]
-    for entry in summary:
-        cells = [cell(entry["metrics"][name], entry["n"]) if name in entry["metrics"] else "-" for name in names]
-        rows.append([" ".join(entry["overrides"]) or "(none)", str(entry["n"]), *cells])
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = ["  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip() for row in rows]
-    for line_index, entry in enumerate(summary, start=1):
-        if entry["left_out"]:
-            lines[line_index] += f"  ({entry['left_out']} left out)"
-    rule = "-" * max(len(line) for line in [title, *lines])
-    return "\n".join([rule, title, rule, *lines, rule])
-
-
-def save_summary(summary: list[dict], sweep_dir: Path) -> Path:
-    path = sweep_dir / SUMMARY_FILE
-    path.write_text(json.dumps(summary, indent=1))
-    return path
-
-
-# ---- from sweeps.py
 SWEEP_FAILED_STATUS = 1
 # What Hydra's sweepers write into the sweep dir as the sweep starts: its config, the command's overrides included.
 SWEEP_CONFIG = "multirun.yaml"
@@ -170,14 +31,11 @@ SWEEP_CONFIG = "multirun.yaml"
 INTERRUPTED_FILE = "interrupted.txt"
 # A trial its search's pruner stopped early: its results are those of a short run.
 PRUNED_FILE = "pruned.txt"
-# Hydra's grid sweeper (`hydra/sweeper=basic`, what `-m` runs by default), which ignores what its jobs return.
 
 
 def in_a_search() -> bool:
-    """Whether this run is a job of a search: a sweeper that optimises the `optimized_metric` its jobs return (an
-    Optuna search; any sweeper but Hydra's grid). Read from the composed config, so a DDP rank that rank 0 started for
-    a search's job (a single run of that job) answers as rank 0 does; a single run is refused a search's sweeper
-    (`project.engine.config`)."""
+    """Whether this run is a job of a search (any sweeper but Hydra's grid: one that optimises what its jobs return),
+    read from the composed config so that a DDP rank that rank 0 started answers as rank 0 does."""
     return HydraConfig.initialized() and HydraConfig.get().sweeper.get("_target_") != GRID_SWEEPER
 
 
@@ -194,7 +52,8 @@ class JobRow(NamedTuple):
 
 
 def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
-    """One row for each job directory of the sweep, in job order."""
+    """One row for each job directory of the sweep, in job order, from what the job left there: the same whichever
+    launcher ran it (in this process, or a Slurm job)."""
     rows = []
 
     def is_job(path: Path) -> bool:  # an interrupted job may have been killed before Hydra saved its overrides
@@ -239,16 +98,110 @@ def format_sweep_table(rows: list[JobRow], metric: str) -> str:
     return "\n".join([rule, title, rule, *lines, rule])
 
 
-class SweepSummaryCallback(Callback):
-    """Prints the sweep's table once all its jobs have ended (Hydra calls it in the launching process).
+def configuration(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The overrides that make a job's configuration: all but the repeats'."""
+    return tuple(override for override in overrides if overridden_key(override) not in REPEATS)
 
-    Not where the sweep ends by an exception (a stop, SIGTERM or Ctrl-C, or a sweeper's fault): Hydra 1.4 calls this
-    hook on the way out (1.3 does not), and the stop's line, which says how to carry the sweep on, stays the last
-    word, with the stop's exit status (a fault keeps its traceback)."""
+
+def described(values: list[float]) -> dict:
+    """Mean, sample standard deviation (None for fewer than two values), min, max and n of `values`."""
+    if not values:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_tested(name: str, value: object) -> bool:
+    """A test metric: a number logged as `test/...`."""
+    return name.startswith("test/") and is_number(value)
+
+
+def varied_repeats(rows: Sequence[JobRow]) -> list[str]:
+    """The repeats (`seed`, `data.fold`) that take more than one value over the sweep's jobs."""
+    seen: dict[str, set[str]] = {key: set() for key in REPEATS}
+    for row in rows:
+        for override in row.saved_overrides or ():
+            if overridden_key(override) in seen:
+                seen[overridden_key(override)].add(override)
+    return [key for key, values in seen.items() if len(values) > 1]
+
+
+def counted_out(row: JobRow) -> bool:
+    """A job whose numbers do not count: it failed, was interrupted, or its search's pruner stopped it early."""
+    return bool(row.error) or row.interrupted or row.pruned or row.results is None
+
+
+def summarise(rows: Sequence[JobRow], metric: str) -> list[dict] | None:
+    """One entry per configuration, in its first job's order: overrides, n and left_out, the jobs that count, and
+    `metric` and each test metric described; None where the sweep repeats nothing (a plain grid)."""
+    groups: dict[tuple[str, ...], list[JobRow]] = {}
+    for row in rows:
+        if row.saved_overrides is not None:  # an interrupted job may have been killed before it saved them
+            groups.setdefault(configuration(row.saved_overrides), []).append(row)
+    if not varied_repeats(rows) and all(len(members) == 1 for members in groups.values()):
+        return None
+    summary = []
+    for overrides, members in groups.items():
+        counted = [row for row in members if not counted_out(row)]
+        tests = [name for row in counted for name, value in row.results.items() if is_tested(name, value)]
+        metrics = {
+            name: described([row.results[name] for row in counted if is_number(row.results.get(name))])
+            for name in dict.fromkeys([metric, *tests])
+        }
+        entry = {"overrides": list(overrides), "n": len(counted), "left_out": len(members) - len(counted)}
+        summary.append(entry | {"jobs": [row.job for row in counted], "metrics": metrics})
+    return summary
+
+
+def summary_title(rows: Sequence[JobRow]) -> str:
+    """What the summary is over: the repeats that vary, or the configurations that the sweep met more than once."""
+    over = " and ".join(varied_repeats(rows)) or "repeated configurations"
+    return f"Over {over}: per configuration, mean ± std (min–max) of the jobs that finished"
+
+
+def cell(stats: dict, n: int) -> str:
+    """`mean ± std (min–max)`; the mean alone for one value, `-` for none, and the metric's n where it is not the
+    configuration's (a job that did not log it)."""
+    if stats["n"] == 0:
+        return "-"
+    text = f"{stats['mean']:.4f}"
+    if stats["n"] > 1:
+        text += f" ± {stats['std']:.4f} ({stats['min']:.4f}–{stats['max']:.4f})"
+    return text if stats["n"] == n else f"{text} [n={stats['n']}]"
+
+
+def format_summary(summary: list[dict], title: str) -> str:
+    """A line per configuration: its overrides, n, then a column per metric."""
+    names = list(dict.fromkeys(name for entry in summary for name in entry["metrics"]))
+    rows = [["overrides", "n", *names]]
+    for entry in summary:
+        cells = [cell(entry["metrics"][name], entry["n"]) if name in entry["metrics"] else "-" for name in names]
+        rows.append([" ".join(entry["overrides"]) or "(none)", str(entry["n"]), *cells])
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines = ["  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    for line_index, entry in enumerate(summary, start=1):
+        if entry["left_out"]:
+            lines[line_index] += f"  ({entry['left_out']} left out)"
+    rule = "-" * max(len(line) for line in [title, *lines])
+    return "\n".join([rule, title, rule, *lines, rule])
+
+
+def save_summary(summary: list[dict], sweep_dir: Path) -> Path:
+    path = sweep_dir / SUMMARY_FILE
+    path.write_text(json.dumps(summary, indent=1))
+    return path
+
+
+class SweepSummaryCallback(Callback):
+    """Prints the sweep's table and summary once all its jobs have ended, exit status 1 if any failed; not where the
+    sweep ends by an exception (Hydra 1.4 calls it on the way out), whose line (how to carry it on) stays last."""
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """A job that failed in an earlier run of its sweep starts without that failure's line: the sweep carried
-        on runs it again, and its table shows this run's outcome."""
+        """A job that failed in an earlier run of its carried-on sweep starts without that failure's line."""
         if config.hydra.mode == RunMode.MULTIRUN:
             Path(config.hydra.runtime.output_dir, ERROR_FILE).unlink(missing_ok=True)
 
@@ -273,8 +226,8 @@ class SweepSummaryCallback(Callback):
 
 
 def check_same_sweep(config: DictConfig) -> None:
-    """Before the first job: a sweep dir that holds an earlier sweep holds this one; otherwise the sweep ends in one
-    line. (An Optuna search's sweeper checks its own database.)"""
+    """Before the first job: refuse a sweep dir that holds another sweep (other overrides), whose job N would not be
+    this one's job N. (An Optuna search's sweeper checks its own database.)"""
     sweep_dir = Path(config.hydra.sweep.dir)
     stored = sweep_dir / SWEEP_CONFIG
     if not stored.is_file():

@@ -1,32 +1,5 @@
-"""[predictions] What any module's `predict_step` returns, gathered into one tensor per output and written as files.
-
-`predict_step` may return a tensor, a tuple or list of tensors, or a dict of them, per batch; here each output is
-named (`output`; `0`, `1`, ...; the dict's keys) and its batches are joined along the first dimension, so every
-output has one row per sample of the split. `predictions.pt` holds them all; `predictions.csv` one row per sample
-where every output is 1-D or 2-D (a column per value).
-
-
-[default_predict_step] Lightning's default `predict_step`, for a module that defines none: it calls the module's `forward` with the whole
-batch as one argument. A `forward` whose arguments cannot take it so (inputs and targets as two arguments) fails at
-that call with a TypeError, which here becomes one line saying to define `predict_step`.
-
-Only that failure: a module that defines its own `predict_step`, or a TypeError raised inside its `forward` (its own
-code, once the call has bound its arguments), keeps its traceback. So does a `forward(x)` handed the whole `(x, y)`,
-which fails inside its own code: nothing tells that apart from a fault of that code.
-
-
-[trained_run] A trained run rebuilt from its checkpoint, for `project.evaluate` and `project.predict`, whatever its module.
-
-A checkpoint of this project carries its run's whole config, so the network and the data are rebuilt exactly as they
-were trained, except for the `data` keys given on the command line (`data.root=<dir>` where the files are on this
-machine). A Lightning checkpoint this project did not write (a plain `Trainer.save_checkpoint`, from before the
-template) carries no config: its module and data are the ones the command line chooses, `model=<option>
-data=<option>` as `project.train` takes them. Either way the weights load strictly, a mismatch named in one line.
-Loading uses `weights_only=True`; a file that is not a Lightning checkpoint is refused in one line, and so is a stored
-config that names code this checkout does not name or trust (`project.engine.trusted_targets`): it is checked whole
-before any of it is imported.
-
-"""
+"""A trained run rebuilt from its checkpoint for `project.evaluate` and `project.predict` (from its stored config, or
+the command line's for a foreign one), and its predictions gathered per output into files."""
 
 import csv
 import traceback
@@ -48,8 +21,145 @@ from project.engine.checkpoints import LAST, check_weights_fit, load_lightning_c
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error
 from project.engine.trusted_targets import trusted_instantiation, trusted_targets
 
-# ---- from predictions.py
 Outputs = dict[str, Tensor]
+DEFAULT_PREDICT_STEP = L.LightningModule.predict_step.__code__
+# Where torch's `Module.__call__` runs, between the default predict_step and the module's forward.
+MODULE_CALL_FILE = torch.nn.modules.module.__file__
+
+
+def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
+    """(datamodule or None for `data=none`, module with the trained weights, loaded strictly) of `cfg.ckpt_path`,
+    from its stored config or, for a foreign checkpoint, the command line's; the data module gets its state back, so
+    that it can refuse data the weights were not trained on."""
+    if OmegaConf.is_missing(cfg, "ckpt_path"):
+        raise UserError(f"give the checkpoint: python -m {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
+    trust = trusted_targets(cfg)
+    checkpoint = load_lightning_checkpoint(cfg.ckpt_path, trust)
+    with trusted_instantiation(trust):
+        if "config" in checkpoint:
+            datamodule, module = rebuild_from_stored_config(cfg, checkpoint["config"])
+            advice = "use it with the version of the project that trained it"
+        else:
+            datamodule, module = build_from_command_line(cfg)
+            advice = "give the model= (and model.<key>=) that trained it"
+    check_weights_fit(module, checkpoint["state_dict"], cfg.ckpt_path, advice)
+    module.load_state_dict(checkpoint["state_dict"], strict=True)
+    data_state = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
+    if data_state is not None:
+        datamodule.load_state_dict(data_state)
+    return datamodule, module
+
+
+def rebuild_from_stored_config(cfg: DictConfig, config: dict) -> tuple[Any, Any]:
+    """(datamodule, module) as the run stored in the checkpoint built them, with the `data.<key>=` given; a
+    `model=`/`data=` choice is refused, as the stored config would silently win over it."""
+    given = [f"{group}=" for group in ("model", "data") if chosen(cfg, group)]
+    if given:
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path} stores the config of the run that wrote it, which rebuilds its model and "
+            f"data: leave out {' and '.join(given)} (data.<key>= changes a key of its data, e.g. data.root=<dir>)"
+        )
+    data_overrides = data_given(cfg)
+    trained = OmegaConf.create(config)
+    lacking = [group for group in ("data", "model") if not isinstance(trained.get(group), DictConfig)]
+    if lacking:
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path}: its stored config has no {lacking[0]} to rebuild: give a checkpoint "
+            f"project.train wrote ({LAST}), which stores the whole config"
+        )
+    unknown = sorted(set(data_overrides) - set(trained.data))
+    if unknown and not trained.data:
+        raise UserError(
+            f"data.{unknown[0]}: the run of ckpt_path={cfg.ckpt_path} had no data module (data=none), its module "
+            "serving its own batches: leave out data.<key>="
+        )
+    if unknown:
+        keys = ", ".join(key for key in trained.data if not key.startswith("_"))
+        raise UserError(
+            f"data.{unknown[0]}: the checkpoint's data ({trained.data._target_}) has no such key; it has {keys}"
+        )
+    try:
+        datamodule = instantiate(trained.data, **data_overrides) if trained.data else None  # None: data=none
+        return datamodule, instantiate(trained.model)
+    except CONSTRUCTOR_ERRORS as error:
+        if find_user_error(error):  # the user's own mistake, already worded (e.g. data that is missing)
+            raise
+        raise UserError(
+            f"{cfg.ckpt_path}: its stored config no longer builds with this version of the project ({error}); "
+            f"use it with the version that trained it"
+        ) from None
+
+
+def build_from_command_line(cfg: DictConfig) -> tuple[Any, Any]:
+    """(datamodule, module) of `model=`/`data=` and their keys, for a checkpoint that stores no config; the root
+    config's `data.<key>` slots left null are dropped, so a data module is not given an argument it may not take."""
+    lacking = [f"{group}=<option>" for group in ("model", "data") if not chosen(cfg, group)]
+    if lacking:
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path} is a Lightning checkpoint this project did not write (it holds weights, a "
+            "state_dict, but no config to rebuild its module and data from): give "
+            f"{' and '.join(lacking)} (and their keys) as project.train would take them to train it"
+        )
+    data = {key: value for key, value in OmegaConf.to_container(cfg.data, resolve=True).items() if value is not None}
+    return instantiate_group("data", OmegaConf.create(data)), instantiate_group("model", cfg.model)
+
+
+def data_given(cfg: DictConfig) -> dict[str, Any]:
+    """The `data.<key>=` values given on the command line (not null), which replace the checkpoint's; none where
+    `data=<option>` chose a data config (a foreign checkpoint's)."""
+    if "data" not in cfg or chosen(cfg, "data"):
+        return {}
+    return {key: value for key, value in OmegaConf.to_container(cfg.data).items() if value is not None}
+
+
+def chosen(cfg: DictConfig, group: str) -> bool:
+    """Whether the command line chose a config of `group` (`model=toy`): one that names its class."""
+    return isinstance(cfg.get(group), DictConfig) and "_target_" in cfg[group]
+
+
+@contextmanager
+def blamed_on_data_given(cfg: DictConfig) -> Iterator[None]:
+    """A network that fails on data changed by `data.<key>=` (`data.image_size`) was given samples of another shape
+    than it was trained on: one line naming those keys. Without such keys the traceback is kept."""
+    given = data_given(cfg)
+    try:
+        yield
+    except RuntimeError as error:
+        if not given or find_user_error(error):
+            raise
+        keys = " ".join(f"data.{key}={value}" for key, value in given.items())
+        raise UserError(
+            f"the checkpoint's network does not take the samples of the data as given ({keys}): "
+            f"{' '.join(str(error).split())}; change only where the data is and how it is read (data.root, "
+            "data.batch_size), not what its samples are"
+        ) from None
+
+
+@contextmanager
+def predict_step_needed(module: L.LightningModule) -> Iterator[None]:
+    """Run a prediction of `module`; its forward refusing the batch of the default predict_step is one line (any
+    other TypeError, a fault inside forward included, keeps its traceback)."""
+    try:
+        yield
+    except TypeError as error:
+        if not forward_refused_the_batch(error, module):
+            raise
+        raise UserError(
+            f"{type(module).__name__} defines no predict_step, and Lightning's default one calls its forward with the "
+            f"whole batch, which it does not take ({' '.join(str(error).split())}): define "
+            "predict_step(self, batch, batch_idx) in the module, returning its predictions"
+        ) from None
+
+
+def forward_refused_the_batch(error: TypeError, module: L.LightningModule) -> bool:
+    """Whether `error` is the module's `forward` refusing, at the call, the whole batch Lightning's default
+    `predict_step` gave it: no frame after that predict_step's is anything but torch's call of a module."""
+    if is_overridden("predict_step", module):
+        return False
+    codes = [frame.f_code for frame, _ in traceback.walk_tb(error.__traceback__)]
+    if DEFAULT_PREDICT_STEP not in codes:
+        return False
+    return all(code.co_filename == MODULE_CALL_FILE for code in codes[codes.index(DEFAULT_PREDICT_STEP) + 1 :])
 
 
 def named(batch_output: object) -> Outputs:
@@ -109,155 +219,3 @@ def write_table(outputs: Outputs, path: Path) -> bool:
         for index, parts in enumerate(rows):
             writer.writerow([index, *(value for part in parts for value in part)])
     return True
-
-
-# ---- from default_predict_step.py
-DEFAULT_PREDICT_STEP = L.LightningModule.predict_step.__code__
-# Where torch's `Module.__call__` runs, between the default predict_step and the module's forward.
-MODULE_CALL_FILE = torch.nn.modules.module.__file__
-
-
-def forward_refused_the_batch(error: TypeError, module: L.LightningModule) -> bool:
-    """Whether `error` is the module's `forward` refusing, as it was called, what Lightning's default `predict_step`
-    gave it: no frame after that predict_step's is anything but torch's call of a module."""
-    if is_overridden("predict_step", module):
-        return False
-    codes = [frame.f_code for frame, _ in traceback.walk_tb(error.__traceback__)]
-    if DEFAULT_PREDICT_STEP not in codes:
-        return False
-    return all(code.co_filename == MODULE_CALL_FILE for code in codes[codes.index(DEFAULT_PREDICT_STEP) + 1 :])
-
-
-@contextmanager
-def predict_step_needed(module: L.LightningModule) -> Iterator[None]:
-    """Run a prediction of `module`; its forward refusing the batch of the default predict_step is one line."""
-    try:
-        yield
-    except TypeError as error:
-        if not forward_refused_the_batch(error, module):
-            raise
-        raise UserError(
-            f"{type(module).__name__} defines no predict_step, and Lightning's default one calls its forward with the "
-            f"whole batch, which it does not take ({' '.join(str(error).split())}): define "
-            "predict_step(self, batch, batch_idx) in the module, returning its predictions"
-        ) from None
-
-
-# ---- from trained_run.py
-def data_given(cfg: DictConfig) -> dict[str, Any]:
-    """The `data.<key>=` values given on the command line (those not null): they replace the checkpoint's. Nothing where
-    `data=<option>` chose a data config of its own (a foreign checkpoint's): nothing of a checkpoint's is replaced."""
-    if "data" not in cfg or chosen(cfg, "data"):
-        return {}
-    return {key: value for key, value in OmegaConf.to_container(cfg.data).items() if value is not None}
-
-
-def chosen(cfg: DictConfig, group: str) -> bool:
-    """Whether the command line chose a config of `group` (`model=toy`): one that names its class."""
-    return isinstance(cfg.get(group), DictConfig) and "_target_" in cfg[group]
-
-
-@contextmanager
-def blamed_on_data_given(cfg: DictConfig) -> Iterator[None]:
-    """A network that fails on the samples of data changed by `data.<key>=` (`data.image_size`, `data.channels`)
-    was given samples of another shape than it was trained on: one line naming those keys, not torch's traceback.
-    Without such keys the failure is not the user's, and its traceback is kept."""
-    given = data_given(cfg)
-    try:
-        yield
-    except RuntimeError as error:
-        if not given or find_user_error(error):
-            raise
-        keys = " ".join(f"data.{key}={value}" for key, value in given.items())
-        raise UserError(
-            f"the checkpoint's network does not take the samples of the data as given ({keys}): "
-            f"{' '.join(str(error).split())}; change only where the data is and how it is read (data.root, "
-            "data.batch_size), not what its samples are"
-        ) from None
-
-
-def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
-    """(datamodule, module with the trained weights) of the checkpoint `cfg.ckpt_path`; the datamodule is None where
-    the run had none (`data=none`: the module serves its own batches).
-
-    From its stored config, where it has one: the keys of `cfg.data` that are not null replace those of the stored
-    data config (`data.root=<dir>`, where the files are on this machine), and a `model=`/`data=` choice is refused
-    (the stored config would silently win over it). A foreign Lightning checkpoint has none: `cfg.model` and
-    `cfg.data` (`model=`/`data=` and their keys) build its module and data. The data module gets its state from the
-    checkpoint as Lightning gives it back when resuming (under its class's name), so that it can refuse data the
-    weights were not trained on (the classifier's data modules refuse other classes).
-    """
-    if OmegaConf.is_missing(cfg, "ckpt_path"):
-        raise UserError(f"give the checkpoint: python -m {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
-    trust = trusted_targets(cfg)
-    checkpoint = load_lightning_checkpoint(cfg.ckpt_path, trust)
-    with trusted_instantiation(trust):
-        if "config" in checkpoint:
-            datamodule, module = rebuild_from_stored_config(cfg, checkpoint["config"])
-            advice = "use it with the version of the project that trained it"
-        else:
-            datamodule, module = build_from_command_line(cfg)
-            advice = "give the model= (and model.<key>=) that trained it"
-    check_weights_fit(module, checkpoint["state_dict"], cfg.ckpt_path, advice)
-    module.load_state_dict(checkpoint["state_dict"], strict=True)
-    data_state = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
-    if data_state is not None:
-        datamodule.load_state_dict(data_state)
-    return datamodule, module
-
-
-def rebuild_from_stored_config(cfg: DictConfig, config: dict) -> tuple[Any, Any]:
-    """(datamodule, module) as the run stored in the checkpoint built them, with the `data.<key>=` given."""
-    given = [f"{group}=" for group in ("model", "data") if chosen(cfg, group)]
-    if given:
-        raise UserError(
-            f"ckpt_path={cfg.ckpt_path} stores the config of the run that wrote it, which rebuilds its model and "
-            f"data: leave out {' and '.join(given)} (data.<key>= changes a key of its data, e.g. data.root=<dir>)"
-        )
-    data_overrides = data_given(cfg)
-    trained = OmegaConf.create(config)
-    lacking = [group for group in ("data", "model") if not isinstance(trained.get(group), DictConfig)]
-    if lacking:
-        raise UserError(
-            f"ckpt_path={cfg.ckpt_path}: its stored config has no {lacking[0]} to rebuild: give a checkpoint "
-            f"project.train wrote ({LAST}), which stores the whole config"
-        )
-    unknown = sorted(set(data_overrides) - set(trained.data))
-    if unknown and not trained.data:
-        raise UserError(
-            f"data.{unknown[0]}: the run of ckpt_path={cfg.ckpt_path} had no data module (data=none), its module "
-            "serving its own batches: leave out data.<key>="
-        )
-    if unknown:
-        keys = ", ".join(key for key in trained.data if not key.startswith("_"))
-        raise UserError(
-            f"data.{unknown[0]}: the checkpoint's data ({trained.data._target_}) has no such key; it has {keys}"
-        )
-    try:
-        datamodule = instantiate(trained.data, **data_overrides) if trained.data else None  # None: data=none
-        return datamodule, instantiate(trained.model)
-    except CONSTRUCTOR_ERRORS as error:
-        if find_user_error(error):  # the user's own mistake, already worded (e.g. data that is missing)
-            raise
-        raise UserError(
-            f"{cfg.ckpt_path}: its stored config no longer builds with this version of the project ({error}); "
-            f"use it with the version that trained it"
-        ) from None
-
-
-def build_from_command_line(cfg: DictConfig) -> tuple[Any, Any]:
-    """(datamodule, module) of `model=`/`data=` and their keys, for a checkpoint that stores no config.
-
-    The root config's `data.<key>` slots for a stored config's data (`data.root`, ...) are merged into the chosen
-    data config; those left null are dropped, so that a data module that takes no such argument is not given one
-    (null means not given, as it does for a stored config).
-    """
-    lacking = [f"{group}=<option>" for group in ("model", "data") if not chosen(cfg, group)]
-    if lacking:
-        raise UserError(
-            f"ckpt_path={cfg.ckpt_path} is a Lightning checkpoint this project did not write (it holds weights, a "
-            "state_dict, but no config to rebuild its module and data from): give "
-            f"{' and '.join(lacking)} (and their keys) as project.train would take them to train it"
-        )
-    data = {key: value for key, value in OmegaConf.to_container(cfg.data, resolve=True).items() if value is not None}
-    return instantiate_group("data", OmegaConf.create(data)), instantiate_group("model", cfg.model)
