@@ -1,34 +1,5 @@
-"""[networks] The networks a LightningModule holds (`networks_of`), and `compile=true`: `torch.compile` of them.
-
-A module's networks are its direct submodules that hold parameters (the classifier's `network`, or whatever a module
-of your own keeps), not its metrics (torchmetrics modules, which hold counts, not weights): what is compiled here,
-and what a strategy that shards them (`trainer=fsdp`) takes as its units.
-
-Networks are compiled in place (`nn.Module.compile`): the module keeps its class and its parameters' names, so a
-checkpoint written with `compile=true` loads without it and the other way round, and nothing else in the project
-(checkpoints, DDP, evaluate, predict) needs to know.
-
-The Lightning side compiles in the `setup` hook, in the process that trains: a module pickled to the processes of
-`trainer=ddp_spawn` arrives without its compiled code (torch does not pickle it).
-
-
-[data_sources] Whether a stage (train, test, predict) has what it runs on: a step of the module's and a dataloader, of the data
-module or of the module itself.
-
-With `data=none` there is no data module and the module serves its own batches (Lightning's BoringModel defines
-every `*_dataloader`; its LightningTransformer demo only `train_dataloader`). Lightning looks for a stage's
-dataloader in the data module, then in the module; found in neither, it stops training with a message that names no
-config, and runs a test or a prediction over no batches at all, writing nothing. Checked here first, each is one line
-naming what to define.
-
-
-[build] What a run is made of: a config checked, then its data module, module, callbacks, loggers and Trainer built, in the
-order a hand-written loop would (seed, data, network), whatever the module and data module are (no data module with
-`data=none`: the module's own dataloaders serve).
-
-`project.train` builds its run here; so do the benchmarks and tests, which add their probes as extra callbacks.
-
-"""
+"""What a run is made of (`build`): its config checked, then its data module, module, callbacks, loggers and Trainer
+built; with the checks that a stage has data to run on, and `compile=true`: `torch.compile` of the module's networks."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,9 +35,9 @@ from project.engine.trusted_targets import composed_targets
 from project.engine.upstream import execution_whitelist
 
 
-# ---- from networks.py
 def networks_of(module: nn.Module) -> dict[str, nn.Module]:
-    """`module`'s networks, by attribute name, in the order it registered them."""
+    """`module`'s networks, by attribute name, in the order it registered them: its direct submodules that hold
+    parameters, not its metrics (what `compile=true` compiles, and what trainer=fsdp shards)."""
     return {
         name: child
         for name, child in module.named_children()
@@ -89,7 +60,8 @@ def compile_networks(module: nn.Module) -> list[str]:
 
 
 class CompileNetworks(L.Callback):
-    """Compiles the LightningModule's networks before the first of fitting, validating, testing or predicting."""
+    """Compiles the LightningModule's networks in place as the first stage sets up, in the process that trains (a
+    module pickled to trainer=ddp_spawn's processes arrives without its compiled code)."""
 
     def __init__(self) -> None:
         self.compiled: nn.Module | None = None
@@ -102,7 +74,6 @@ class CompileNetworks(L.Callback):
         rank_zero_info(f"compile=true: torch.compile of {', '.join(names)} (the first steps wait for the compiler)")
 
 
-# ---- from data_sources.py
 def serves(stage: str, module: L.LightningModule, datamodule: L.LightningDataModule | None) -> bool:
     """Whether `module` or `datamodule` (None: `data=none`) defines `stage`'s dataloader."""
     hook = f"{stage}_dataloader"
@@ -144,7 +115,58 @@ def check_data_for(
     )
 
 
-# ---- from build.py
+def overrides_of(group: str) -> str:
+    """ " (your overrides: trainer.devices=abc)": the command line's choices for `group`, where the fault must be."""
+    mine = [o for o in command_line_overrides() if overridden_key(o).split(".")[0] == group]
+    return f" (your overrides: {' '.join(mine)})" if mine else ""
+
+
+def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
+    """`instantiate(node)`, where a constructor that rejects a value of the config (a TypeError or ValueError, as the
+    Trainer's for `precision`) ends in one line naming the config `group`."""
+    try:
+        with execution_whitelist(composed_targets(node)):  # the composed config's own, which the user chose
+            return instantiate(node, **kwargs)
+    except CONSTRUCTOR_ERRORS as error:
+        user_error = find_user_error(error)
+        cause = error.__cause__ if isinstance(error, InstantiationException) else error
+        if user_error is not None:  # a constructor's own refusal, worded already
+            raise user_error from None
+        if isinstance(cause, (TypeError, ValueError)):
+            mistyped = mistyped_value(node, group)
+            raise UserError(mistyped or f"{group}{overrides_of(group)}: {cause}") from None
+        raise
+
+
+def switched_on(callbacks: DictConfig) -> list[DictConfig]:
+    """The configs of `callbacks` to build: those not null and not switched off by an `enabled: false` of theirs (a
+    key of the config, not an argument of the callback, so it is dropped)."""
+    configs = []
+    for name, node in callbacks.items():
+        if isinstance(node, DictConfig) and "_target_" not in node:
+            chosen = HydraConfig.get().runtime.choices.get("callbacks") if HydraConfig.initialized() else None
+            raise UserError(
+                f"callbacks.{name} has no _target_: callbacks={chosen} defines no {name} for its keys to set; "
+                f"use callbacks=default, or give callbacks.{name}._target_"
+            )
+        if node is not None and node.get("enabled", True):
+            arguments = OmegaConf.to_container(node, resolve=True)
+            arguments.pop("enabled", None)
+            configs.append(OmegaConf.create(arguments))
+    return configs
+
+
+def configured_callbacks(callbacks: DictConfig) -> list[L.Callback]:
+    """The callbacks of conf/callbacks/ that `callbacks` switches on (`switched_on`), built."""
+    return [instantiate_group("callbacks", node) for node in switched_on(callbacks)]
+
+
+def progress_bar_switch(callbacks: Sequence[L.Callback]) -> dict[str, bool]:
+    """The Trainer's keyword that leaves progress bars to conf/callbacks/ alone: with none among `callbacks`
+    (callbacks=none) Lightning would add its own."""
+    return {} if any(isinstance(callback, ProgressBar) for callback in callbacks) else {"enable_progress_bar": False}
+
+
 @dataclass
 class TrainingSetup:
     """What `build` makes of a config: the pieces `trainer.fit` takes, and the checkpoint to resume from."""
@@ -156,15 +178,9 @@ class TrainingSetup:
 
 
 def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callback] = ()) -> TrainingSetup:
-    """Check `cfg`, then seed and instantiate everything a run needs, in the order the reference path does.
-
-    The benchmarks and tests build through here too, adding their probes as `extra_callbacks`. `cfg.ckpt_path`
-    is resolved here to the file itself (`last`: the run dir's own `last.ckpt`, or the newest earlier run's of the
-    same model and data under `outputs_dir`; a sweep's job carries on from its own), so the stored config says which
-    file a run resumed from and every rank resumes from the same. Every checkpoint stores the whole config
-    (`RunConfigCallback`), whatever the module. A checkpoint dir that cannot be written is refused here, before the
-    first epoch trains.
-    """
+    """Check `cfg`, then seed and build what a run needs, in the order a hand-written loop would (seed, data, network).
+    `cfg.ckpt_path` becomes the file itself, so the stored config names it and every rank resumes from the same; the
+    benchmarks and tests add their probes as `extra_callbacks`."""
     check_config(cfg)
     give_hints(cfg)
     run_config = OmegaConf.to_container(cfg, resolve=True)
@@ -197,61 +213,3 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     )
     check_launched_on_every_node(trainer)
     return TrainingSetup(datamodule, module, trainer, cfg.ckpt_path)
-
-
-def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
-    """`instantiate(node)`, where a constructor that rejects a value of the config is the user's error.
-
-    Lightning's Trainer, for one, checks `precision` and `devices` with a ValueError or TypeError (one of
-    `CONSTRUCTOR_ERRORS`); the message already names the value, so it becomes one line naming the config group.
-    `node` is of the composed config: on Hydra 1.4 its own targets are the execution whitelist.
-    """
-    try:
-        with execution_whitelist(composed_targets(node)):  # the composed config's own, which the user chose
-            return instantiate(node, **kwargs)
-    except CONSTRUCTOR_ERRORS as error:
-        user_error = find_user_error(error)
-        cause = error.__cause__ if isinstance(error, InstantiationException) else error
-        if user_error is not None:  # a constructor's own refusal, worded already
-            raise user_error from None
-        if isinstance(cause, (TypeError, ValueError)):
-            mistyped = mistyped_value(node, group)
-            raise UserError(mistyped or f"{group}{overrides_of(group)}: {cause}") from None
-        raise
-
-
-def configured_callbacks(callbacks: DictConfig) -> list[L.Callback]:
-    """The callbacks of conf/callbacks/ that `callbacks` switches on (`switched_on`), built."""
-    return [instantiate_group("callbacks", node) for node in switched_on(callbacks)]
-
-
-def progress_bar_switch(callbacks: Sequence[L.Callback]) -> dict[str, bool]:
-    """The Trainer's keyword that leaves progress to conf/callbacks/ alone: with no bar among `callbacks`
-    (callbacks=none) Lightning would add its own, whose redraws a log file or a pipe keeps (`project.engine.reports`).
-    Used by project.train, project.evaluate and project.predict alike."""
-    return {} if any(isinstance(callback, ProgressBar) for callback in callbacks) else {"enable_progress_bar": False}
-
-
-def switched_on(callbacks: DictConfig) -> list[DictConfig]:
-    """The configs of `callbacks` to build: those not null and not switched off by an `enabled: false` of theirs, a
-    key any callback may have (conf/callbacks/default.yaml's early stopping is off until callbacks.early_stopping.
-    enabled=true), which is the config's, not the callback's argument."""
-    configs = []
-    for name, node in callbacks.items():
-        if isinstance(node, DictConfig) and "_target_" not in node:
-            chosen = HydraConfig.get().runtime.choices.get("callbacks") if HydraConfig.initialized() else None
-            raise UserError(
-                f"callbacks.{name} has no _target_: callbacks={chosen} defines no {name} for its keys to set; "
-                f"use callbacks=default, or give callbacks.{name}._target_"
-            )
-        if node is not None and node.get("enabled", True):
-            arguments = OmegaConf.to_container(node, resolve=True)
-            arguments.pop("enabled", None)
-            configs.append(OmegaConf.create(arguments))
-    return configs
-
-
-def overrides_of(group: str) -> str:
-    """ " (your overrides: trainer.devices=abc)": the command line's choices for `group`, where the fault must be."""
-    mine = [o for o in command_line_overrides() if overridden_key(o).split(".")[0] == group]
-    return f" (your overrides: {' '.join(mine)})" if mine else ""

@@ -1,17 +1,5 @@
-"""[checkpoints] Checkpoints: which one a run resumes from, refusing files that are not Lightning checkpoints, weights that do not
-fit the module built and resumes the data cannot carry on, and writing them atomically.
-
-[best_checkpoint] The best checkpoint (by `optimized_metric`), for any module: one that does not log that metric is told so once.
-
-Lightning's `ModelCheckpoint(monitor=...)` ends the run at the first validation when the module never logged the
-monitored key. A module of the user's own logs metrics of its own names, so at that first validation this says,
-in one line, which metrics the module does log and how to pick one; the run goes on without a best checkpoint. So
-does each job of a grid sweep (`-m seed=1,2`), which needs no objective: its table shows `-` for the metric.
-Where the run needs that metric it is an error there instead, before more epochs are spent: with `results_from=best`
-(in a grid sweep, that job fails alone), and in a job of a search, whose sweeper optimises the metric; every trial
-of a search would meet it alike, so it ends the search at its first trial, in that one line (`ObjectiveNotLogged`).
-
-"""
+"""Checkpoints: which one a run resumes from; refusing files that are not Lightning checkpoints, weights that do not fit
+and resumes the data cannot carry on; writing them whole; and keeping the best one (`BestCheckpoint`)."""
 
 import contextlib
 import io
@@ -41,298 +29,13 @@ from project.engine.sweeps import in_a_search
 from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, check_stored_config
 from project.engine.upstream import SHARDS_INDEX_CLASSES, TopKCheckpoint
 
-
-# ---- from checkpoints.py
-def load_lightning_checkpoint(path: str | Path, trust: TrustedTargets, tensors: bool = True) -> dict[str, Any]:
-    """The Lightning checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one, or if
-    its stored config names a target `trust` does not trust (`project.engine.trusted_targets`).
-
-    A Lightning checkpoint holds the module's weights (`state_dict`); one of ours also holds its run's `config`
-    (stored by `project.engine.config`), and a foreign one (a plain `Trainer.save_checkpoint`) is used with the
-    module and data the command line composes. A sharded one (trainer=fsdp, a directory) is assembled on this
-    process, or with `tensors=False` only its metadata is read (what a resume checks before the ranks load their
-    shards themselves).
-    """
-    path = Path(path)
-    if is_sharded(path):
-        metadata = read_metadata(path)
-        check_stored_config(metadata.get("config"), f"ckpt_path={path}", trust)
-        if tensors:
-            return plain_checkpoint(path)  # which checks the shards' files before DCP reads them
-        check_shards(path)  # before a resume hands the files to DCP, which would run what they name
-        return metadata
-    if path.is_dir():
-        inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
-        files = ", ".join(str(file) for file in inside[:3]) or "<run dir>/checkpoints/last.ckpt"
-        raise UserError(f"ckpt_path={path} is a directory: give a checkpoint file ({files})")
-    if not path.is_file():
-        raise UserError(f"ckpt_path={path}: no such file")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # torch raises many types for a damaged or foreign file
-        raise UserError(
-            f"ckpt_path={path} is not a checkpoint torch.load can read (damaged, or another kind of file)"
-        ) from None
-    if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("state_dict"), dict)):
-        raise UserError(
-            f"ckpt_path={path} {not_ours(checkpoint)}: give a checkpoint project.train wrote ({LAST}), or one of "
-            "Lightning's Trainer.save_checkpoint"
-        )
-    check_stored_config(checkpoint.get("config"), f"ckpt_path={path}", trust)
-    return checkpoint
-
-
-def checkpoint_step(path: Path) -> int:
-    """The optimizer step a checkpoint (a file, or a sharded directory) was written at, its tensors left on disk."""
-    if is_sharded(path):
-        return read_metadata(path)["global_step"]
-    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"]
-
-
 LAST = "<run dir>/checkpoints/last.ckpt"
-
-
-def not_ours(content: object) -> str:
-    """What a loaded file that is not a Lightning checkpoint holds instead, as far as it can be told."""
-    if isinstance(content, dict) and content and all(isinstance(value, torch.Tensor) for value in content.values()):
-        return "holds a network's weights only (a bare state_dict), not a Lightning checkpoint of a module"
-    if isinstance(content, dict):
-        keys = ", ".join(str(key) for key in list(content)[:6]) or "nothing"
-        return f"is not a checkpoint of this project (it holds {keys}: no state_dict of a module's weights)"
-    return f"is not a checkpoint of this project (it holds a {type(content).__name__}, no state_dict of weights)"
-
-
-def check_weights_fit(module: torch.nn.Module, weights: dict[str, Any], path: str | Path, advice: str) -> None:
-    """Refuse in one line the weights that `module.load_state_dict(weights, strict=True)` would refuse with a
-    traceback: the first of the module's keys they lack, of theirs the module lacks, and of those of another shape.
-    A lazy parameter (not built yet) takes whatever shape it is given."""
-    own = module.state_dict()
-    reshaped = [
-        f"{key} {list(weights[key].shape)} (the module's {list(value.shape)})"
-        for key, value in own.items()
-        if isinstance(weights.get(key), torch.Tensor)
-        and isinstance(value, torch.Tensor)
-        and not is_lazy(value)
-        and weights[key].shape != value.shape
-    ]
-    found = {
-        "missing": [key for key in own if key not in weights],
-        "unexpected": [key for key in weights if key not in own],
-        "of another shape": reshaped,
-    }
-    problems = [f"{kind}: {first_few(keys)}" for kind, keys in found.items() if keys]
-    if problems:
-        raise UserError(
-            f"ckpt_path={path}: its weights do not fit {type(module).__name__} ({'; '.join(problems)}): {advice}"
-        )
-
-
-def first_few(keys: list[str], shown: int = 3) -> str:
-    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
-    return ", ".join(keys[:shown]) + more
-
-
-def what_it_trains(config: dict) -> dict:
-    """What a run's weights fit: its module class and, where the module has one, its network's config.
-
-    Two runs that agree here hold weights of the same shapes (for the classifier and its networks; a module of
-    the user's own that builds its layers from other keys is matched by class alone, and Lightning names any
-    mismatched weight when it loads them). Optimizer, schedule and data settings may differ: a resumed run
-    can change them.
-    """
-    model = config.get("model") or {}
-    return {"model": model.get("_target_"), "network": model.get("network")}
-
-
-def same_data(first: dict, second: dict) -> bool:
-    return (first.get("data") or {}).get("_target_") == (second.get("data") or {}).get("_target_")
-
-
-def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict, trust: TrustedTargets) -> Path:
-    """`checkpoints/last.ckpt` of the most recently written run under `outputs_dir`, other than `exclude`, that
-    trained the same model on the same kind of data as `run_config`. Each one read, newest first, must name only
-    targets `trust` trusts: a file planted there is refused, not passed over."""
-    files = outputs_dir.rglob("checkpoints/last.ckpt")
-    candidates = sorted(
-        (path for path in files if exclude.resolve() not in path.resolve().parents),
-        key=lambda path: path.stat().st_mtime,
-        reverse=True,
-    )
-    if not candidates:
-        raise UserError(
-            f"ckpt_path=last: no earlier run under {outputs_dir} has a checkpoints/last.ckpt; "
-            "train once first, or give the checkpoint's path"
-        )
-    for path in candidates:
-        stored = stored_config(path, trust)
-        if stored and what_it_trains(stored) == what_it_trains(run_config) and same_data(stored, run_config):
-            return path
-    model, data = run_config["model"].get("_target_"), (run_config.get("data") or {}).get("_target_")
-    raise UserError(
-        f"ckpt_path=last: none of the {len(candidates)} earlier runs under {outputs_dir} trained this model "
-        f"({model}) on this data ({data}); the newest, {candidates[0]}, trained another: give the checkpoint's "
-        "path, or train once first"
-    )
-
-
-def stored_config(path: Path, trust: TrustedTargets) -> dict | None:
-    """The run config a checkpoint stores, or None for a file that is not one of ours; one that names a target `trust`
-    does not trust is refused."""
-    try:
-        return load_lightning_checkpoint(path, trust, tensors=False).get("config")
-    except UntrustedConfig:
-        raise
-    except UserError:
-        return None
-
-
-def resume_path(
-    ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_config: dict, sweep_dir: Path | None = None
-) -> str | None:
-    """The checkpoint `trainer.fit` resumes from.
-
-    `ckpt_path`: a file, "last", or null. "last" is the run dir's own last.ckpt where it has one (a run carried on in
-    its `hydra.run.dir`), else the newest earlier run's last.ckpt of the same model and data under `outputs_dir`,
-    outside `sweep_dir` when a sweep's job asks (so that every job takes the same run from before the sweep, not a
-    sibling's). A file that trained another model than `run_config` (this run's config) builds is refused: its
-    weights would not load. A foreign Lightning checkpoint (no stored config) has nothing to compare: it is resumed
-    with the model and data this run builds, whose weights `ResumedWeightsCheck` checks.
-
-    A run that its launcher started again, or a sweep carried on, resumes from its own run dir's
-    `checkpoints/last.ckpt`, since it finds that dir again: a sweep's job (`sweep_dir` given; the same command with
-    that `hydra.sweep.dir` carries the sweep on), torchrun's workers after an elastic restart (`--max-restarts`; the
-    dir is the agent's) or a multi-node launch run again with the same `--rdzv-id` (the dir is named after it), and,
-    with a null `ckpt_path`, a requeued Slurm job (SLURM_RESTART_COUNT > 0; the dir is named after the job). For the
-    first two that checkpoint wins over `ckpt_path`, which would otherwise train the same steps again; torchrun's
-    restart count is no guide there (a node whose own workers did not fail restarts them with the count unchanged).
-    Lightning resumes by itself from its `hpc_ckpt_*.ckpt` (written when Slurm signals the job) when given no path,
-    so that one is left to it only when it is newer than last.ckpt.
-
-    Every checkpoint read here must name only targets this run trusts (`TrustedTargets.of(run_config)`).
-    """
-    trust = TrustedTargets.of(run_config)
-    own_last = run_dir / "checkpoints" / "last.ckpt"
-    carried_on = sweep_dir is not None or "TORCHELASTIC_RUN_ID" in os.environ
-    if carried_on and own_last.exists():  # a file, or a sharded checkpoint (a directory)
-        path = own_last  # carries on from its own progress, whatever ckpt_path the launch started from
-    elif ckpt_path is None:
-        if not (own_last.exists() and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0):
-            return None
-        hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
-        return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
-    elif ckpt_path == "last" and own_last.exists():
-        path = own_last
-    elif ckpt_path == "last":  # chosen among the runs of this model and data: nothing left to check
-        return str(newest_last_checkpoint(outputs_dir, sweep_dir or run_dir, run_config, trust))
-    else:
-        path = Path(ckpt_path)
-    checkpoint = load_lightning_checkpoint(path, trust, tensors=False)
-    if "config" not in checkpoint:  # a foreign checkpoint: its weights are checked against the module built
-        return str(path)
-    trained = what_it_trains(checkpoint["config"])
-    building = what_it_trains(run_config)
-    if trained != building:
-        raise UserError(
-            f"ckpt_path={path} holds another model ({describe(trained)}) than this run builds "
-            f"({describe(building)}): resume with the checkpoint's own model and data (its run's "
-            ".hydra/overrides.yaml), or train afresh (without ckpt_path; under torchrun, with a new --rdzv-id)"
-        )
-    return str(path)
-
-
-class ResumedWeightsCheck(Callback):
-    """Refuses, before anything trains, a checkpoint whose weights the module cannot load strictly: Lightning loads
-    them once `fit` has set up, where a mismatch is a traceback; here it is one line naming the keys.
-
-    The weights are taken as Lightning would load them: after the module's `on_load_checkpoint` (called here on a
-    copy of the checkpoint) has seen them. Left to Lightning: a sharded checkpoint (its shards are checked as they
-    load), a module that builds its layers in `configure_model` (none exist yet at `setup`), and one that loads
-    loosely (`strict_loading = False`).
-    """
-
-    def __init__(self, ckpt_path: str | None) -> None:
-        self.ckpt_path = ckpt_path  # what `fit` resumes from (Lightning sets `trainer.ckpt_path` after `setup`)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        path = self.ckpt_path
-        if stage != "fit" or path is None or is_sharded(path) or not pl_module.strict_loading:
-            return
-        if is_overridden("configure_model", pl_module):
-            return
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        if is_overridden("on_load_checkpoint", pl_module):
-            checkpoint = {**checkpoint, "state_dict": dict(checkpoint["state_dict"])}
-            pl_module.on_load_checkpoint(checkpoint)
-        advice = (
-            "resume with the checkpoint's own model (its run's .hydra/overrides.yaml), or train afresh (without "
-            "ckpt_path)"
-            if "config" in checkpoint
-            else "give the model= (and model.<key>=) that trained it, or train afresh (without ckpt_path)"
-        )
-        check_weights_fit(pl_module, checkpoint["state_dict"], path, advice)
-
-
-def describe(trained: dict) -> str:
-    network = trained["network"]
-    return f"{trained['model']} with {network.get('_target_')}" if isinstance(network, dict) else str(trained["model"])
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temporary file beside it and renames it into place.
-
-    A rename within one directory is atomic, so a run killed mid-write leaves the previous `last.ckpt` whole; a write
-    that fails (a full disk, an interrupt) removes its temporary file, and a full or read-only disk is one line.
-    Lightning's stock `TorchCheckpointIO` stages the file in $TMPDIR and moves it: where the run dir is on another
-    filesystem (a tmpfs /tmp, a cluster's shared disk) the move is a copy, and a stop mid-copy leaves a truncated
-    `last.ckpt`: `test_write_stopped_while_the_file_crosses_filesystems_keeps_the_previous_file` in
-    tests/test_checkpoint_io.py fails for the stock class (marked xfail, strict) and passes for this one.
-    """
-
-    def load_checkpoint(self, path: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """A single file as Lightning loads it, or a sharded checkpoint (trainer=fsdp) assembled on this process: a
-        sharded run resumes under any strategy."""
-        if is_sharded(path):
-            return plain_checkpoint(path)
-        return super().load_checkpoint(path, *args, **kwargs)
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        path = Path(path)
-        partial = path.with_name(f".{path.name}.partial")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(checkpoint, partial)
-            os.replace(partial, path)
-        except BaseException as error:  # Ctrl-C and SIGTERM too: no half-written file is left behind
-            # Where the disk turned read-only after the file was written, not even its removal goes through: the
-            # failure to report stays the write's.
-            with contextlib.suppress(OSError):
-                partial.unlink(missing_ok=True)
-            # torch.save reports a full or read-only disk as a RuntimeError without an errno, so the disk itself is
-            # asked; any other RuntimeError (a DataLoader worker's death, raised wherever the run is) stays itself.
-            if isinstance(error, OSError) or (isinstance(error, RuntimeError) and disk_refuses(path)):
-                raise unwritable(path, getattr(error, "errno", None), str(error)) from error
-            raise
-
-
-def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
-    """Refuse, before anything trains, a checkpoint callback's dir that cannot be written (a read-only disk or mount,
-    a dir without write permission): the run would otherwise fail at its first checkpoint, an epoch later."""
-    for callback in callbacks:
-        if not (isinstance(callback, ModelCheckpoint) and callback.dirpath):
-            continue  # no dir of its own yet: Lightning puts it under the Trainer's default_root_dir
-        directory = nearest_existing(Path(callback.dirpath, "checkpoint"))
-        if not os.access(directory, os.W_OK):
-            below = "" if directory == Path(callback.dirpath) else f" (it would be made in {directory})"
-            raise UserError(
-                f"the checkpoint dir {callback.dirpath}{below} cannot be written (a read-only disk, or no permission): "
-                "make it writable, or write the run elsewhere (hydra.run.dir)"
-            )
-
-
-# A sharded checkpoint (Lightning's `ModelParallelStrategy`, `trainer=fsdp`) is a directory: one file of tensors per
-# rank, written by `torch.distributed.checkpoint` (DCP) with its `.metadata`, beside `meta.pt`, which holds the rest
-# (step, loops, data position, run config). Lightning's name for that file (lightning.fabric.utilities.load).
+# A sharded checkpoint (trainer=fsdp) is a directory: DCP's files of tensors, one per rank, and its index, beside this
+# file of the rest (step, loops, data position, run config), as Lightning names it (lightning.fabric.utilities.load).
 METADATA_FILE = "meta.pt"
+# DCP's index of the shards, a pickle of these classes of torch's (and torch's dtypes): what DCP itself writes there.
+SHARDS_INDEX = ".metadata"
+DTYPES = {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -342,26 +45,6 @@ def is_sharded(path: str | Path) -> bool:
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """All of a sharded checkpoint but its tensors (step, loops, data position, run config), without loading those."""
     return torch.load(Path(path) / METADATA_FILE, map_location="cpu", weights_only=True)
-
-
-def plain_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A sharded checkpoint as the dict of a single-file Lightning checkpoint: `state_dict` with whole tensors,
-    `optimizer_states` as `Optimizer.state_dict()` gives them, and the rest from `meta.pt`."""
-    check_shards(path)
-    with tempfile.TemporaryDirectory() as scratch:
-        whole = Path(scratch) / "whole.pt"
-        dcp_to_torch_save(Path(path), whole)
-        tensors = torch.load(whole, map_location="cpu", weights_only=True)
-    optimizers = sorted((key for key in tensors if key.startswith("optimizer_")), key=lambda key: int(key[10:]))
-    return read_metadata(path) | {
-        "state_dict": tensors["state_dict"],
-        "optimizer_states": [optimizer_state_by_index(tensors[key]) for key in optimizers],
-    }
-
-
-# DCP's index of the shards, a pickle of these classes of torch's (and torch's dtypes): what DCP itself writes there.
-SHARDS_INDEX = ".metadata"
-DTYPES = {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
 
 
 class ShardsIndexUnpickler(pickle.Unpickler):
@@ -375,10 +58,8 @@ class ShardsIndexUnpickler(pickle.Unpickler):
 
 
 def check_shards(path: str | Path) -> None:
-    """Refuse, before torch's DCP reads them, the files of a sharded checkpoint that hold more than tensors and plain
-    values: DCP unpickles its index (`.metadata`) and loads the non-tensor values with `torch.load(weights_only=False)`,
-    either of which runs code a file names. Here the index is read with only DCP's own classes, and each value with
-    `weights_only=True`, from the checkpoint's own files."""
+    """Refuse, before DCP reads them (unpickling its index, loading values with `weights_only=False`), a sharded
+    checkpoint's files that hold more than tensors and plain values, or point outside the checkpoint."""
     root = Path(path).resolve()
 
     def refuse(what: str) -> UserError:
@@ -418,21 +99,229 @@ def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
     return {"state": {number[name]: value for name, value in state.get("state", {}).items()}, "param_groups": groups}
 
 
-class PartWayResumeCheck(Callback):
-    """Refuses a resume from inside an epoch (a checkpoint of `trainer.max_steps`, a mid-epoch or a SIGTERM one)
-    whose data module cannot restore where its epoch stood, before the first step.
+def plain_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A sharded checkpoint as the dict of a single-file Lightning checkpoint: `state_dict` with whole tensors,
+    `optimizer_states` as `Optimizer.state_dict()` gives them, and the rest from `meta.pt`."""
+    check_shards(path)
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = Path(scratch) / "whole.pt"
+        dcp_to_torch_save(Path(path), whole)
+        tensors = torch.load(whole, map_location="cpu", weights_only=True)
+    optimizers = sorted((key for key in tensors if key.startswith("optimizer_")), key=lambda key: int(key[10:]))
+    return read_metadata(path) | {
+        "state_dict": tensors["state_dict"],
+        "optimizer_states": [optimizer_state_by_index(tensors[key]) for key in optimizers],
+    }
 
-    Such a data module (no `state_dict`/`load_state_dict` of its own) would start the epoch's data again from its
-    first batch while Lightning counts on from the saved step: some samples twice, others never, and Lightning only
-    warns. A resume from an epoch's end needs nothing of the data module.
-    """
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        refuse_a_resume_the_data_cannot_continue(trainer)
+def not_ours(content: object) -> str:
+    """What a loaded file that is not a Lightning checkpoint holds instead, as far as it can be told."""
+    if isinstance(content, dict) and content and all(isinstance(value, torch.Tensor) for value in content.values()):
+        return "holds a network's weights only (a bare state_dict), not a Lightning checkpoint of a module"
+    if isinstance(content, dict):
+        keys = ", ".join(str(key) for key in list(content)[:6]) or "nothing"
+        return f"is not a checkpoint of this project (it holds {keys}: no state_dict of a module's weights)"
+    return f"is not a checkpoint of this project (it holds a {type(content).__name__}, no state_dict of weights)"
+
+
+def load_lightning_checkpoint(path: str | Path, trust: TrustedTargets, tensors: bool = True) -> dict[str, Any]:
+    """The Lightning checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one or its
+    stored config names a target `trust` does not trust. A sharded one (a directory) is assembled on this process, or
+    with `tensors=False` only its metadata is read."""
+    path = Path(path)
+    if is_sharded(path):
+        metadata = read_metadata(path)
+        check_stored_config(metadata.get("config"), f"ckpt_path={path}", trust)
+        if tensors:
+            return plain_checkpoint(path)  # which checks the shards' files before DCP reads them
+        check_shards(path)  # before a resume hands the files to DCP, which would run what they name
+        return metadata
+    if path.is_dir():
+        inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+        files = ", ".join(str(file) for file in inside[:3]) or "<run dir>/checkpoints/last.ckpt"
+        raise UserError(f"ckpt_path={path} is a directory: give a checkpoint file ({files})")
+    if not path.is_file():
+        raise UserError(f"ckpt_path={path}: no such file")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # torch raises many types for a damaged or foreign file
+        raise UserError(
+            f"ckpt_path={path} is not a checkpoint torch.load can read (damaged, or another kind of file)"
+        ) from None
+    if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("state_dict"), dict)):
+        raise UserError(
+            f"ckpt_path={path} {not_ours(checkpoint)}: give a checkpoint project.train wrote ({LAST}), or one of "
+            "Lightning's Trainer.save_checkpoint"
+        )
+    check_stored_config(checkpoint.get("config"), f"ckpt_path={path}", trust)
+    return checkpoint
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimizer step a checkpoint (a file, or a sharded directory) was written at, its tensors left on disk."""
+    if is_sharded(path):
+        return read_metadata(path)["global_step"]
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"]
+
+
+def first_few(keys: list[str], shown: int = 3) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
+
+
+def check_weights_fit(module: torch.nn.Module, weights: dict[str, Any], path: str | Path, advice: str) -> None:
+    """Refuse in one line the weights that `module.load_state_dict(weights, strict=True)` would refuse with a
+    traceback, naming the first keys missing, unexpected, and of another shape (a lazy parameter takes any)."""
+    own = module.state_dict()
+    reshaped = [
+        f"{key} {list(weights[key].shape)} (the module's {list(value.shape)})"
+        for key, value in own.items()
+        if isinstance(weights.get(key), torch.Tensor)
+        and isinstance(value, torch.Tensor)
+        and not is_lazy(value)
+        and weights[key].shape != value.shape
+    ]
+    found = {
+        "missing": [key for key in own if key not in weights],
+        "unexpected": [key for key in weights if key not in own],
+        "of another shape": reshaped,
+    }
+    problems = [f"{kind}: {first_few(keys)}" for kind, keys in found.items() if keys]
+    if problems:
+        raise UserError(
+            f"ckpt_path={path}: its weights do not fit {type(module).__name__} ({'; '.join(problems)}): {advice}"
+        )
+
+
+def what_it_trains(config: dict) -> dict:
+    """What a run's weights fit: its module class and, where the module has one, its network's config (a resumed run
+    may change its optimizer, schedule and data)."""
+    model = config.get("model") or {}
+    return {"model": model.get("_target_"), "network": model.get("network")}
+
+
+def describe(trained: dict) -> str:
+    network = trained["network"]
+    return f"{trained['model']} with {network.get('_target_')}" if isinstance(network, dict) else str(trained["model"])
+
+
+def same_data(first: dict, second: dict) -> bool:
+    return (first.get("data") or {}).get("_target_") == (second.get("data") or {}).get("_target_")
+
+
+def stored_config(path: Path, trust: TrustedTargets) -> dict | None:
+    """The run config a checkpoint stores, or None for a file that is not one of ours; one that names a target `trust`
+    does not trust is refused."""
+    try:
+        return load_lightning_checkpoint(path, trust, tensors=False).get("config")
+    except UntrustedConfig:
+        raise
+    except UserError:
+        return None
+
+
+def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict, trust: TrustedTargets) -> Path:
+    """`checkpoints/last.ckpt` of the most recently written run under `outputs_dir`, other than `exclude`, that
+    trained the same model on the same kind of data as `run_config`. Each one read, newest first, must name only
+    targets `trust` trusts: a file planted there is refused, not passed over."""
+    files = outputs_dir.rglob("checkpoints/last.ckpt")
+    candidates = sorted(
+        (path for path in files if exclude.resolve() not in path.resolve().parents),
+        key=lambda path: path.stat().st_mtime,
+        reverse=True,
+    )
+    if not candidates:
+        raise UserError(
+            f"ckpt_path=last: no earlier run under {outputs_dir} has a checkpoints/last.ckpt; "
+            "train once first, or give the checkpoint's path"
+        )
+    for path in candidates:
+        stored = stored_config(path, trust)
+        if stored and what_it_trains(stored) == what_it_trains(run_config) and same_data(stored, run_config):
+            return path
+    model, data = run_config["model"].get("_target_"), (run_config.get("data") or {}).get("_target_")
+    raise UserError(
+        f"ckpt_path=last: none of the {len(candidates)} earlier runs under {outputs_dir} trained this model "
+        f"({model}) on this data ({data}); the newest, {candidates[0]}, trained another: give the checkpoint's "
+        "path, or train once first"
+    )
+
+
+def resume_path(
+    ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_config: dict, sweep_dir: Path | None = None
+) -> str | None:
+    """The checkpoint `trainer.fit` resumes from (`ckpt_path`: a file, "last", or null), refused where it trained
+    another model than `run_config` builds. A run its launcher started again, or a sweep's job carried on, resumes
+    from its own run dir's last.ckpt; "last" is otherwise the newest earlier run's of the same model and data."""
+    trust = TrustedTargets.of(run_config)
+    own_last = run_dir / "checkpoints" / "last.ckpt"
+    carried_on = sweep_dir is not None or "TORCHELASTIC_RUN_ID" in os.environ
+    if carried_on and own_last.exists():  # a file, or a sharded checkpoint (a directory)
+        path = own_last  # carries on from its own progress, whatever ckpt_path the launch started from
+    elif ckpt_path is None:
+        if not (own_last.exists() and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0):
+            return None
+        # Lightning resumes by itself from its own `hpc_ckpt_*.ckpt` (written as Slurm stops the job) when newer.
+        hpc_times = [path.stat().st_mtime for path in run_dir.glob("hpc_ckpt_*.ckpt")]
+        return None if hpc_times and max(hpc_times) > own_last.stat().st_mtime else str(own_last)
+    elif ckpt_path == "last" and own_last.exists():
+        path = own_last
+    elif ckpt_path == "last":  # chosen among the runs of this model and data: nothing left to check
+        return str(newest_last_checkpoint(outputs_dir, sweep_dir or run_dir, run_config, trust))
+    else:
+        path = Path(ckpt_path)
+    checkpoint = load_lightning_checkpoint(path, trust, tensors=False)
+    if "config" not in checkpoint:  # a foreign checkpoint: its weights are checked against the module built
+        return str(path)
+    trained = what_it_trains(checkpoint["config"])
+    building = what_it_trains(run_config)
+    if trained != building:
+        raise UserError(
+            f"ckpt_path={path} holds another model ({describe(trained)}) than this run builds "
+            f"({describe(building)}): resume with the checkpoint's own model and data (its run's "
+            ".hydra/overrides.yaml), or train afresh (without ckpt_path; under torchrun, with a new --rdzv-id)"
+        )
+    return str(path)
+
+
+class ResumedWeightsCheck(Callback):
+    """Refuses, before anything trains, a checkpoint whose weights the module cannot load strictly (Lightning's
+    traceback, once `fit` has set up), taking them as the module's `on_load_checkpoint` passes them on."""
+
+    def __init__(self, ckpt_path: str | None) -> None:
+        self.ckpt_path = ckpt_path  # what `fit` resumes from (Lightning sets `trainer.ckpt_path` after `setup`)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        path = self.ckpt_path
+        if stage != "fit" or path is None or is_sharded(path) or not pl_module.strict_loading:
+            return
+        if is_overridden("configure_model", pl_module):  # its layers do not exist yet at `setup`
+            return
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        if is_overridden("on_load_checkpoint", pl_module):
+            checkpoint = {**checkpoint, "state_dict": dict(checkpoint["state_dict"])}
+            pl_module.on_load_checkpoint(checkpoint)
+        advice = (
+            "resume with the checkpoint's own model (its run's .hydra/overrides.yaml), or train afresh (without "
+            "ckpt_path)"
+            if "config" in checkpoint
+            else "give the model= (and model.<key>=) that trained it, or train afresh (without ckpt_path)"
+        )
+        check_weights_fit(pl_module, checkpoint["state_dict"], path, advice)
+
+
+def keeps_its_position(datamodule: L.LightningDataModule) -> bool:
+    """Whether the data module saves and restores state of its own (Lightning's defaults save nothing)."""
+    kind = type(datamodule)
+    return (
+        kind.state_dict is not L.LightningDataModule.state_dict
+        and kind.load_state_dict is not L.LightningDataModule.load_state_dict
+    )
 
 
 def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
-    """A module serving its own batches (`data=none`) keeps no place in them either: its state is its weights."""
+    """Refuse, in one line, a resume from inside an epoch where the data module, or the module serving its own batches
+    (`data=none`), cannot restore the epoch's place."""
     if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches):
         return
     steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
@@ -455,16 +344,59 @@ def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
     )
 
 
-def keeps_its_position(datamodule: L.LightningDataModule) -> bool:
-    """Whether the data module saves and restores state of its own (Lightning's defaults save nothing)."""
-    kind = type(datamodule)
-    return (
-        kind.state_dict is not L.LightningDataModule.state_dict
-        and kind.load_state_dict is not L.LightningDataModule.load_state_dict
-    )
+class PartWayResumeCheck(Callback):
+    """Refuses, before the first step, a resume from inside an epoch whose data cannot restore where the epoch stood:
+    it would start the epoch's batches again while Lightning counts on from the saved step."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        refuse_a_resume_the_data_cannot_continue(trainer)
 
 
-# ---- from best_checkpoint.py
+def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
+    """Refuse, before anything trains, a checkpoint callback's dir that cannot be written (a read-only disk or mount,
+    a dir without write permission): the run would otherwise fail at its first checkpoint, an epoch later."""
+    for callback in callbacks:
+        if not (isinstance(callback, ModelCheckpoint) and callback.dirpath):
+            continue  # no dir of its own yet: Lightning puts it under the Trainer's default_root_dir
+        directory = nearest_existing(Path(callback.dirpath, "checkpoint"))
+        if not os.access(directory, os.W_OK):
+            below = "" if directory == Path(callback.dirpath) else f" (it would be made in {directory})"
+            raise UserError(
+                f"the checkpoint dir {callback.dirpath}{below} cannot be written (a read-only disk, or no permission): "
+                "make it writable, or write the run elsewhere (hydra.run.dir)"
+            )
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temporary file beside it and renames it into place (atomic within a directory): a
+    run killed mid-write keeps the previous file whole, and a full or read-only disk is one line."""
+
+    def load_checkpoint(self, path: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """A single file as Lightning loads it, or a sharded checkpoint (trainer=fsdp) assembled on this process: a
+        sharded run resumes under any strategy."""
+        if is_sharded(path):
+            return plain_checkpoint(path)
+        return super().load_checkpoint(path, *args, **kwargs)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(checkpoint, partial)
+            os.replace(partial, path)
+        except BaseException as error:  # Ctrl-C and SIGTERM too: no half-written file is left behind
+            # Where the disk turned read-only after the file was written, not even its removal goes through: the
+            # failure to report stays the write's.
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            # torch.save reports a full or read-only disk as a RuntimeError without an errno, so the disk itself is
+            # asked; any other RuntimeError (a DataLoader worker's death, raised wherever the run is) stays itself.
+            if isinstance(error, OSError) or (isinstance(error, RuntimeError) and disk_refuses(path)):
+                raise unwritable(path, getattr(error, "errno", None), str(error)) from error
+            raise
+
+
 class ObjectiveNotLogged(UserError):
     """The module does not log the metric a search optimises: the end of the search, not only of its trial."""
 
@@ -472,7 +404,8 @@ class ObjectiveNotLogged(UserError):
 
 
 class BestCheckpoint(TopKCheckpoint):
-    """`ModelCheckpoint` keeping the best `monitor`; `results_from` says whether the run's results need it."""
+    """`ModelCheckpoint` keeping the best `monitor`. A module that does not log it is told once, and the run goes on
+    without a best checkpoint, unless its results (`results_from=best`) or a search need it."""
 
     def __init__(self, *args, results_from: str = "last", **kwargs) -> None:
         super().__init__(*args, **kwargs)

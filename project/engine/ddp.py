@@ -1,45 +1,5 @@
-"""[peers] How a wait on the other processes of a launch ends, told apart so that it ends in one line naming who did not answer.
-
-torch reports these ends in its own words, and the same words reach several places (Lightning's DDP start-up, the
-end of a job, torchrun's agent), so they are recognised here once:
-- a port that another program (or another run) already holds, met when a process tries to serve the run's store;
-- a store address where another program listens: torch's store client, connected there, waits for an answer
-  without end, past its timeout (`answers_as_store` asks first, and gives up in time);
-- a collective that timed out: a rank went silent (stopped, hung, far slower than the others) for the whole
-  `trainer.strategy.timeout`; `silent_ranks` then asks the run's store which ranks are still there to say so.
-
-
-[rank_agreement] Ranks agreeing on a few flags (a SIGTERM seen, a checkpoint due by the clock) without waiting on the device.
-
-A flag one rank sets (its SIGTERM, its clock) must change what every rank does at one same step, or the ranks part
-ways and the next collective hangs. An all-reduce of the flags on the training device at every step would agree, but
-on GPUs it makes the CPU wait for the device each step, which then idles while the next step is queued. So the flags
-travel on a small gloo (CPU) group of their own, asynchronously: the all-reduce a rank starts at one step is read at
-its next, and the ranks act one step later than a synchronous agreement would, all at the same step. The Lightning
-strategies agree on SIGTERM with it (`project.engine.ddp`); a mid-epoch checkpoint's clock, and a hand-written loop,
-can use it too.
-
-
-[ddp] DDP whose extra processes re-run this Hydra *job*, not the command line, so `-m` sweeps stay correct.
-
-Lightning's DDP starts ranks 1..N-1 by re-running `sys.argv` with `hydra.run.dir` appended. Under `-m` (or an
-Optuna search, which is a sweep too) that argv is the whole sweep: every child re-runs the sweep and joins the wrong
-job (or none). `HydraJobLauncher` starts each child as a single run (`hydra.mode=RUN`) of the current job instead:
-the same config source (`--config-dir`, `--config-name`, `hydra.searchpath`), the job's own overrides (one sweep
-point), the checkpoint rank 0 resumes from (so `ckpt_path=last` is resolved once), `hydra.run.dir` = the job's
-output dir, and no `.hydra/` copy. Once the ranks meet, `check_same_config_on_every_rank` proves that every rank
-composed the same config (the ranks torchrun or srun starts compose theirs too).
-
-When the job ends (`project.engine.job.isolated_job` calls `finish`) the children are waited for, or killed if the job
-failed. Children die with their parent (Linux PR_SET_PDEATHSIG), so a killed rank 0 leaves no orphans stuck in a
-collective; a child that dies is noted at once (`failure`), and the run stops: rank 0 fails in its next collective
-and reports the child's death as its cause, or reports the user error it shares with the child (each rank then says
-that one line once, whichever got there first, or rank 0 alone when it kills the child before the child could).
-
-The launcher subclasses Lightning's private `_SubprocessScriptLauncher` (hence the `lightning<2.7` pin); it can go
-once Lightning starts Hydra children as single runs of the current job.
-
-"""
+"""The processes of a multi-process run: started as one Hydra job (`HydraJobLauncher`, `HydraDDPStrategy`), meeting,
+agreeing on their config and on SIGTERM (`DeferredAgreement`), and every wait on each other ending in one line."""
 
 import ctypes
 import inspect
@@ -77,7 +37,7 @@ from project.engine.upstream import (
     strategy_timeout,
 )
 
-# ---- from peers.py
+log = logging.getLogger(__name__)
 # The config key that sets how long a rank waits for the others (conf/trainer/ddp.yaml, slurm.yaml, ddp_spawn.yaml).
 TIMEOUT_KEY = "trainer.strategy.timeout.seconds"
 # How torch says a collective timed out.
@@ -89,13 +49,16 @@ TIMEOUT_WORDS = (
 # How long the ranks that timed out wait for each other to say so: their timers, started as they entered the same
 # collective, end within moments of each other.
 ROLL_CALL_SECONDS = 3.0
+# Hydra overrides the child command sets itself (each may appear once).
+CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
+PR_SET_PDEATHSIG = 1
+# After naming a dead child, how long rank 0 gets to fail on its own (its next collective) before the process ends.
+STOP_GRACE_SECONDS = 30.0
 
 
 def reserved_port() -> socket.socket:
-    """A socket bound to a free port of this machine (`getsockname()[1]`), never listening: while it is open, no other
-    bind to port 0 and no outgoing connection here takes that port, and a server that binds it with SO_REUSEADDR
-    (torch's TCPStore, Python's HTTP servers) still can. A port only found free, then closed, can be taken by any
-    of those before the server that is to listen there binds it."""
+    """A socket bound to a free port of this machine (`getsockname()[1]`), never listening: while it is open nothing
+    else here takes that port, yet a server that binds it with SO_REUSEADDR (torch's TCPStore) still can."""
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("", 0))
@@ -103,8 +66,7 @@ def reserved_port() -> socket.socket:
 
 
 def port_in_use(error: BaseException) -> int | None:
-    """The port of torch's "address already in use" (serving a store on a port something else holds), if that is
-    what `error` is."""
+    """The port of torch's "address already in use" (a store served where another program listens), if `error` is it."""
     if not isinstance(error, dist.DistNetworkError) or "EADDRINUSE" not in str(error):
         return None
     found = re.search(r"port: (\d+)", str(error))
@@ -112,11 +74,8 @@ def port_in_use(error: BaseException) -> int | None:
 
 
 def answers_as_store(host: str, port: int, seconds: float) -> bool | None:
-    """Whether what listens at host:port answers as torch's store (a rendezvous, a process group's) within `seconds`;
-    None when nothing listens there yet (torch's client then waits its timeout for the store to start, and says so).
-
-    It is asked from a thread that is given up on: against another program the client waits without end.
-    """
+    """Whether what listens at host:port answers as torch's store within `seconds`; None when nothing listens there
+    yet. Asked from a thread that is given up on: against another program torch's client waits without end."""
     try:
         socket.create_connection((host, port), timeout=seconds).close()
     except OSError:
@@ -138,8 +97,7 @@ def answers_as_store(host: str, port: int, seconds: float) -> bool | None:
 
 def collective_timed_out(error: BaseException) -> bool:
     """Whether `error` is a collective that waited the process group's whole timeout for another rank, here or on a
-    rank that then closed its connection to this one (gloo's words; NCCL's where its watchdog raises rather than
-    aborts)."""
+    rank that then closed its connection to this one."""
     return (
         isinstance(error, RuntimeError)
         and dist.is_available()
@@ -149,14 +107,8 @@ def collective_timed_out(error: BaseException) -> bool:
 
 
 def silent_ranks(seconds: float = ROLL_CALL_SECONDS) -> list[int]:
-    """The ranks that do not say, within `seconds`, that they are here: every rank whose collective timed out calls
-    this at about the same moment and marks itself in the run's store (MASTER_ADDR:MASTER_PORT, which every rank
-    joined); the others are the silent ones.
-
-    A store that does not answer is served by a silent process: rank 0's (Lightning's launcher and torchrun's
-    workers serve it there). torch's store client can wait on it past its own timeout, so it is asked from a thread
-    that is given up on.
-    """
+    """The ranks that do not mark themselves present in the run's store within `seconds`; every rank whose collective
+    timed out calls this at about the same moment. A store that does not answer is rank 0's, so rank 0 is silent."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     prefix = f"project/present/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     present: list[int] = []
@@ -167,8 +119,7 @@ def silent_ranks(seconds: float = ROLL_CALL_SECONDS) -> list[int]:
             store = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=seconds))
             store.set(f"{prefix}{rank}", "")
             time.sleep(seconds)
-            marked = [other for other in range(world_size) if store.check([f"{prefix}{other}"])]
-            present.extend(marked)
+            present.extend(other for other in range(world_size) if store.check([f"{prefix}{other}"]))
         except RuntimeError:  # the store is gone: its process ended
             pass
 
@@ -180,13 +131,10 @@ def silent_ranks(seconds: float = ROLL_CALL_SECONDS) -> list[int]:
     return [other for other in range(world_size) if other not in present]
 
 
-# ---- from rank_agreement.py
 class DeferredAgreement:
-    """The max over ranks of `size` flags, started by one `exchange` and answered by the next.
-
-    Every rank must call `exchange` and `settle` at the same points (between the same steps), as for any collective.
-    Created once every rank has joined the process group, by every rank at once (it creates a process group).
-    """
+    """The max over ranks of `size` flags, on a CPU group of its own, started by one `exchange` and answered by the
+    next, so that no rank waits on its device. Every rank calls it at the same points, as any collective, and creates
+    it at once, after they met."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -201,17 +149,14 @@ class DeferredAgreement:
 
     def start(self, flags: Sequence[bool]) -> None:
         """Start the agreement on `flags`, for the next `settle` or `exchange` to answer; none may be in flight.
-
-        `settle`, act, then `start` is `exchange` with flags computed after the acting: a flag that the acting clears
-        (a clock a checkpoint resets) is then not sent once more."""
+        (`settle`, act, `start`: a flag the acting clears, a clock a checkpoint resets, is not sent once more.)"""
         if self.in_flight is not None:
             raise RuntimeError("an agreement is in flight already: settle it first")
         sent = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
         self.in_flight = sent, dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
 
     def settle(self) -> list[bool]:
-        """The agreement in flight, waited for (on the other ranks' CPU threads, not on a device); none is left in
-        flight. All False if none was."""
+        """The agreement in flight, waited for on the ranks' CPU threads, not on a device; all False if none was."""
         if self.in_flight is None:
             return [False] * self.size
         sent, work = self.in_flight
@@ -225,13 +170,26 @@ class DeferredAgreement:
         return [a or b for a, b in zip(earlier, self.settle(), strict=True)]
 
 
-# ---- from ddp.py
-log = logging.getLogger(__name__)
-# Hydra overrides the child command sets itself (each may appear once).
-CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
-PR_SET_PDEATHSIG = 1
-# After naming a dead child, how long rank 0 gets to fail on its own (its next collective) before the process ends.
-STOP_GRACE_SECONDS = 30.0
+def check_same_config_on_every_rank(config: dict | None) -> None:
+    """Stops a distributed run, in one line on every rank, when its ranks did not compose the same config (each
+    torchrun worker, Slurm task and DDP child composes its own). Called by every rank once they have met."""
+    configs: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(configs, config)
+    for rank, other in enumerate(configs):
+        keys = differing_keys(configs[0], other)
+        if keys:
+            raise UserError(
+                f"rank {rank} composed a different config than rank 0 (at {', '.join(keys[:5])}): start every "
+                "rank with the same --config-dir, --config-name and overrides"
+            )
+
+
+def differing_keys(first: object, second: object, prefix: str = "") -> list[str]:
+    """The dotted keys at which two plain configs (nested dicts and lists) differ."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        keys = sorted(set(first) | set(second), key=str)
+        return [key for k in keys for key in differing_keys(first.get(k), second.get(k), f"{prefix}{k}.")]
+    return [] if first == second else [prefix.rstrip(".") or "<root>"]
 
 
 def die_with_parent() -> None:
@@ -246,11 +204,8 @@ def quoted(value: str) -> str:
 
 
 def child_command(ckpt_path: str | None = None) -> list[str]:
-    """The command that runs the current Hydra job once more, as a plain run in the same directory.
-
-    The program is started as this one was (`python -m <module>`, or `python <script>`), from the same config
-    source, with the job's own overrides; `ckpt_path` replaces the job's `ckpt_path=` override when given.
-    """
+    """The command that runs the current Hydra job once more, as a plain run in the same directory: the program
+    started as this one was, from the same config source, with the job's overrides (`ckpt_path` replacing its own)."""
     hydra = HydraConfig.get()
     script_mode = __main__.__spec__ is None  # `python project/train.py` rather than `python -m project.train`
     program = [to_absolute_path(sys.argv[0])] if script_mode else ["-m", __main__.__spec__.name]
@@ -277,23 +232,21 @@ def child_command(ckpt_path: str | None = None) -> list[str]:
 
 
 class HydraJobLauncher(ScriptLauncher):
-    """Starts local ranks 1..N-1 as single runs of the current Hydra job (see the module docstring)."""
+    """Starts local ranks 1..N-1 as single runs of the current Hydra job, not of the command line (under `-m`, the
+    whole sweep); notes the first to fail, and ends them with the job (`finish`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stopping = threading.Event()
-        # The run's MASTER_PORT, held from its choice until the job ends (`peers.reserved_port`).
+        # The run's MASTER_PORT, held from its choice until the job ends (`reserved_port`).
         self.port_holder: socket.socket | None = None
         # The line that named the first child to end badly, and its rank, once one has.
         self.failure: str | None = None
         self.failed_rank: int | None = None
 
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
-        """Lightning's `launch`, with this launcher's children and watcher.
-
-        Lightning's own child observer is not started: it outlives the job and, once a child of a finished job has
-        been stopped, SIGKILLs the whole process, and with it the rest of a sweep.
-        """
+        """Lightning's `launch`, with this launcher's children and watcher instead of Lightning's child observer, which
+        outlives the job and SIGKILLs the whole process (a sweep with it) once a finished job's child stops."""
         try:  # the processes a launcher started (srun's tasks, torchrun's workers) against devices and num_nodes
             self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
         except ValueError as error:
@@ -325,12 +278,8 @@ class HydraJobLauncher(ScriptLauncher):
         threading.Thread(target=self.watch_children, daemon=True, name="child-watcher").start()
 
     def watch_children(self) -> None:
-        """Beside training: note the first rank that ended badly (gloo's own error names only an address).
-
-        Rank 0 then fails in its next collective, and its job names that rank (`engine.job`). Should it still run
-        `STOP_GRACE_SECONDS` later, it is blocked where Python cannot interrupt it (waiting for the dead rank to join
-        the process group): the process then ends at once, with the other children and that line last.
-        """
+        """Beside training: note the first rank that ended badly, for rank 0's job to name. Should rank 0 still run
+        `STOP_GRACE_SECONDS` later, it is stuck where Python cannot interrupt it: kill all, say that line, end."""
         while not self.stopping.is_set():
             if self.note_failed_child():
                 if not self.stopping.wait(STOP_GRACE_SECONDS):
@@ -366,11 +315,8 @@ class HydraJobLauncher(ScriptLauncher):
         self.stopping.set()
 
     def finish(self, failed: bool, timeout: float = 60.0) -> None:
-        """End the children, once: a later call finds none left (a failed job's end calls this twice).
-
-        After a success, wait for them (up to `timeout` s). After a failure, kill them: they would otherwise sit in a
-        collective until gloo's 30-minute timeout (`note_dead_child` first, to name a child whose death was the cause).
-        """
+        """End the children, once (a failed job's end calls this twice): after a success wait for them (up to `timeout`
+        s), after a failure kill them, who would sit in a collective until gloo's 30-minute timeout."""
         self.stopping.set()
         for child in self.procs:
             if failed:
@@ -392,15 +338,9 @@ class HydraJobLauncher(ScriptLauncher):
 
 
 class HydraJobRanks(OwnScriptLauncher):
-    """What a multi-process strategy of this project adds to Lightning's: `HydraJobLauncher` for the processes it
-    starts itself, and SIGTERM that stops every rank at one same step. Mixed in before the Lightning strategy
-    (`HydraDDPStrategy`, and trainer=fsdp's).
-
-    Processes that do not all meet within `timeout` (`trainer.strategy.timeout`: a node never started, a wrong
-    MASTER_ADDR) end with one line saying so, instead of torch's store error, and so does a MASTER_PORT that another
-    program holds (rank 0 cannot serve there; the other ranks would wait on it without end); ranks that met but
-    composed different configs end in one line too.
-    """
+    """Mixed in before a Lightning strategy (`HydraDDPStrategy`, trainer=fsdp's): processes started by
+    `HydraJobLauncher`, SIGTERM that stops every rank at one same step, and a meeting that fails (no meeting within
+    `timeout`, a MASTER_PORT another program holds, configs that differ) ended in one line."""
 
     # Set by the SIGTERM handler (`note_sigterm_without_collectives`); kept through fit and test.
     sigterm_pending = False
@@ -408,6 +348,7 @@ class HydraJobRanks(OwnScriptLauncher):
     sigterm_agreement: DeferredAgreement | None = None
 
     def setup_environment(self) -> None:
+        """Lightning's meeting of the ranks, in one line where it fails; then the config check and the agreement."""
         self.note_sigterm_without_collectives()
         try:
             super().setup_environment()
@@ -422,9 +363,8 @@ class HydraJobRanks(OwnScriptLauncher):
             reason = " ".join(str(error).split()[:40])
             raise UserError(
                 f"the {self.world_size} processes of this run did not all meet at {address} within "
-                f"{strategy_timeout(self)} "
-                f"({reason}): start the same command on every node with the same MASTER_ADDR and MASTER_PORT, or "
-                f"allow more time with {TIMEOUT_KEY}"
+                f"{strategy_timeout(self)} ({reason}): start the same command on every node with the same MASTER_ADDR "
+                f"and MASTER_PORT, or allow more time with {TIMEOUT_KEY}"
             ) from None
         check_same_config_on_every_rank(run_config_of(self.lightning_module.trainer))
         self.sigterm_agreement = DeferredAgreement(size=1)
@@ -447,23 +387,12 @@ class HydraJobRanks(OwnScriptLauncher):
                 f"({TIMEOUT_KEY} sets the wait)"
             )
 
-    def script_launcher(self) -> "HydraJobLauncher":
+    def script_launcher(self) -> HydraJobLauncher:
         return HydraJobLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     def note_sigterm_without_collectives(self) -> None:
-        """On SIGTERM, only forward it to the children and note it; the ranks then agree, and stop at one same point.
-
-        Lightning's own SIGTERM handler broadcasts to the other ranks from inside the signal handler, which can run
-        on top of another collective (a metric's sync) while the other ranks are elsewhere: the run then hangs until
-        the process group's timeout. And Lightning's loops stop wherever a rank sees its flag (after a step, after an
-        epoch, in validation), so ranks signalled a moment apart stop at different points, and a SIGTERM checkpoint
-        (callbacks.mid_epoch_checkpoint), which all ranks write together, would hang too. So the handler only
-        notes the signal (`sigterm_pending`); the ranks agree on it between training batches (`on_train_batch_start`),
-        and Lightning's flag is set there, on every rank at once: all stop after the same batch. Between fit and test,
-        and after test, `project.engine.job.stop_if_signalled` asks once more. (The handler
-        is replaced on the Trainer's private signal connector before the Trainer registers it; see the
-        `lightning<2.7` pin.)
-        """
+        """On SIGTERM, only forward it to the children and note it (`sigterm_pending`), where Lightning's handler would
+        broadcast from inside the signal handler; the ranks agree on it between batches and all stop after the same."""
 
         def note_sigterm(signum: int, frame: object) -> None:
             log.info(f"[rank: {self.global_rank}] Received SIGTERM: stopping after the next step")
@@ -479,12 +408,8 @@ class HydraJobRanks(OwnScriptLauncher):
         return sigterm
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """Read the agreement started at the previous batch, and start this batch's: where SIGTERM reached any rank
-        before that one, every rank stops after this batch.
-
-        The all-reduce runs beside the step, on the CPU group, so no rank waits for it on the training device; the
-        price is one step: a SIGTERM that arrives during step k stops every rank after step k + 2.
-        """
+        """Read the SIGTERM agreement started at the previous batch, and start this batch's: a SIGTERM during step k
+        stops every rank after step k + 2, and no rank waits on its device for it."""
         super().on_train_batch_start(batch, batch_idx)
         (sigterm,) = self.sigterm_agreement.exchange([self.sigterm_pending])
         if sigterm:
@@ -493,29 +418,3 @@ class HydraJobRanks(OwnScriptLauncher):
 
 class HydraDDPStrategy(HydraJobRanks, DDPStrategy):
     """Lightning's DDP, its ranks started and stopped as `HydraJobRanks` says."""
-
-
-def check_same_config_on_every_rank(config: dict | None) -> None:
-    """Stops a distributed run, in one line on every rank, when its ranks did not compose the same config.
-
-    Each torchrun worker, Slurm task and DDP child composes the config itself; a different config dir, config
-    name or override on one rank would otherwise train different things silently under one run. Called by every
-    rank once the process group is up (`HydraDDPStrategy.setup_environment`).
-    """
-    configs: list[dict | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(configs, config)
-    for rank, other in enumerate(configs):
-        keys = differing_keys(configs[0], other)
-        if keys:
-            raise UserError(
-                f"rank {rank} composed a different config than rank 0 (at {', '.join(keys[:5])}): start every "
-                "rank with the same --config-dir, --config-name and overrides"
-            )
-
-
-def differing_keys(first: object, second: object, prefix: str = "") -> list[str]:
-    """The dotted keys at which two plain configs (nested dicts and lists) differ."""
-    if isinstance(first, dict) and isinstance(second, dict):
-        keys = sorted(set(first) | set(second), key=str)
-        return [key for k in keys for key in differing_keys(first.get(k), second.get(k), f"{prefix}{k}.")]
-    return [] if first == second else [prefix.rstrip(".") or "<root>"]

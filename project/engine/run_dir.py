@@ -1,26 +1,5 @@
-"""The run directory, computed alike by every process of one launch and by no other launch.
-
-Hydra's `${now:...}` is resolved by each process on its own, and two launches in the same second get the same
-value. `${launch_dir:<parent>}` (used by `hydra.run.dir` and `hydra.sweep.dir` in conf/train.yaml) names the launch
-instead of the moment:
-- a task that `srun` started (the program itself, not a shell in `salloc` or `srun --pty bash`):
-  `slurm-<job id>.<step id>`, which a requeued job gets again, so it finds its checkpoints;
-- a worker of a multi-node torchrun launch: `torchrun-<rendezvous id>` (`--rdzv-id`), the one name every node
-  knows; the same line run again with that id (a relaunch, or Kubernetes restarting the job) finds it again;
-- a worker of a one-node torchrun launch: the date and time the torchrun agent (the workers' parent process)
-  started, which its elastic restarts share;
-- anything else: the date and time now.
-Each launch but a Slurm task then claims its directory (`claim`): a launch that finds it claimed by another takes
-the same name with `-1`, `-2`, ... appended. Lightning's DDP children are given their parent's directory.
-
-A directory given on the command line is taken as it is, so it is checked as the run starts (`RunDirCheck`): a run
-directory that holds another run's results or checkpoints is refused, unless the run carries that run on
-(`ckpt_path=last` then means that directory's own last.ckpt); a sweep directory that holds a sweep of other
-overrides is refused, and one of the same overrides is carried on (`project.engine.sweeps`).
-
-Every process of a launch writes into that one directory, so only rank 0 saves Hydra's `.hydra/` config
-(`${on_rank_zero:...}`) and the others log to `<job>.rank<N>.log` (`${rank_log_suffix:}`).
-"""
+"""The run directory: one per launch, named alike by each of its processes (`${launch_dir:}`) and claimed so that no
+other launch writes there; one given on the command line is checked as the run starts (`RunDirCheck`)."""
 
 import os
 import re
@@ -54,7 +33,7 @@ def process_start_time(pid: int) -> float:
 
 
 def is_slurm_task() -> bool:
-    """Whether `srun` started this very process as a task (then it has ranks, and siblings on other nodes)."""
+    """Whether `srun` started this very process as a task (not a shell in `salloc`)."""
     return "SLURM_STEP_ID" in os.environ and os.environ.get("SLURM_TASK_PID") == str(os.getpid())
 
 
@@ -65,11 +44,7 @@ def multi_node_torchrun() -> bool:
 
 
 def torchrun_run_name() -> str:
-    """`--rdzv-id` as a directory name.
-
-    torchrun's default id, "none", ends the process in one line: every launch would share that name. (It ends here,
-    as Hydra resolves the run dir: an exception would reach the user as OmegaConf's and Hydra's tracebacks.)
-    """
+    """`--rdzv-id` as a directory name; torchrun's default, "none", is refused: every launch would share it."""
     run_id = os.environ["TORCHELASTIC_RUN_ID"]
     if run_id == "none":
         refuse(
@@ -79,12 +54,22 @@ def torchrun_run_name() -> str:
     return re.sub(r"[^\w.-]", "_", run_id)
 
 
-def claim(directory: Path, launch_id: str) -> bool:
-    """Make `directory` this launch's, unless another launch has; whether it is ours.
+def launch_id() -> str:
+    """What names this process's launch in a claim: shared by the processes of a Slurm job step or a torchrun launch
+    and by their restarts (which so find their directory theirs again), new for any other process."""
+    if is_slurm_task():
+        return f"slurm {os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
+    if multi_node_torchrun():
+        return f"torchrun {torchrun_run_name()}"
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        agent = os.getppid()
+        return f"torchrun {agent} {process_start_time(agent)}"
+    return f"process {os.getpid()} {time.time_ns()}"
 
-    The claim file is linked into place whole, so of processes racing for one directory exactly one launch wins,
-    and the processes of that launch (same `launch_id`) all find it theirs.
-    """
+
+def claim(directory: Path, launch_id: str) -> bool:
+    """Make `directory` this launch's unless another launch has; whether it is ours. The claim file is linked into
+    place whole, so of processes racing for it exactly one launch wins."""
     directory.mkdir(parents=True, exist_ok=True)
     claim_file = directory / CLAIM_FILE
     draft = directory / f".{CLAIM_FILE}.{socket.gethostname()}.{os.getpid()}"  # hosts can share pids (containers)
@@ -98,29 +83,6 @@ def claim(directory: Path, launch_id: str) -> bool:
     return claim_file.read_text() == launch_id
 
 
-def launch_id() -> str:
-    """What names this process's launch in its run dir's claim: the same in every process of a Slurm job step or a
-    torchrun launch (and in their restarts, which so find their directory theirs again); new for any other."""
-    if is_slurm_task():
-        return f"slurm {os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
-    if multi_node_torchrun():
-        return f"torchrun {torchrun_run_name()}"
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        agent = os.getppid()
-        return f"torchrun {agent} {process_start_time(agent)}"
-    return f"process {os.getpid()} {time.time_ns()}"
-
-
-def launch_dir(parent: str = "outputs") -> str:
-    """This process's run (or sweep) directory below `parent`, claimed for its launch."""
-    if is_slurm_task():
-        return f"{parent}/slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
-    if multi_node_torchrun():
-        return claimed(f"{parent}/torchrun-{torchrun_run_name()}", launch_id())
-    started = process_start_time(os.getppid()) if "TORCHELASTIC_RUN_ID" in os.environ else time.time()
-    return claimed(f"{parent}/{time.strftime(TIME_FORMAT, time.localtime(started))}", launch_id())
-
-
 def claimed(name: str, launch_id: str) -> str:
     """`name`, or the first of `name-1`, `name-2`, ... that is not another launch's, claimed for `launch_id`."""
     candidate, suffix = name, 0
@@ -131,42 +93,15 @@ def claimed(name: str, launch_id: str) -> str:
     return candidate
 
 
-def holds_a_run(directory: Path) -> list[str]:
-    """What of a finished or stopped run `directory` holds: its results and checkpoints (none: nothing to lose)."""
-    checkpoints = directory / "checkpoints"
-    found = ["results.json"] if (directory / "results.json").is_file() else []
-    if checkpoints.is_dir() and any(path.is_file() for path in checkpoints.iterdir()):
-        found.append("checkpoints/")
-    return found
-
-
-def carries_on(directory: Path, ckpt_path: str | None) -> bool:
-    """Whether a run in `directory` resumes the run already there: `ckpt_path=last` (its own last.ckpt, see
-    `project.engine.checkpoints.resume_path`), or a checkpoint inside it."""
-    if ckpt_path == "last":
-        return (directory / "checkpoints" / "last.ckpt").is_file()
-    return ckpt_path is not None and directory.resolve() in Path(ckpt_path).resolve().parents
-
-
-def check_run_dir_is_this_runs(directory: Path, ckpt_path: str | None) -> None:
-    """End, in one line, a run told to write into a directory that holds another run's checkpoints or results
-    (`hydra.run.dir=...` given twice), unless it carries that run on; then claim the directory for this launch.
-
-    A directory this launch claimed as it named it is its own; so is one its own earlier attempt claimed (a requeued
-    Slurm job, a torchrun restart: the same `launch_id`). Rank 0 alone decides: the other processes of a launch
-    write where it does.
-    """
-    claim_file = directory / CLAIM_FILE
-    this_launch = launch_id()
-    if directory.resolve() in CLAIMED_HERE or (claim_file.is_file() and claim_file.read_text() == this_launch):
-        return
-    found = holds_a_run(directory)
-    if found and not carries_on(directory, ckpt_path):
-        refuse(
-            f"hydra.run.dir={directory} already holds another run ({', '.join(found)}), which this run would "
-            "write over: give a new directory, or carry that run on with ckpt_path=last"
-        )
-    claim_file.write_text(this_launch)
+def launch_dir(parent: str = "outputs") -> str:
+    """This process's run (or sweep) directory below `parent`, claimed for its launch: named after the Slurm step,
+    the torchrun `--rdzv-id`, the torchrun agent's start, or now."""
+    if is_slurm_task():
+        return f"{parent}/slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
+    if multi_node_torchrun():
+        return claimed(f"{parent}/torchrun-{torchrun_run_name()}", launch_id())
+    started = process_start_time(os.getppid()) if "TORCHELASTIC_RUN_ID" in os.environ else time.time()
+    return claimed(f"{parent}/{time.strftime(TIME_FORMAT, time.localtime(started))}", launch_id())
 
 
 def on_rank_zero(value: str) -> str | None:
@@ -187,10 +122,42 @@ def register_resolvers() -> None:
             register_resolver(name, resolver, use_cache=True)
 
 
+def holds_a_run(directory: Path) -> list[str]:
+    """What of a finished or stopped run `directory` holds: its results and checkpoints (none: nothing to lose)."""
+    checkpoints = directory / "checkpoints"
+    found = ["results.json"] if (directory / "results.json").is_file() else []
+    if checkpoints.is_dir() and any(path.is_file() for path in checkpoints.iterdir()):
+        found.append("checkpoints/")
+    return found
+
+
+def carries_on(directory: Path, ckpt_path: str | None) -> bool:
+    """Whether a run in `directory` resumes the run already there: `ckpt_path=last` (its own last.ckpt), or a
+    checkpoint inside it."""
+    if ckpt_path == "last":
+        return (directory / "checkpoints" / "last.ckpt").is_file()
+    return ckpt_path is not None and directory.resolve() in Path(ckpt_path).resolve().parents
+
+
+def check_run_dir_is_this_runs(directory: Path, ckpt_path: str | None) -> None:
+    """End, in one line, a run told to write into a directory that holds another run, unless it carries that run on
+    or its own launch claimed it (an earlier attempt of it too); then claim it. Rank 0 alone asks."""
+    claim_file = directory / CLAIM_FILE
+    this_launch = launch_id()
+    if directory.resolve() in CLAIMED_HERE or (claim_file.is_file() and claim_file.read_text() == this_launch):
+        return
+    found = holds_a_run(directory)
+    if found and not carries_on(directory, ckpt_path):
+        refuse(
+            f"hydra.run.dir={directory} already holds another run ({', '.join(found)}), which this run would "
+            "write over: give a new directory, or carry that run on with ckpt_path=last"
+        )
+    claim_file.write_text(this_launch)
+
+
 class RunDirCheck(Callback):
-    """Before a run starts, make its directory, or end with one line naming it (Hydra would show a traceback); a
-    directory that holds another run is refused (`check_run_dir_is_this_runs`), and so is a sweep directory that
-    holds another sweep (`check_same_sweep`)."""
+    """Before a run starts, make its directory or end in one line naming it; refuse a run directory that holds another
+    run (`check_run_dir_is_this_runs`) and a sweep directory that holds another sweep (`check_same_sweep`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.make(config.hydra.run.dir, "hydra.run.dir")

@@ -1,19 +1,5 @@
-"""Learning-rate schedules from config, built alike on both paths: any `torch.optim.lr_scheduler` class by `_target_`.
-
-`model.scheduler` is a partial (`_partial_: true`) of the schedule, with its own arguments. Its length is often the
-run's, which the data decides only once the optimizer exists: `${run_steps:}` (this process's optimizer steps over
-the whole fit, as Lightning counts them) and `${run_epochs:}` stand for it in the YAML and are filled in here;
-`${run_steps:0.05}` is a fraction of it (rounded, at least 1: a warm-up that fits a run of any length).
-Two keys are not the schedule's but Lightning's, as in its `lr_scheduler` dict: `interval` (`step`, the default,
-or `epoch`: when it is stepped) and `monitor` (the metric a `ReduceLROnPlateau` follows, stepped after validation).
-A schedule of schedules (`ChainedScheduler`, `SequentialLR`) lists its parts as partials too.
-
-A schedule of fixed length (torch's `OneCycleLR`, `total_steps`) shorter than the run is refused before the first
-step (`ScheduleLengthCheck`, any module's), instead of torch's ValueError when the run steps past its end. That
-happens when a run is resumed with a larger `trainer.max_epochs` than the schedule was sized for: Lightning loads the
-checkpoint's scheduler state over the one `configure_optimizers` built, so the stored length wins even where the
-module sizes it from `trainer.estimated_stepping_batches`.
-"""
+"""Learning-rate schedules from config (`model.scheduler`: any `torch.optim.lr_scheduler` class), sized to the run by
+`${run_steps:}` and `${run_epochs:}`, and refused in one line where they cannot be built or cannot last the run."""
 
 import functools
 import math
@@ -127,10 +113,8 @@ def build_schedule(factory: functools.partial, optimizer: torch.optim.Optimizer,
 
 
 def check_resumable(stored: dict | None, schedule: Schedule | None) -> None:
-    """Refuse, in one line, to resume (`stored`: the checkpoint's schedule state, {} where its run had none; None when
-    not resuming) with a schedule that does not go on from it: one sized for another run would, loaded over this
-    run's, run out of steps mid-run or stop before the end of its cycle; a schedule dropped would leave the
-    checkpoint's last learning rate; one added late would start its cycle mid-run."""
+    """Refuse, in one line, to resume with a schedule that does not go on from the checkpoint's (`stored`: its schedule
+    state, {} where its run had none; None when not resuming): one sized for another run, dropped, or added."""
     if stored is None:
         return
     size = schedule.scheduler.sized_for if schedule is not None else None
@@ -160,7 +144,7 @@ def steps_taken(trainer: L.Trainer, interval: str, frequency: int) -> float:
 
 class ScheduleLengthCheck(L.Callback):
     """Refuses a run longer than a fixed-length schedule of its module, naming both lengths; asked as training starts,
-    once Lightning has restored the checkpoint."""
+    once Lightning has restored the checkpoint (whose stored length wins)."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for config in trainer.lr_scheduler_configs:
