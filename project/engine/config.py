@@ -1,38 +1,5 @@
-"""[run_config] The run's whole resolved config, stored in every checkpoint the run writes, whatever its LightningModule.
-
-`project.evaluate`, `project.predict` and resuming rebuild a run from `checkpoint["config"]` alone (its model, its
-data); a DDP run's ranks compare it to find a rank that composed another config. The entry point adds this
-callback to every run, so a module of the user's own needs no hook of its own for it. The overrides it was
-composed from are read as given (`command_line_overrides`), for the processes it starts to compose it alike.
-
-
-[checks] Checks of the engine's config values that would otherwise fail deep inside Lightning with an unclear message.
-
-What a module, a data module or a strategy takes is checked by each in its own constructor (the classifier's learning
-rate, MNIST's `val_size`, DataParallel's one process, FSDP's precision); `mistyped_value` names a value of the wrong
-type for any class, once its constructor has failed.
-
-
-[hints] Config values a recipe offers a constructor only where it takes them (`hints`), and what a replaced `_target_`
-leaves out.
-
-`hints:` mirrors the config: each value under it is given to the `_target_` of the node at the same place, but only
-where that target's constructor names the argument, and unless the command line sets it itself. A recipe that knows
-the data (its channels, image size, number of classes) so fits any network: `experiment=image_folder_cnn` hints
-`model.network` with all three; the project's CNN takes them all, torchvision's `ResNet` class swapped in by its
-`_target_` only `num_classes`, its `resnet18` builder (which passes `**kwargs` on, naming none) and a network of your
-own perhaps none. Set on the network itself, each would fail a network without
-that argument ("unexpected keyword argument").
-
-A `_target_` replaced on the command line (`model.network._target_=torchvision.models.resnet18`,
-`model.optimizer._target_=torch.optim.AdamW`) keeps the other keys its node had, written for what it replaces (the
-CNN's `in_channels`, SGD's `momentum`): those the new target does not name are left out, and the run says which.
-Keys typed on the command line are kept.
-
-Every path that builds from the config applies these first (`project.engine.build`), and checkpoints store the
-config they leave, so evaluation rebuilds the same objects.
-
-"""
+"""The run's config before it builds and after: the engine's values checked, `hints` given and a replaced `_target_`'s
+leftover keys left out, the overrides as typed, and the resolved whole stored in every checkpoint."""
 
 import inspect
 import types
@@ -52,10 +19,12 @@ from project.engine.errors import UserError
 from project.engine.run_log import process_rank
 from project.engine.upstream import register_resolver
 
+SIMPLE_TYPES = (bool, int, float, str, type(None))
 
-# ---- from run_config.py
+
 class RunConfigCallback(L.Callback):
-    """Writes `config` into every checkpoint as `checkpoint["config"]`."""
+    """Writes `config` into every checkpoint as `checkpoint["config"]`, whatever the LightningModule: evaluation,
+    prediction and resuming rebuild the run from it alone."""
 
     def __init__(self, config: dict) -> None:
         self.config = config
@@ -88,13 +57,13 @@ def config_source_arguments() -> list[str]:
     return [f"--config-name={hydra.job.config_name}", *(f"--config-dir={path}" for path in config_dirs)]
 
 
-# ---- from checks.py
 def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raise `UserError` naming the key, the bad value and what is allowed."""
+    """Raise `UserError` naming the key, the bad value and what is allowed, for an engine value that would otherwise
+    fail deep inside Lightning (a module's own values are its constructor's to check)."""
     OmegaConf.to_container(cfg, resolve=True)  # a `${...}` that names nothing fails here, naming its key
     if not (is_int(cfg.seed) and 0 <= cfg.seed < 2**32):
         raise UserError(f"seed must be an integer from 0 to 2**32 - 1, got {cfg.seed!r}")
@@ -124,51 +93,6 @@ def check_config(cfg: DictConfig) -> None:
     check_a_search_is_a_sweep()
 
 
-def check_a_search_is_a_sweep() -> None:
-    """A sweeper chosen for a single run (`hparams_search=` chooses Optuna's) would be ignored: the run would train
-    once, with the search's defaults. Hydra 1.4 lets no config file make a run a sweep (`hydra.mode`), so a search
-    takes `-m` on the command line, on either Hydra. (A DDP rank that rank 0 starts for a search's job is a single
-    run of that job: rank 0 alone is asked.)"""
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN or process_rank() != 0:
-        return
-    choices = HydraConfig.get().runtime.choices
-    sweeper = choices.get("hydra/sweeper")
-    if sweeper in (None, "basic"):
-        return
-    chosen_by = f" (chosen by hparams_search={choices['hparams_search']})" if choices.get("hparams_search") else ""
-    raise UserError(
-        f"hydra/sweeper={sweeper}{chosen_by} runs a search, a sweep of runs, and this command starts one run: add -m "
-        "before the overrides (python -m project.train -m <the same overrides>), or hydra.mode=MULTIRUN among them"
-    )
-
-
-def check_added_keys() -> None:
-    """`+name=value` for a top-level name that is no config group adds a key nothing reads: most likely a typo."""
-    if not HydraConfig.initialized():
-        return
-    groups = set(HydraConfig.get().runtime.choices)
-    for override in command_line_overrides():
-        key = override.split("=", 1)[0]
-        if key.startswith("+") and not key.startswith("++") and "." not in key and key[1:] not in groups:
-            raise UserError(
-                f"{override} adds a top-level key that nothing reads; check its spelling against the config "
-                f"(python -m project.train --cfg job), or write +{override} to add it on purpose"
-            )
-
-
-def targets_subclass_of(node: object, expected: type) -> bool:
-    """Whether config `node` has a `_target_` naming `expected` or a subclass of it.
-
-    A misspelt class is no: instantiating it names it in one line.
-    """
-    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
-        return False
-    try:
-        return issubclass(get_class(node._target_), expected)
-    except (ImportError, ValueError):
-        return False
-
-
 def check_results_from(cfg: DictConfig) -> None:
     """`results_from=best` needs the checkpoint callback that keeps the best weights, and a run that saves it."""
     if cfg.results_from not in ("last", "best"):
@@ -187,9 +111,39 @@ def check_results_from(cfg: DictConfig) -> None:
         )
 
 
+def check_added_keys() -> None:
+    """`+name=value` for a top-level name that is no config group adds a key nothing reads: most likely a typo."""
+    if not HydraConfig.initialized():
+        return
+    groups = set(HydraConfig.get().runtime.choices)
+    for override in command_line_overrides():
+        key = override.split("=", 1)[0]
+        if key.startswith("+") and not key.startswith("++") and "." not in key and key[1:] not in groups:
+            raise UserError(
+                f"{override} adds a top-level key that nothing reads; check its spelling against the config "
+                f"(python -m project.train --cfg job), or write +{override} to add it on purpose"
+            )
+
+
+def check_a_search_is_a_sweep() -> None:
+    """A sweeper chosen for a single run (`hparams_search=`) would be ignored: the run would train once. A search
+    takes `-m` (Hydra 1.4 lets no config file make a run a sweep); rank 0 alone is asked."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN or process_rank() != 0:
+        return
+    choices = HydraConfig.get().runtime.choices
+    sweeper = choices.get("hydra/sweeper")
+    if sweeper in (None, "basic"):
+        return
+    chosen_by = f" (chosen by hparams_search={choices['hparams_search']})" if choices.get("hparams_search") else ""
+    raise UserError(
+        f"hydra/sweeper={sweeper}{chosen_by} runs a search, a sweep of runs, and this command starts one run: add -m "
+        "before the overrides (python -m project.train -m <the same overrides>), or hydra.mode=MULTIRUN among them"
+    )
+
+
 def check_launched_on_every_node(trainer) -> None:
     """More than one node needs each node's processes started there (srun, torchrun), or rank 0 would wait for them
-    forever. Asked of the built Trainer, whatever its strategy (the launcher is its cluster environment's to know)."""
+    forever; asked of the built Trainer, whose cluster environment knows its launcher."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     if trainer.num_nodes > 1 and not (environment is not None and environment.creates_processes_externally):
         raise UserError(
@@ -199,12 +153,20 @@ def check_launched_on_every_node(trainer) -> None:
         )
 
 
-SIMPLE_TYPES = (bool, int, float, str, type(None))
+def targets_subclass_of(node: object, expected: type) -> bool:
+    """Whether config `node` has a `_target_` naming `expected` or a subclass of it (a misspelt class is no:
+    instantiating it names it in one line)."""
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+        return False
+    try:
+        return issubclass(get_class(node._target_), expected)
+    except (ImportError, ValueError):
+        return False
 
 
 def fits(value: object, hint: object) -> bool | None:
-    """Whether a config `value` fits a constructor argument's type `hint`; None where the hint is not made of plain
-    types (bool, int, float, str, None), which are all a command line can give and all this can judge."""
+    """Whether a config `value` fits a constructor argument's type `hint`; None where the hint is not made of the
+    plain types a command line can give (bool, int, float, str, None)."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     if not all(option in SIMPLE_TYPES for option in options):
         return None
@@ -214,12 +176,8 @@ def fits(value: object, hint: object) -> bool | None:
 
 
 def mistyped_value(node: object, key: str) -> str | None:
-    """The line for the first value of config `node` (at `key`, and the nodes within it) that its `_target_`'s
-    annotations say is of the wrong type (`key=value is a str, but <Target>'s <argument> takes int: ...`), or None.
-
-    Asked once a constructor has failed, to name the value behind a message such as "'<' not supported between
-    instances of 'str' and 'int'", whatever the class (the user's own too).
-    """
+    """The line for the first value under config `node` (at `key`) of a type its `_target_`'s annotations refuse, or
+    None: asked once a constructor has failed, to name the value behind an unclear message, whatever the class."""
     if not isinstance(node, DictConfig):
         return None
     hints = {}
@@ -243,9 +201,9 @@ def mistyped_value(node: object, key: str) -> str | None:
     return None
 
 
-# ---- from hints.py
 def give_hints(cfg: DictConfig) -> None:
-    """Leave out what replaced `_target_`s do not take, then give each of `cfg.hints` where its target takes it."""
+    """Leave out what replaced `_target_`s do not take, then give each of `cfg.hints` where its target takes it and
+    the command line does not set it: a recipe's hints so fit any network."""
     typed = {overridden_key(override) for override in command_line_overrides()}
     for key in sorted(typed):
         path = key.removesuffix("._target_")
@@ -271,8 +229,8 @@ def give(node: DictConfig, hints: DictConfig, path: str, typed: set[str]) -> Non
 
 
 def leave_out_replaced_arguments(node: DictConfig, path: str, typed: set[str]) -> None:
-    """The keys of `node` (whose `_target_` the command line replaced) that the new target does not name, left out
-    and said so (see the module docstring)."""
+    """Leave out, and say so, the keys of `node` (whose `_target_` the command line replaced) that the new target
+    does not name, unless typed on the command line: they were written for the target it replaces."""
     kept = taken_arguments(get_object(node._target_)) | {"_target_", "_partial_"}
     kept |= {key.removeprefix(f"{path}.") for key in typed}
     replaced = [key for key in node if key not in kept]
@@ -296,8 +254,7 @@ def taken_arguments(target: object) -> set[str]:
 
 
 def subfolders(directory: str) -> int:
-    """`${subfolders:<dir>}`: the folders in `directory`; 0 where it does not exist yet (whatever reads it then says
-    so in one line)."""
+    """`${subfolders:<dir>}`: the folders in `directory`; 0 where it does not exist yet (its reader says so)."""
     folder = Path(directory)
     return sum(path.is_dir() for path in folder.iterdir()) if folder.is_dir() else 0
 

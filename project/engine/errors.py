@@ -1,26 +1,6 @@
-"""[typos] What to say of an override Hydra could not apply because the config has no such key (`trainer.max_epoch=3`) or its
-group no such option (`trainer=ddpp`): the nearest keys or options that do exist.
-
-Hydra's own message ends by advising `+trainer.max_epoch=3`, which would add a key that nothing reads; where a key
-or option is near, the line names it instead, and gives the `+` only where none is. `errors.run_hydra_app` calls
-`typo_message` on Hydra's composition errors.
-
-
-[errors] The exceptions for runs that end early through no bug, and the entry points' way of reporting any failure.
-
-Entry points wrap their work in `exit_on_user_error`:
-- a `UserError` (or Lightning's own misconfiguration error), even when Hydra's `instantiate` has wrapped it,
-  becomes one `error: ...` line on stderr (and in the run's log file) and exit status 2; a `RunStopped` (a signal,
-  Ctrl-C) likewise, with its own status. Anything else is a bug and keeps its traceback.
-- inside a sweep (`-m`, an Optuna search, the jobs of `hydra/launcher=slurm`) one failing job must not end the
-  sweep: the job reports its error the same way (a bug's traceback first), writes the error line to `error.txt`
-  in its directory and returns None, which Optuna records as a failed trial; the sweep's summary lists the job as
-  failed, and the sweep exits non-zero (`project.engine.sweeps`). Only an error every job would meet alike
-  (`UserError.ends_the_sweep`: a stop, a search's objective not logged) ends the sweep, with its line and status.
-They call their `@hydra.main` function through `run_hydra_app`, so that a config file Hydra cannot even read is one
-such line too.
-
-"""
+"""How a run ends through no bug: `UserError`, and the entry points' one `error:` line and exit status for any failure
+(a bug keeps its traceback; a failing sweep job fails alone), an override's typo naming the nearest keys or options
+that exist."""
 
 import difflib
 import errno
@@ -53,12 +33,57 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from project.engine.run_log import DISK_ERRORS, process_rank, report, started_by_rank_zero, to_log_file
 from project.engine.upstream import STAGE_FUNCTIONS, config_root
 
-# ---- from typos.py
+P = ParamSpec("P")
+R = TypeVar("R")
+# A failed sweep job's error line, in its directory, where the sweep's table finds it.
+ERROR_FILE = "error.txt"
+# Less free space than this is a full disk (torch.save's own report of one carries no errno).
+FULL_BELOW_BYTES = 1 << 20
+# What `instantiate` raises where a constructor refuses its config: Hydra 1.3 wraps the constructor's own TypeError or
+# ValueError in an InstantiationException, Hydra 1.4 raises it as it is.
+CONSTRUCTOR_ERRORS = (InstantiationException, TypeError, ValueError)
 # Hydra 1.3's words for an override of a key the config does not have, with the command-line text of the override.
 NOT_APPLIED = re.compile(r"Could not override '(?P<key>[^']+)'\.\nTo append to your config use \+(?P<override>.+)")
 PRINTS_THE_CONFIG = "--cfg job prints the config"
 # How alike (difflib's ratio) a name must be to be suggested: `max_epoch` and `max_epochs` are, `max_steps` is not.
 CUTOFF = 0.75
+# The line of a worker's traceback that names its exception: `project.engine.history.Diverged: training ...`.
+EXCEPTION_LINE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*)\.(?P<name>[A-Za-z_]\w*): (?P<message>.*)", re.MULTILINE)
+# DDP's reducer found parameters no loss reached, in Lightning's words (its DDP strategy rewrites torch's) and torch's.
+# Matched as text: under ddp_spawn it comes back from the worker as the text of a `ProcessRaisedException`.
+UNUSED_PARAMETERS = "parameters that were not used in producing the loss"
+TORCH_UNUSED_PARAMETERS = "module has parameters that were not used in producing loss"
+# The same with `static_graph=True`, where the set of parameters a loss reaches changes from step to step.
+GRAPH_CHANGED = "not compatible with static_graph set to True"
+UNUSED_PARAMETERS_LINE = (
+    "DDP found parameters that were not used in producing the loss (a GAN's networks trained in turn, a head or "
+    "branch no loss reaches): set trainer.strategy.find_unused_parameters=true"
+)
+GRAPH_CHANGED_LINE = (
+    "DDP with trainer.strategy.static_graph=true met a step that used other parameters than the first: set "
+    "trainer.strategy.static_graph=false (and trainer.strategy.find_unused_parameters=true where steps leave "
+    "parameters out of the loss)"
+)
+
+
+class UserError(Exception):
+    """A problem in the user's input or environment; its message says what to change. `ends_the_sweep`: one every
+    job of a sweep would meet alike (a stop, a search's objective not logged) ends the sweep, not just the job."""
+
+    exit_status = 2
+    ends_the_sweep = False
+
+
+class RunStopped(UserError):
+    """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume. `on_every_rank`: a stop all
+    ranks agreed on, met by each; of the ranks rank 0 started, only it prints the line (the others log it)."""
+
+    ends_the_sweep = True
+
+    def __init__(self, message: str, exit_status: int, on_every_rank: bool = False) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+        self.on_every_rank = on_every_rank
 
 
 def typo_message(error: ConfigCompositionException) -> str | None:
@@ -96,9 +121,8 @@ def unknown_option(config_file: str, options: list[str]) -> str:
 
 
 def nearest_keys(key: str, keys: list[str]) -> list[str]:
-    """The keys nearest to `key`, best first: keys beside it of a similar name (`trainer.max_epochs` for
-    `trainer.max_epoch`), found under the nearest existing parents where its own parent is a typo too
-    (`trainer.max_epochs` for `trainr.max_epochs`)."""
+    """The keys nearest to `key`, best first: keys beside it of a similar name, found under the nearest existing
+    parents where its parent is a typo too (`trainer.max_epochs` for `trainer.max_epoch` and `trainr.max_epochs`)."""
     parent, _, name = key.rpartition(".")
     parents = [parent] if not parent or parent in keys else nearest_keys(parent, keys)
     beside: dict[str, list[str]] = {}
@@ -120,74 +144,33 @@ def dotted_keys(config: object, prefix: str = "") -> list[str]:
     ]
 
 
-# ---- from errors.py
-P = ParamSpec("P")
-# A failed sweep job's error line, in its directory, where the sweep's table finds it.
-ERROR_FILE = "error.txt"
-# Less free space than this is a full disk (torch.save's own report of one carries no errno).
-FULL_BELOW_BYTES = 1 << 20
-# What `instantiate` raises where a constructor refuses its config: Hydra 1.3 wraps the constructor's own TypeError or
-# ValueError in an InstantiationException, Hydra 1.4 raises it as it is.
-CONSTRUCTOR_ERRORS = (InstantiationException, TypeError, ValueError)
-R = TypeVar("R")
-
-
-class UserError(Exception):
-    """A problem in the user's input or environment; its message says what to change.
-
-    `ends_the_sweep`: inside a sweep, one that every job would meet alike ends the sweep at the first job that meets
-    it (a stop; a search's objective that the module does not log), rather than failing that job alone."""
-
-    exit_status = 2
-    ends_the_sweep = False
-
-
-class RunStopped(UserError):
-    """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume.
-
-    `on_every_rank`: a stop all ranks agreed on (a signal), met by each at the same step; where rank 0 started the
-    other ranks it alone prints its line, the others write theirs to their log files (each rank's line would be the
-    same, or a single run's hint where rank 0's is the sweep's)."""
-
-    ends_the_sweep = True
-
-    def __init__(self, message: str, exit_status: int, on_every_rank: bool = False) -> None:
-        super().__init__(message)
-        self.exit_status = exit_status
-        self.on_every_rank = on_every_rank
-
-
 def find_user_error(error: BaseException | None) -> BaseException | None:
-    """The `UserError` (or Lightning misconfiguration) behind `error`, following `raise ... from` chains; a disk that
-    is full or read-only (whichever writer found it: a log, TensorBoard, a checkpoint) is one too, and so are a config
-    value whose `${...}` cannot be resolved, memory running out, a module that DDP needs told about (parameters
-    a loss leaves out), and a user error a ddp_spawn worker raised."""
+    """The `UserError` (or Lightning misconfiguration) behind `error`, following its causes; also made of a full or
+    read-only disk, a `${...}` that names nothing, memory running out, DDP's unused parameters, and a ddp_spawn
+    worker's user error."""
     while error is not None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
         if isinstance(error, InterpolationResolutionError):
             return resolvers_refusal(error) or unresolved(error)
-        if isinstance(error, OSError) and error.errno in DISK_ERRORS:
-            return disk_error(error)
+        if isinstance(error, OSError) and error.errno in DISK_ERRORS:  # whichever writer met it first
+            run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "the run dir"
+            return unwritable(Path(error.filename or run_dir), error.errno)
         if is_out_of_memory(error):
             return out_of_memory(error)
         if UNUSED_PARAMETERS in str(error) or TORCH_UNUSED_PARAMETERS in str(error):
-            return unused_parameters()
+            return UserError(UNUSED_PARAMETERS_LINE)
         if GRAPH_CHANGED in str(error):
-            return graph_changed()
+            return UserError(GRAPH_CHANGED_LINE)
         if isinstance(error, ProcessRaisedException):
             return raised_in_a_worker(str(error))
         error = error.__cause__ or error.__context__
     return None
 
 
-# The line of a worker's traceback that names its exception: `project.engine.history.Diverged: training ...`.
-EXCEPTION_LINE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*)\.(?P<name>[A-Za-z_]\w*): (?P<message>.*)", re.MULTILINE)
-
-
 def raised_in_a_worker(traceback_text: str) -> UserError | None:
-    """The user error a process that `torch.multiprocessing.spawn` started (ddp_spawn's ranks) raised, rebuilt from
-    the traceback text that is all its parent gets back (`ProcessRaisedException`); None for any other exception."""
+    """The user error a ddp_spawn worker raised, rebuilt from the traceback text that is all its parent gets back
+    (`ProcessRaisedException`); None for any other exception."""
     found = list(EXCEPTION_LINE.finditer(traceback_text))
     if not found:
         return None
@@ -201,32 +184,6 @@ def raised_in_a_worker(traceback_text: str) -> UserError | None:
     refusal = UserError(traceback_text[last.start("message") :].strip())
     refusal.exit_status = getattr(raised, "exit_status", UserError.exit_status)
     return refusal
-
-
-# DDP's reducer found parameters no loss reached (a GAN's step training one of its networks, a head switched off): in
-# Lightning's words (its DDP strategy rewrites torch's message), and in torch's (a DDP of another strategy). Under
-# ddp_spawn the message comes back from the worker as the text of a `ProcessRaisedException`, hence text, not type.
-UNUSED_PARAMETERS = "parameters that were not used in producing the loss"
-TORCH_UNUSED_PARAMETERS = "module has parameters that were not used in producing loss"
-# The same with `static_graph=True`, where the set of parameters a loss reaches changes from step to step.
-GRAPH_CHANGED = "not compatible with static_graph set to True"
-
-
-def unused_parameters() -> UserError:
-    """The one line for DDP meeting parameters that a training step left out of its loss."""
-    return UserError(
-        "DDP found parameters that were not used in producing the loss (a GAN's networks trained in turn, a head or "
-        "branch no loss reaches): set trainer.strategy.find_unused_parameters=true"
-    )
-
-
-def graph_changed() -> UserError:
-    """The one line for `static_graph=True` under a module whose steps do not all use the same parameters."""
-    return UserError(
-        "DDP with trainer.strategy.static_graph=true met a step that used other parameters than the first: set "
-        "trainer.strategy.static_graph=false (and trainer.strategy.find_unused_parameters=true where steps leave "
-        "parameters out of the loss)"
-    )
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -251,19 +208,9 @@ def out_of_memory(error: BaseException) -> UserError:
     )
 
 
-def disk_error(error: OSError) -> UserError:
-    """The one line for a disk that cannot take the run's files, whichever writer met it first (a log, TensorBoard, a
-    checkpoint): `unwritable`'s."""
-    where = error.filename or (HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "the run dir")
-    return unwritable(Path(where), error.errno)
-
-
 def unwritable(path: Path, error_number: int | None, detail: str = "") -> UserError:
     """The line for a file the disk would not take: the folder and why (full, over its quota, read-only, or `detail`
-    where the disk is none of those), what to do, and which checkpoints are kept (a write never touches them).
-
-    The same whichever write met the disk first: a checkpoint, the run's log, TensorBoard's events.
-    """
+    where none of those), what to do, and which checkpoints are kept (a write never touches them)."""
     directory = nearest_existing(path)
     free = shutil.disk_usage(directory).free
     if error_number == errno.ENOSPC or free < FULL_BELOW_BYTES:
@@ -284,8 +231,7 @@ def disk_refuses(path: Path) -> bool:
 
 
 def kept(path: Path) -> str:
-    """ "kept: <the checkpoint files>" of the checkpoints folder of a run that failed to write `path`: the folder of
-    the checkpoint that failed, or else of the run dir."""
+    """ "kept: <checkpoint files>" of the folder of the checkpoint that failed to write, or else of the run dir."""
     folder = path.parent
     if path.suffix != ".ckpt" and HydraConfig.initialized():
         folder = Path(HydraConfig.get().runtime.output_dir) / "checkpoints"
@@ -330,12 +276,6 @@ def error_line(error: BaseException) -> str:
     return "error: " + " ".join(traceback.format_exception_only(error)[-1].split())
 
 
-def record_failed_job(line: str) -> None:
-    """Leave the error line in the sweep job's directory, where the sweep summary finds it."""
-    if process_rank() == 0:
-        Path(HydraConfig.get().runtime.output_dir, ERROR_FILE).write_text(line + "\n")
-
-
 def refuse(line: str, status: int = 2) -> NoReturn:
     """End the process in one `error:` line, where no `exit_on_user_error` is around to turn a `UserError` into one
     (Hydra's resolvers and callbacks, a sweeper, reading the config files)."""
@@ -344,7 +284,8 @@ def refuse(line: str, status: int = 2) -> NoReturn:
 
 
 def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
-    """Run `function`; report a failure as the module docstring says."""
+    """Run `function`; a user error ends it in one `error:` line (stderr and log) and its exit status, a bug in its
+    traceback. In a sweep's job either fails the job alone (None, `error.txt`), unless it `ends_the_sweep`."""
 
     @functools.wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -364,8 +305,9 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
                 to_log_file(line, logging.ERROR)
             else:
                 report(line, sys.stderr, logging.ERROR)
-            if sweep_job and not isinstance(user_error, RunStopped):  # a stopped job is not a failed one
-                record_failed_job(line)
+            # A failed job's line, where the sweep's summary finds it (a stopped job is not a failed one).
+            if sweep_job and not isinstance(user_error, RunStopped) and process_rank() == 0:
+                Path(HydraConfig.get().runtime.output_dir, ERROR_FILE).write_text(line + "\n")
             if sweep_goes_on:
                 return None
             sys.exit(getattr(user_error, "exit_status", 2))
@@ -374,17 +316,11 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
 
 
 def run_hydra_app(main: Callable[[], object]) -> None:
-    """Call an entry point's `@hydra.main` function so that a config file that is not valid YAML (in conf/ or a
-    `hydra.searchpath` dir) ends in one `error:` line naming the file and the place, exit 2, as any user error does;
-    so does an override of a key or option the config does not have, naming the nearest that exist (`typos`).
-
-    Hydra reads the files inside its own error report (`run_and_report`), which shows a parse error as a traceback;
-    with HYDRA_FULL_ERROR=1, a setting it documents, it leaves every error to its caller, here. Its other messages
-    are then printed as Hydra prints them, exit 1, and a bug keeps its traceback.
-    A user who set HYDRA_FULL_ERROR gets Hydra's full tracebacks, as asked.
-    """
+    """Call an entry point's `@hydra.main` function so that a config file that is not valid YAML, and an override of
+    a key or option the config lacks, end in one `error:` line, exit 2; Hydra's other errors print as Hydra prints
+    them, exit 1. A user who set HYDRA_FULL_ERROR=1 gets Hydra's tracebacks, as asked."""
     asked_for_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then leaves its errors to its caller, here
     try:
         main()
     except yaml.MarkedYAMLError as error:

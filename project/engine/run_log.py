@@ -1,18 +1,6 @@
-"""[ranks] Which rank this process is, and who started it, as its launcher's environment variables say.
-
-Standard library only: `project.engine.startup` asks before the libraries are imported.
-
-
-[run_log] What the console shows of a run also goes to its log file (`<run dir>/train.log`, `train.rank<N>.log`).
-
-Hydra sets up logging (console and that file) when the job starts. Lightning, imported before, gave its logger a
-console handler of its own and cut it off from the root logger, so none of its messages reached the file; Python's
-warnings and `print` never did. `capture_logs` reconnects Lightning and the warnings to Hydra's handlers, and
-`report` prints a text (the config, the results table, an error line, on a line of its own) and writes it to the
-file too, so a failed run leaves in its directory what its user saw. A console that goes away mid-run
-(`python -m project.train | head`) does not end the run: its output goes on to the file only (`ClosableConsole`).
-
-"""
+"""Which rank this process is, and the run's log file (`<run dir>/train.log`, `train.rank<N>.log`): it gets what the
+console shows, and a console its reader closed (`| head`) does not end the run. Standard library only:
+`project.engine.startup` uses it before the libraries are imported."""
 
 import errno
 import logging
@@ -22,8 +10,11 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
+LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+# What a full or read-only disk raises (project.engine.errors reports it in one line).
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
-# ---- from ranks.py
+
 def process_rank() -> int:
     """This process's rank as its launcher announced it (torchrun: RANK, srun: SLURM_PROCID, Lightning: LOCAL_RANK)."""
     for variable in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
@@ -34,26 +25,15 @@ def process_rank() -> int:
 
 
 def started_by_rank_zero() -> bool:
-    """Whether this process is a rank that rank 0 itself started (Lightning's own DDP launcher), which then reports
-    for it. Ranks srun or torchrun start each report: a signal may end rank 0 before it can (Slurm's requeue)."""
+    """Whether this process is a rank that rank 0 itself started (Lightning's DDP launcher), which then reports for it.
+    Ranks srun or torchrun start each report: a signal may end rank 0 before it can."""
     launched = "SLURM_PROCID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
     return process_rank() != 0 and not launched
 
 
-# ---- from run_log.py
-LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
-# What a full or read-only disk raises (project.engine.errors reports it in one line).
-DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
-
-
 def capture_logs() -> None:
-    """Send Lightning's messages and Python's warnings through Hydra's console and file handlers.
-
-    A log file that can no longer be written (a full or read-only disk) is left silent: Python's logging would print
-    a traceback on the console for every line, where the run's one error line says what happened. So is a writer
-    thread's failure on such a disk (TensorBoard's): the run meets the same error in its own thread and reports it.
-    Standard output and error become `ClosableConsole`s, for every writer (print, logging, the progress bar).
-    """
+    """Send Lightning's messages and Python's warnings through Hydra's console and file handlers, the console streams
+    becoming `ClosableConsole`s; a log file, or a writer thread, failing on a full or read-only disk stays silent."""
     if not isinstance(sys.stdout, ClosableConsole):
         sys.stdout, sys.stderr = ClosableConsole(sys.stdout), ClosableConsole(sys.stderr)
     logging.captureWarnings(True)
@@ -81,13 +61,8 @@ def quiet_about_disks(hook: Callable) -> Callable:
 
 
 class ClosableConsole:
-    """A console stream that outlives its reader: the first write a closed pipe refuses (`| head` has read its lines)
-    points the descriptor at /dev/null, says so (on stderr, where that is still open, and in the log file), and the
-    run goes on, its log file keeping everything.
-
-    Python ignores SIGPIPE, so without this the next `print` or progress bar update raised BrokenPipeError and
-    ended a run its user only wanted the first lines of.
-    """
+    """A console stream that outlives its reader: the first write a closed pipe refuses points it at /dev/null, says
+    so (on stderr and in the log file), and the run goes on (Python ignores SIGPIPE: the next write would raise)."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -134,12 +109,8 @@ def to_log_file(text: str, level: int = logging.INFO) -> None:
 
 
 def report(text: str, stream: TextIO | None = None, level: int = logging.INFO) -> None:
-    """Print `text` (to stdout unless `stream` is given) and write it to the run's log file.
-
-    A text for stderr (a `warning:` line) while a progress bar is drawn on stdout starts on the next line: a terminal,
-    or a log file that holds both, would show it glued to the bar. (A failed run's bar is closed before its error
-    line, `project.engine.reports`.)
-    """
+    """Print `text` (to stdout unless `stream` is given) and write it to the run's log file; a text for stderr starts
+    on a line of its own below a progress bar drawn on stdout."""
     stream = stream or sys.stdout
     below_a_bar = stream is not sys.stdout and not getattr(sys.stdout, "at_line_start", True)
     print(f"\n{text}" if below_a_bar else text, file=stream, flush=True)

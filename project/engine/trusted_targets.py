@@ -1,23 +1,6 @@
-"""Which `_target_`s a config read from disk may name: a checkpoint is data, and opening one runs no code it names.
-
-`project.evaluate` and `project.predict` rebuild a run's module and data from the config stored in its checkpoint,
-and Hydra's `instantiate` imports and calls whatever a `_target_` names. Checkpoints are handed around (a
-colleague's run, a paper's file, a run dir copied off a cluster), so every config read from one is checked whole
-(`check_stored_config`) before anything of it is imported or resolved: each `_target_`, at any depth, `_partial_`
-ones too, must be
-
-- named by a config file on this run's search path (`conf/`, `--config-dir`, `hydra.searchpath`), or by the run's
-  own composed config (its command line), exactly as written there; or
-- trusted by `trusted_targets` (conf/trusted_targets.yaml): an exact name, or `<package>.*`, which takes what is
-  defined under that package, once imported: a class, or a function of a module, not a method (`<Class>.<method>`
-  can write a file), nor a name the package imported from elsewhere (`<package>.os.system` is `os.system`).
-
-Anything else ends the run in one line naming the key, the target and how to trust it, before its first import. An
-interpolation (`${...}`) in a stored config is refused too: the template stores its configs resolved, and a resolver
-acts as it resolves (`${launch_dir:<dir>}` makes a directory). Hydra 1.4 has an allow-list of its own for
-`instantiate` (its execution whitelist); there the same list is also Hydra's (`trusted_instantiation`), so one rule
-holds on both versions.
-"""
+"""Which `_target_`s a config read from disk (a checkpoint's) may name: those a config file here or the run's own
+config names, and what `trusted_targets` trusts; anything else, or an interpolation, is refused in one line before
+its first import. On Hydra 1.4 the same list is Hydra's execution whitelist."""
 
 import functools
 import importlib
@@ -51,8 +34,8 @@ class UntrustedConfig(UserError):
 
 @dataclass(frozen=True)
 class TrustedTargets:
-    """What a config read from disk may name: `composed`, the targets of the run's own config; the config files' (read
-    when first needed, `named`); `patterns`, the values of `trusted_targets` (exact names, or `<package>.*`)."""
+    """What a config read from disk may name: `composed`, the targets of the run's own config; the config files'
+    (`named`, read when first needed); `patterns`, the values of `trusted_targets` (exact names, or `<package>.*`)."""
 
     composed: frozenset[str]
     patterns: tuple[str, ...]
@@ -74,8 +57,8 @@ class TrustedTargets:
         return self.composed | named_in_config_files()
 
     def trusts(self, target: str) -> bool:
-        """Whether `target` may be imported and called: named, or trusted by a pattern as the module docstring says
-        (the package a pattern trusts is imported to tell)."""
+        """Whether `target` may be imported and called: named, or under a `<package>.*` pattern and defined there (a
+        class or a module's function, not a method nor a name imported from elsewhere; imported to tell)."""
         if target in self.composed or target in self.patterns or target in self.named:
             return True
         if not self.under_a_pattern(target):
@@ -103,20 +86,18 @@ def job_whitelist(cfg: DictConfig) -> list[str]:
     """What a job built from the composed `cfg` may instantiate (Hydra 1.4's whitelist for it): the targets of `cfg`
     and of its Hydra config (a sweeper's pruner, built in the job), and `trusted_targets`."""
     hydra_node = OmegaConf.to_container(HydraConfig.get(), resolve=False) if HydraConfig.initialized() else {}
-    trust = TrustedTargets.of(OmegaConf.to_container(cfg, resolve=True))
+    trust = trusted_targets(cfg)
     return sorted(trust.composed | set(targets_in(hydra_node))) + list(trust.patterns)
 
 
 def trusted_targets(cfg: DictConfig) -> TrustedTargets:
-    """What `cfg`'s run trusts: the targets of `cfg` itself and of the config files on its search path, and
-    `cfg.trusted_targets`."""
+    """What `cfg`'s run trusts: its own targets, its config files', and `cfg.trusted_targets`."""
     return TrustedTargets.of(OmegaConf.to_container(cfg, resolve=True))
 
 
 def named_in_config_files() -> frozenset[str]:
-    """Every `_target_` the config files on this run's search path name as plain text (not by `${...}`): `conf/`, the
-    user's `--config-dir` and `hydra.searchpath` dirs, and the config packages Hydra was given. (Structured configs,
-    which hold only Hydra's own plugins, are left out.)"""
+    """Every `_target_` the YAML files on this run's search path name as plain text (not by `${...}`): `conf/`,
+    `--config-dir`, `hydra.searchpath` and config packages (not structured configs: Hydra's own plugins)."""
     found: set[str] = set()
     for text in config_file_texts():
         try:
@@ -128,8 +109,8 @@ def named_in_config_files() -> frozenset[str]:
 
 
 def config_sources() -> list[tuple[str, str]]:
-    """(scheme, path) of each config source of this run: from the run's Hydra config (its search path as composed,
-    `hydra.searchpath` included), or else, for a config composed by Hydra's compose API, from Hydra's loader."""
+    """(scheme, path) of each config source of this run: from the run's Hydra config (its search path as composed),
+    or else, for a config composed by Hydra's compose API, from Hydra's loader."""
     if HydraConfig.initialized():
         return [(source.schema, source.path) for source in HydraConfig.get().runtime.config_sources]
     if GlobalHydra.instance().is_initialized():
@@ -180,7 +161,7 @@ def entries(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 
 def check_stored_config(config: Any, source: str, trust: TrustedTargets) -> None:
     """Refuse, in one line, a config read from `source` (a checkpoint) that names a target `trust` does not trust,
-    or holds an interpolation, before any of it is imported or resolved."""
+    or holds an interpolation (a resolver acts as it resolves), before any of it is imported or resolved."""
     interpolated = next(((k, v) for k, v in entries(config) if isinstance(v, str) and "${" in v), None)
     if interpolated is not None:
         key, value = interpolated

@@ -1,41 +1,6 @@
-"""[hydra_versions] The calls that differ between Hydra 1.3 and 1.4 (and OmegaConf 2.3 and 2.4), made here so that the project reads
-the same on both, and neither prints a deprecation warning.
-
-- `version_base`: Hydra 1.3 wants `version_base="1.3"` (without it, it warns and keeps 1.1's defaults); 1.4 has
-  deprecated the argument, and its behaviour is that base's where the project relies on it. `VERSION_BASE` is what
-  to pass to `hydra.main`, `initialize`, `initialize_config_dir`.
-- Hydra 1.4 takes an execution whitelist for `instantiate` and warns where none is given (1.5 will refuse):
-  `hydra_main` gives the one Hydra itself needs before the job starts (its callbacks, a sweeper's, a launcher's, its
-  logging handlers, all from the composed config: the user's own files and command line, trusted as on Hydra 1.3),
-  and `execution_whitelist` is Hydra's context manager for everything the job instantiates (nothing on 1.3).
-  `project.engine.trusted_targets` decides what goes on that list.
-- OmegaConf 2.4 renames `register_new_resolver` to `register_resolver` (2.3's `register_resolver` is an older API).
-- Hydra 1.4 refuses to pickle a `_partial_` factory (its private `_DeferredTarget`, which checks at each call what
-  the call may run): a module holding one (the example's optimizer and schedule) cannot be sent to the workers of
-  `trainer=ddp_spawn`. It is pickled here as the `functools.partial` it is: its target was checked when it was made,
-  and a worker calls it only with what the module gives it. This can go once Hydra pickles them, or once no
-  strategy the project offers pickles the module.
-
-
-[upstream_noise] What the libraries print on every run that tells a user of this project nothing, silenced by its text, in one place.
-
-A first run should show the config, the progress and the results: a warning a user can do nothing about teaches
-them to skip warnings, and the one that matters is then missed. Each entry names where it comes from and what ends
-it upstream, so that it goes when the pins in pyproject.toml move past that. Anything not listed here still prints.
-An optional part silences what only it causes, with `DropMessages`, where it is imported.
-
-
-[lightning_sigterm_broadcast] Switches off the SIGTERM broadcast Lightning's training loop makes before every batch, for strategies that agree on
-SIGTERM themselves.
-
-Lightning 2.6 (`_TrainingEpochLoop._broadcast_sigterm_tensor`, from Lightning-AI/pytorch-lightning#20825) broadcasts
-rank 0's SIGTERM flag over the training process group before every training batch and reads it back with `.item()`:
-one collective and one host-device sync per step, on the device that trains (upstream issue
-Lightning-AI/pytorch-lightning#21487; the open PR #21640 would make it every N steps). `HydraJobRanks` agrees on
-SIGTERM over a small CPU group, asynchronously, so the broadcast only costs. This private override goes once Lightning
-lets a strategy (or the Trainer) skip it.
-
-"""
+"""Every private name of Lightning, torch, Hydra and OmegaConf the project uses, and every call that differs between
+Hydra 1.3 and 1.4 or OmegaConf 2.3 and 2.4, each with the issue or version that removes it; and the library messages
+that tell this project's user nothing, silenced by their text."""
 
 import copyreg
 import functools
@@ -53,13 +18,84 @@ import hydra
 import hydra.utils
 import lightning as L
 import omegaconf
+
+# Lightning 2.6's private names (hence `lightning<2.7` in pyproject.toml); each goes where its note below says.
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig, OmegaConf
 
-# ---- from hydra_versions.py
 # Hydra 1.4's execution whitelist (`instantiate(_execution_whitelist_=...)`, `hydra.main(execution_whitelist=...)`).
 HAS_EXECUTION_WHITELIST = hasattr(hydra.utils, "execution_whitelist")
+# What to pass to `hydra.main`, `initialize`, `initialize_config_dir`: Hydra 1.3 warns without it, 1.4 deprecates it.
 VERSION_BASE: dict[str, str] = {} if HAS_EXECUTION_WHITELIST else {"version_base": "1.3"}
 OMEGACONF_2_4 = tuple(int(part) for part in omegaconf.__version__.split(".")[:2]) >= (2, 4)
+
+# Library warnings that tell a user of this project nothing: (message regex, why, what ends it upstream).
+WARNINGS = (
+    (
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        "torch 2.14 deprecates a check lightning/pytorch/utilities/_pytree.py still makes",
+        "Lightning-AI/pytorch-lightning#21326 (closed; no release up to 2.6.6 has the fix)",
+    ),
+)
+# Silenced only outside a Slurm allocation (no SLURM_JOB_ID), where nothing is to be prepended; inside, it can save a
+# hang.
+OUTSIDE_SLURM_WARNINGS = (
+    (
+        r"The `srun` command is available on your system but is not used",
+        "Lightning's hint on a machine that has Slurm installed",
+        "lightning/fabric/plugins/environments/slurm.py, any version so far",
+    ),
+)
+# Log records, by the logger that emits them.
+LOG_MESSAGES = (
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        r"💡 Tip: For seamless cloud logging",
+        "an advertisement for a hosted logger, on every run",
+        "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py since 2.6",
+    ),
+    (
+        "torch.utils.cpp_extension",
+        r"No CUDA runtime is found, using CUDA_HOME=",
+        "printed by torch.compile's C++ compiler set-up (compile=true) on every machine without a GPU",
+        "torch/utils/cpp_extension.py, any version so far",
+    ),
+)
+# Where in a run memory ran out, by the private function that ran: Lightning 2.6's Trainer's, or Hydra 1.3 and 1.4's
+# instantiate's (the pinned versions; no public name).
+STAGE_FUNCTIONS = {
+    "_call_target": "while building the run",
+    "_fit_impl": "while training",
+    "_validate_impl": "while validating",
+    "_test_impl": "while testing",
+    "_predict_impl": "while predicting",
+}
+# Hydra's grid sweeper, the default one (a sweep under any other is a search): its class path in Hydra 1.3 and 1.4.
+GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+# What torch DCP's index of shards (`.metadata`) pickles, as torch 2.14 writes it: the classes a checkpoint's index
+# may name (`checkpoints.ShardsIndexUnpickler`); a new torch that writes others is refused until they are added.
+SHARDS_INDEX_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+}
 
 
 def plain_partial(factory: functools.partial) -> tuple:
@@ -76,9 +112,8 @@ if HAS_EXECUTION_WHITELIST:
 
 
 def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[DictConfig], list[str]]) -> Callable:
-    """`@hydra.main(config_path, config_name)` for an entry point, on either Hydra; on 1.4 every `instantiate` of the
-    job runs under the whitelist `job_whitelist(cfg)` (and Hydra's own, before the job, under none: the composed
-    config is the user's)."""
+    """`@hydra.main(config_path, config_name)` on either Hydra; on 1.4 the job's every `instantiate` runs under the
+    whitelist `job_whitelist(cfg)`, and Hydra's own, before the job, under none (the composed config is the user's)."""
     if not HAS_EXECUTION_WHITELIST:
         return hydra.main(config_path=config_path, config_name=config_name, **VERSION_BASE)
 
@@ -101,13 +136,8 @@ def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[Dict
 
 
 def execution_whitelist(targets: Callable[[], list[str]]) -> AbstractContextManager:
-    """Hydra 1.4's whitelist `targets()` (exact names and `<package>.*`) for every `instantiate` inside, in place of
-    the one around it; nothing on Hydra 1.3, which has none (nor asks for the list).
-
-    Hydra 1.4 also checks what a target returns, where that is callable (a network, a transform), by the name of
-    its class where it is defined (`torchvision.transforms.v2._geometry.RandomCrop` for the config's
-    `torchvision.transforms.v2.RandomCrop`): an exact name is given with that name beside it.
-    """
+    """Hydra 1.4's whitelist `targets()` for every `instantiate` inside, in place of the one around it, each exact name
+    with the name it is defined under (1.4 checks a callable result by that); nothing on Hydra 1.3, which has none."""
     if not HAS_EXECUTION_WHITELIST:
         return nullcontext()
     listed = targets()
@@ -144,45 +174,14 @@ def located(target: str) -> Any:
 
 
 def register_resolver(name: str, resolver: Callable, replace: bool = False, use_cache: bool = False) -> None:
-    """`${name:...}` calls `resolver`, on OmegaConf 2.3 and 2.4."""
+    """`${name:...}` calls `resolver`, on OmegaConf 2.3 (`register_new_resolver`) and 2.4 (`register_resolver`)."""
     register = OmegaConf.register_resolver if OMEGACONF_2_4 else OmegaConf.register_new_resolver
     register(name, resolver, replace=replace, use_cache=use_cache)
 
 
-# ---- from upstream_noise.py
-# (message regex, why it says nothing here, what ends it upstream)
-WARNINGS = (
-    (
-        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        "torch 2.14 deprecates a check lightning/pytorch/utilities/_pytree.py still makes",
-        "Lightning-AI/pytorch-lightning#21326 (closed; no release up to 2.6.6 has the fix)",
-    ),
-)
-# Printed only outside a Slurm allocation, where nothing is to be prepended: the project's sbatch scripts start
-# the ranks under srun themselves, and a run typed on a login node is a local run on purpose. Inside an allocation
-# (SLURM_JOB_ID set) the hint can save a hang, and prints.
-OUTSIDE_SLURM_WARNINGS = (
-    (
-        r"The `srun` command is available on your system but is not used",
-        "Lightning's hint on a machine that has Slurm installed",
-        "lightning/fabric/plugins/environments/slurm.py, any version so far",
-    ),
-)
-# Log records, by the logger that emits them.
-LOG_MESSAGES = (
-    (
-        "lightning.pytorch.utilities.rank_zero",
-        r"💡 Tip: For seamless cloud logging",
-        "an advertisement for a hosted logger, on every run",
-        "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py since 2.6",
-    ),
-    (
-        "torch.utils.cpp_extension",
-        r"No CUDA runtime is found, using CUDA_HOME=",
-        "printed by torch.compile's C++ compiler set-up (compile=true) on every machine without a GPU",
-        "torch/utils/cpp_extension.py, any version so far",
-    ),
-)
+def config_root(node: Any) -> Any:
+    """The whole config an OmegaConf node belongs to (private `_get_root`: OmegaConf 2.3 and 2.4 have no public one)."""
+    return node._get_root()
 
 
 class DropMessages(logging.Filter):
@@ -207,17 +206,6 @@ def silence_upstream_noise() -> None:
             logger.addFilter(DropMessages([pattern for emitter, pattern, _, _ in LOG_MESSAGES if emitter == name]))
 
 
-# ---- from lightning_sigterm_broadcast.py
-def skip_lightning_sigterm_broadcast(trainer: L.Trainer) -> None:
-    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
-
-
-# ---- Lightning 2.6's private names (hence `lightning<2.7` in pyproject.toml); each goes where its note says.
-from lightning.fabric.utilities.distributed import _set_num_threads_if_needed  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar  # noqa: E402
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher  # noqa: E402
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher  # noqa: E402
-
 # Lightning 2.6's own launchers lower the threads per process this way; a launcher replacing one must too (private).
 set_num_threads_if_needed = _set_num_threads_if_needed
 
@@ -240,28 +228,34 @@ class OwnScriptLauncher:
             self._launcher = self.script_launcher()
 
 
+def is_spawn_launcher(launcher: object) -> bool:
+    """Whether a strategy's launcher is ddp_spawn's, whose processes this one only waits for (private class in
+    Lightning 2.6; no public test for it)."""
+    return isinstance(launcher, _MultiProcessingLauncher)
+
+
 def strategy_timeout(strategy: Any) -> Any:
     """A DDP or FSDP strategy's process-group timeout (a `timedelta`, or None): private `_timeout` in Lightning 2.6,
     which has no public reader; no upstream issue found."""
     return strategy._timeout
 
 
+def skip_lightning_sigterm_broadcast(trainer: L.Trainer) -> None:
+    """Skip the SIGTERM broadcast Lightning 2.6's loop makes before every training batch (added by #20825; its cost:
+    Lightning-AI/pytorch-lightning#21487), for strategies that agree on SIGTERM themselves; goes once Lightning lets a
+    strategy skip it."""
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
 def replace_sigterm_notifier(trainer: L.Trainer, notifier: Callable[[int, object], None]) -> None:
-    """Make `notifier` the Trainer's SIGTERM handler, before `fit` registers it: Lightning's broadcasts from inside
-    the handler (private `_signal_connector`, Lightning 2.6; no upstream issue found: goes when a strategy can take
-    over SIGTERM)."""
+    """Make `notifier` the Trainer's SIGTERM handler, in place of Lightning 2.6's, which broadcasts from inside the
+    handler (private `_signal_connector`; no upstream issue found: goes when a strategy can take over SIGTERM)."""
     trainer._signal_connector._sigterm_notifier_fn = notifier
 
 
 def flag_sigterm(trainer: L.Trainer) -> None:
     """Set the flag Lightning 2.6's loops stop on after SIGTERM (private, as in `replace_sigterm_notifier`)."""
     trainer._signal_connector.received_sigterm = True
-
-
-def is_spawn_launcher(launcher: object) -> bool:
-    """Whether a strategy's launcher is ddp_spawn's, whose processes this one only waits for (private class in
-    Lightning 2.6; no public test for it)."""
-    return isinstance(launcher, _MultiProcessingLauncher)
 
 
 class TopKCheckpoint(ModelCheckpoint):
@@ -280,43 +274,3 @@ def open_tqdm_bars(bar: TQDMProgressBar) -> list:
     them; no upstream issue found)."""
     held = (bar._train_progress_bar, bar._val_progress_bar, bar._test_progress_bar, bar._predict_progress_bar)
     return [tqdm for tqdm in held if tqdm is not None]
-
-
-# Where in a run memory ran out, by the private function of Lightning's Trainer (or Hydra's instantiate) that ran.
-STAGE_FUNCTIONS = {
-    "_call_target": "while building the run",
-    "_fit_impl": "while training",
-    "_validate_impl": "while validating",
-    "_test_impl": "while testing",
-    "_predict_impl": "while predicting",
-}
-# Hydra's grid sweeper, the default one: a sweep under any other is a search.
-GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-
-
-def config_root(node: Any) -> Any:
-    """The whole config an OmegaConf node belongs to (private `_get_root`: OmegaConf 2.3 and 2.4 have no public one)."""
-    return node._get_root()
-
-
-# What torch DCP's index of shards (`.metadata`) pickles, as torch 2.14 writes it: the classes a checkpoint's index
-# may name (`checkpoints.ShardsIndexUnpickler`); a new torch that writes others is refused until they are added.
-SHARDS_INDEX_CLASSES = {
-    ("torch.distributed.checkpoint.metadata", name)
-    for name in (
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "_MEM_FORMAT_ENCODING",
-    )
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-}
