@@ -40,12 +40,6 @@ from project.engine.upstream import (
 log = logging.getLogger(__name__)
 # The config key that sets how long a rank waits for the others (conf/trainer/ddp.yaml, slurm.yaml, ddp_spawn.yaml).
 TIMEOUT_KEY = "trainer.strategy.timeout.seconds"
-# How torch says a collective timed out.
-TIMEOUT_WORDS = (
-    "Timed out waiting",  # gloo, on the rank whose timer ran out
-    "Application timeout caused pair closure",  # gloo, on a rank another rank's timeout cut off
-    "Watchdog caught collective operation timeout",  # NCCL
-)
 # How long the ranks that timed out wait for each other to say so: their timers, started as they entered the same
 # collective, end within moments of each other.
 ROLL_CALL_SECONDS = 3.0
@@ -93,17 +87,6 @@ def answers_as_store(host: str, port: int, seconds: float) -> bool | None:
 
     threading.Thread(target=ask, daemon=True, name="store-probe").start()
     return asked.wait(seconds) and answered.is_set()
-
-
-def collective_timed_out(error: BaseException) -> bool:
-    """Whether `error` is a collective that waited the process group's whole timeout for another rank, here or on a
-    rank that then closed its connection to this one."""
-    return (
-        isinstance(error, RuntimeError)
-        and dist.is_available()
-        and dist.is_initialized()
-        and any(words in str(error) for words in TIMEOUT_WORDS)
-    )
 
 
 def silent_ranks(seconds: float = ROLL_CALL_SECONDS) -> list[int]:

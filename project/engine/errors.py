@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, ParamSpec, TypeVar
 
+import torch.distributed as dist
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import (
@@ -63,6 +64,14 @@ GRAPH_CHANGED_LINE = (
     "DDP with trainer.strategy.static_graph=true met a step that used other parameters than the first: set "
     "trainer.strategy.static_graph=false (and trainer.strategy.find_unused_parameters=true where steps leave "
     "parameters out of the loss)"
+)
+
+
+# How torch says a collective timed out.
+TIMEOUT_WORDS = (
+    "Timed out waiting",  # gloo, on the rank whose timer ran out
+    "Application timeout caused pair closure",  # gloo, on a rank another rank's timeout cut off
+    "Watchdog caught collective operation timeout",  # NCCL
 )
 
 
@@ -206,6 +215,44 @@ def out_of_memory(error: BaseException) -> UserError:
         + (f" ({size} asked for)" if size else "")
         + ": lower the batch size or the model's size, or run where there is more memory"
     )
+
+
+def collective_timed_out(error: BaseException) -> bool:
+    """Whether `error` is a collective that waited the process group's whole timeout for another rank, here or on a
+    rank that then closed its connection to this one."""
+    return (
+        isinstance(error, RuntimeError)
+        and dist.is_available()
+        and dist.is_initialized()
+        and any(words in str(error) for words in TIMEOUT_WORDS)
+    )
+
+
+def lost_another_rank(error: Exception) -> bool:
+    """Whether `error` is a collective that broke because another process of the run ended (gloo and NCCL say so)."""
+    return (
+        isinstance(error, RuntimeError)
+        and dist.is_available()
+        and dist.is_initialized()
+        and ("remote worker" in str(error) or "remote process" in str(error))
+    )
+
+
+def lost_a_loader_worker(error: Exception) -> bool:
+    """Whether `error` says that a DataLoader worker process died (killed, out of memory): torch's report of it, or
+    (which comes first is timing) the broken connection to one that died handing over a batch, raised in torch."""
+    if isinstance(error, RuntimeError) and str(error).lstrip().startswith("DataLoader worker (pid"):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    return isinstance(error, (EOFError, ConnectionError)) and any(
+        frame.filename.endswith(os.path.join("torch", "utils", "data", "dataloader.py")) for frame in frames
+    )
+
+
+def loader_timed_out(error: Exception) -> bool:
+    """Whether `error` is torch's report of a DataLoader worker that sent no batch within the DataLoader's `timeout`
+    (0, torch's default, waits without end: a data module sets it)."""
+    return isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out after")
 
 
 def unwritable(path: Path, error_number: int | None, detail: str = "") -> UserError:

@@ -5,7 +5,6 @@ import gc
 import os
 import re
 import signal
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +18,17 @@ from hydra.experimental.callback import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.engine.checkpoints import checkpoint_step
-from project.engine.ddp import TIMEOUT_KEY, HydraJobLauncher, HydraJobRanks, collective_timed_out, silent_ranks
-from project.engine.errors import RunStopped, UserError, find_user_error, in_sweep_job
+from project.engine.ddp import TIMEOUT_KEY, HydraJobLauncher, HydraJobRanks, silent_ranks
+from project.engine.errors import (
+    RunStopped,
+    UserError,
+    collective_timed_out,
+    find_user_error,
+    in_sweep_job,
+    loader_timed_out,
+    lost_a_loader_worker,
+    lost_another_rank,
+)
 from project.engine.startup import RUN_AGAIN, arm, disarm, stop_on_sigterm
 from project.engine.sweeps import continue_hint
 from project.engine.upstream import is_spawn_launcher
@@ -46,33 +54,6 @@ def resume_hint(trainer: L.Trainer) -> str:
         return "it had written no checkpoint yet: run it again"
     path = last.parent.resolve() / last.name  # not a sharded checkpoint's link resolved: its target is replaced
     return f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={path}"
-
-
-def lost_another_rank(error: Exception) -> bool:
-    """Whether `error` is a collective that broke because another process of the run ended (gloo and NCCL say so)."""
-    return (
-        isinstance(error, RuntimeError)
-        and dist.is_available()
-        and dist.is_initialized()
-        and ("remote worker" in str(error) or "remote process" in str(error))
-    )
-
-
-def lost_a_loader_worker(error: Exception) -> bool:
-    """Whether `error` says that a DataLoader worker process died (killed, out of memory): torch's report of it, or
-    (which comes first is timing) the broken connection to one that died handing over a batch, raised in torch."""
-    if isinstance(error, RuntimeError) and str(error).lstrip().startswith("DataLoader worker (pid"):
-        return True
-    frames = traceback.extract_tb(error.__traceback__)
-    return isinstance(error, (EOFError, ConnectionError)) and any(
-        frame.filename.endswith(os.path.join("torch", "utils", "data", "dataloader.py")) for frame in frames
-    )
-
-
-def loader_timed_out(error: Exception) -> bool:
-    """Whether `error` is torch's report of a DataLoader worker that sent no batch within the DataLoader's `timeout`
-    (0, torch's default, waits without end: a data module sets it)."""
-    return isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out after")
 
 
 def silence_line(error: Exception, silent: list[int], trainer: L.Trainer) -> str:
