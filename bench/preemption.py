@@ -26,6 +26,8 @@ EPOCHS = 4
 # with 20 the stop still lands inside training, and the resumed run's rest is still quick.
 QUICK_EPOCHS = 20
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
+# The mid-epoch checkpoint (the optional part mid_epoch), which writes last.ckpt when SIGTERM stops the run.
+MID_EPOCH_ON = "callbacks.mid_epoch_checkpoint.enabled=true"
 
 
 def train(overrides: list[str], run_dir: Path) -> subprocess.Popen:
@@ -44,7 +46,7 @@ def wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 600)
 
 def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
     epochs = QUICK_EPOCHS if settings.quick else EPOCHS
-    overrides = [*recipe, settings.trainer_override(), f"trainer.max_epochs={epochs}"]
+    overrides = [*recipe, settings.trainer_override(), f"trainer.max_epochs={epochs}", MID_EPOCH_ON]
     stopped_dir, resumed_dir = scratch / "stopped", scratch / "resumed"
     last = stopped_dir / "checkpoints" / "last.ckpt"
     proc = train(overrides, stopped_dir)

@@ -286,6 +286,8 @@ def weight_gap(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) 
 
 
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
+# The mid-epoch checkpoint switched on (the optional part mid_epoch): last.ckpt also when SIGTERM stops a run.
+MID_EPOCH_ON = "callbacks.mid_epoch_checkpoint.enabled=true"
 
 
 # What a run resumed without the test-only callback its first part ran with (tests/crash_callback.py) gives, as a user

@@ -44,6 +44,7 @@ from tests.faults import (
 )
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
+    MID_EPOCH_ON,
     REPO,
     STOPPED_BY_SIGTERM,
     TRUST_TEST_CODE,
@@ -139,23 +140,24 @@ def test_sigterm_stops_the_run_with_143_naming_the_checkpoint_to_resume_from(tmp
 @pytest.mark.parametrize(
     ("callbacks", "expected"),
     [
-        # The first step is written as SIGTERM stops the run after it.
+        # The first step is written as SIGTERM stops the run after it (the mid-epoch checkpoint switched on).
         pytest.param(
-            "callbacks=default",
+            ("callbacks=default", MID_EPOCH_ON),
             "resume from its last checkpoint (step 1) with the same command plus ckpt_path=",
             marks=requires("mid_epoch"),
+            id="callbacks=default",
         ),
         # Without checkpoints there is nothing to resume from, and the line must not name a file.
-        ("callbacks=none", "it had written no checkpoint yet: run it again"),
+        pytest.param(("callbacks=none",), "it had written no checkpoint yet: run it again", id="callbacks=none"),
     ],
 )
-def test_sigterm_at_the_first_step_names_what_to_resume_from(tmp_path: Path, callbacks: str, expected: str):
+def test_sigterm_at_the_first_step_names_what_to_resume_from(tmp_path: Path, callbacks: tuple, expected: str):
     run_dir = tmp_path / "run"
     faulty = "+callbacks.sigterm._target_=tests.fault_cases.SigtermAtFirstBatch"
     result = run_module(
         "project.train",
         "logger=none",
-        callbacks,
+        *callbacks,
         faulty,
         f"hydra.run.dir={run_dir}",
         cwd=tmp_path,
@@ -165,7 +167,7 @@ def test_sigterm_at_the_first_step_names_what_to_resume_from(tmp_path: Path, cal
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, STOPPED_BY_SIGTERM)
     assert line.startswith(f"error: stopped by SIGTERM in epoch 0: {expected}"), line
     last = run_dir / "checkpoints" / "last.ckpt"
-    assert last.exists() == (callbacks == "callbacks=default")
+    assert last.exists() == (callbacks[0] == "callbacks=default")
     if last.exists():
         assert resume_from(line) == last.resolve() and torch.load(last, weights_only=True)["global_step"] == 1
     assert_no_process_left(tmp_path)

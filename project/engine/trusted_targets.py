@@ -86,7 +86,14 @@ def job_whitelist(cfg: DictConfig) -> list[str]:
     """What a job built from the composed `cfg` may instantiate (Hydra 1.4's whitelist for it): the targets of `cfg`
     and of its Hydra config (a sweeper's pruner, built in the job), and `trusted_targets`."""
     hydra_node = OmegaConf.to_container(HydraConfig.get(), resolve=False) if HydraConfig.initialized() else {}
-    trust = trusted_targets(cfg)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    # A callback switched off (`enabled: false`) is never built: its target is not listed, nor imported to be.
+    if isinstance(config.get("callbacks"), dict):
+        callbacks = config["callbacks"].items()
+        config["callbacks"] = {
+            name: node for name, node in callbacks if not isinstance(node, dict) or node.get("enabled", True)
+        }
+    trust = TrustedTargets.of(config)
     return sorted(trust.composed | set(targets_in(hydra_node))) + list(trust.patterns)
 
 

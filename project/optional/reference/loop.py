@@ -271,7 +271,7 @@ def steps_per_epoch(datamodule: ClassificationDataModule, settings: TrainerSetti
 @dataclass
 class Checkpointing:
     """Where the loop writes its checkpoint, and how often inside an epoch (`callbacks.mid_epoch_checkpoint`'s keys,
-    where that optional part is here)."""
+    where that optional part is here and switched on)."""
 
     path: Path
     datamodule: ClassificationDataModule  # states the training order's position
@@ -532,8 +532,9 @@ def fit_and_report(
 ) -> None:
     """Train (on from `ckpt_path`, if given); every process saves its history; the main one alone validates, tests
     (or every one, where `trainer.every_rank_evaluates`) and writes the run's outputs."""
-    # As the Lightning side's callbacks.mid_epoch_checkpoint writes it (none where that is not in the config).
+    # As the Lightning side's callbacks.mid_epoch_checkpoint writes it (none where that is off or not in the config).
     every = OmegaConf.select(cfg, "callbacks.mid_epoch_checkpoint") or {}
+    every = every if every.get("enabled", True) else {}
     checkpoint = Path(cfg.run_dir) / "checkpoints" / "last.pt"
     trainer.checkpointing = Checkpointing(
         checkpoint, datamodule, every.get("every_n_steps"), every.get("every_n_minutes")

@@ -23,6 +23,7 @@ from project.optional.fsdp.units import UnitChoice
 from tests.collective_counter import count_collectives
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
+    MID_EPOCH_ON,
     REPO,
     TRUST_TEST_CODE,
     check_ok,
@@ -149,7 +150,7 @@ def test_a_sharded_checkpoint_resumes_exactly_under_fsdp_and_ddp_and_loads_on_on
     the remaining steps and ends on the weights of the run never stopped; evaluate reads the shards in one process."""
     stopped_dir = tmp_path / "stopped"
     at_step_3 = ["+callbacks.crash._target_=tests.crash_callback.SignalAtStep", "+callbacks.crash.step=3"]
-    stop = [*at_step_3, "+callbacks.crash.signal=SIGTERM"]
+    stop = [*at_step_3, "+callbacks.crash.signal=SIGTERM", MID_EPOCH_ON]
     stopped = run_module(
         "project.train", "trainer=fsdp", *TOY, *stop, f"hydra.run.dir={stopped_dir}", cwd=tmp_path, env=ENV
     )

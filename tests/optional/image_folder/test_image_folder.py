@@ -24,6 +24,7 @@ from tests.faults import (
     assert_ends_in_error_line,
 )
 from tests.helpers import (
+    MID_EPOCH_ON,
     REPO,
     STOPPED_BY_SIGTERM,
     TRUST_TEST_CODE,
@@ -155,7 +156,13 @@ def test_a_run_stopped_inside_an_epoch_resumes_to_the_same_augmented_batches(tmp
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     check_ok(run_module("project.train", *overrides, f"hydra.run.dir={whole}", cwd=tmp_path, env=env))
     signalled = run_module(
-        "project.train", *overrides, *signal_at(9, "SIGTERM"), f"hydra.run.dir={stopped}", cwd=tmp_path, env=env
+        "project.train",
+        *overrides,
+        *signal_at(9, "SIGTERM"),
+        MID_EPOCH_ON,
+        f"hydra.run.dir={stopped}",
+        cwd=tmp_path,
+        env=env,
     )
     assert signalled.returncode == STOPPED_BY_SIGTERM, signalled.stderr[-2000:]
     resumed = tmp_path / "resumed"

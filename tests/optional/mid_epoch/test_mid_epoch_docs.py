@@ -3,17 +3,18 @@
 from tests.docs_commands import DocsPage, docs_page_tests
 from tests.helpers import REPO
 
-EVERY_100_STEPS = "callbacks.mid_epoch_checkpoint.every_n_steps=100"
+ON = "callbacks.mid_epoch_checkpoint.enabled=true"
+EVERY_100_STEPS = f"{ON} callbacks.mid_epoch_checkpoint.every_n_steps=100"
 PAGE = DocsPage(
     REPO / "docs" / "mid-epoch.md",
     not_run_here={
-        "timeout 30 python -m project.train experiment=mnist": "a run stopped by SIGTERM, whose exit status is "
+        f"timeout 30 python -m project.train experiment=mnist {ON}": "a run stopped by SIGTERM, whose exit status is "
         "timeout's 124: tests/optional/mid_epoch/test_mid_epoch_resume.py stops runs so (at a chosen step) and "
         "resumes them to the weights of a run never stopped"
     },
     smaller={
         f"python -m project.train experiment=mnist {EVERY_100_STEPS}": "trainer.max_epochs=2",
-        "python -m project.train experiment=mnist callbacks.mid_epoch_checkpoint.every_n_minutes=10": (
+        f"python -m project.train experiment=mnist {ON} callbacks.mid_epoch_checkpoint.every_n_minutes=10": (
             "trainer.max_epochs=2"
         ),
         "python -m project.train experiment=mnist ckpt_path=last": "trainer.max_epochs=2",

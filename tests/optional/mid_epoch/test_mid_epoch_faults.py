@@ -3,14 +3,20 @@ tests/failure_table.py)."""
 
 from tests.failure_table import named_tests_test, rows_test
 from tests.faults import BadInput, bad_input_test
-from tests.helpers import REPO
+from tests.helpers import MID_EPOCH_ON, REPO
 
 BAD_INPUTS = [
-    BadInput("checkpoint-every-0-steps", ("callbacks.mid_epoch_checkpoint.every_n_steps=0",), ("every_n_steps",)),
-    BadInput("checkpoint-every-true-steps", ("callbacks.mid_epoch_checkpoint.every_n_steps=true",), ("every_n_steps",)),
+    BadInput(
+        "checkpoint-every-0-steps", (MID_EPOCH_ON, "callbacks.mid_epoch_checkpoint.every_n_steps=0"), ("every_n_steps",)
+    ),
+    BadInput(
+        "checkpoint-every-true-steps",
+        (MID_EPOCH_ON, "callbacks.mid_epoch_checkpoint.every_n_steps=true"),
+        ("every_n_steps",),
+    ),
     BadInput(
         "checkpoint-every-negative-minutes",
-        ("callbacks.mid_epoch_checkpoint.every_n_minutes=-1",),
+        (MID_EPOCH_ON, "callbacks.mid_epoch_checkpoint.every_n_minutes=-1"),
         ("every_n_minutes",),
     ),
 ]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import (
+    MID_EPOCH_ON,
     REPO,
     STOPPED_BY_SIGTERM,
     TRUST_TEST_CODE,
@@ -34,7 +35,12 @@ DDP = ("trainer=ddp", "trainer.devices=2")
 
 def recipe(mnist_root: Path, processes: int, *extra: str) -> list[str]:
     return mnist_overrides(
-        mnist_root, "data.batch_size=25", "trainer.max_epochs=3", *(DDP if processes == 2 else ()), *extra
+        mnist_root,
+        "data.batch_size=25",
+        "trainer.max_epochs=3",
+        MID_EPOCH_ON,
+        *(DDP if processes == 2 else ()),
+        *extra,
     )
 
 
@@ -200,7 +206,7 @@ def test_a_sigterm_inside_an_accumulation_window_stops_at_its_end_and_resumes_ex
 ):
     """A checkpoint inside the window would leave its accumulated gradients behind: the run trains on to the
     window's last batch, checkpoints there, and resumes to the weights of a run never stopped."""
-    args = ["data.batch_size=1", "trainer.accumulate_grad_batches=2", "logger=none"]
+    args = ["data.batch_size=1", "trainer.accumulate_grad_batches=2", "logger=none", MID_EPOCH_ON]
     if processes == 2:
         args += ["trainer=ddp", "trainer.devices=2"]
     env = {**ENV, "PYTHONPATH": str(REPO)}  # the run imports tests.crash_callback

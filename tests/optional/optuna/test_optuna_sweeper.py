@@ -11,17 +11,17 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from hydra_plugins.resumable_optuna_sweeper.resumable_optuna_sweeper import (
+from project.engine.errors import UserError
+from project.optional.optuna import storage as storage_module
+from project.optional.optuna.search import (
     NOT_RUN_ATTR,
-    ResumableOptunaSweeper,
+    OptunaSearch,
     consecutive_runs,
     counted,
     open_study,
     search_direction,
     search_space,
 )
-from project.engine.errors import UserError
-from project.optional.optuna import storage as storage_module
 from project.optional.optuna.storage import open_storage, record_heartbeat, stale_trials
 
 HEARTBEATS = (10, 60)  # seconds: interval, grace period
@@ -123,21 +123,19 @@ def test_a_stored_trial_whose_values_lie_outside_the_search_space_ends_the_searc
     become a job's overrides. A retry's own values are the space's; a value planted there (a resolver that would
     make a directory, a number out of range) ends the search in one line before any job, its trials failed."""
     space, _ = search_space(["model.optimizer.lr=interval(0.01, 0.1)", "model.network.num_layers=choice(2, 4)"])
-    sweeper = ResumableOptunaSweeper(
-        "sqlite:///" + str(tmp_path / "study.db"), "s", 9, 1, 5, 20, None, None, None, None
-    )
-    sweeper.study = optuna.create_study(storage=sweeper.storage, study_name="s")
-    sweeper.study.enqueue_trial({"model.optimizer.lr": 0.05, "model.network.num_layers": 4})  # a retry's
-    assert sweeper._ask(space, 1)[0].params == {"model.optimizer.lr": 0.05, "model.network.num_layers": 4}
+    search = OptunaSearch("sqlite:///" + str(tmp_path / "study.db"), "s", 9, 1, 5, 20, None, None, None, None)
+    search.study = optuna.create_study(storage=search.storage, study_name="s")
+    search.study.enqueue_trial({"model.optimizer.lr": 0.05, "model.network.num_layers": 4})  # a retry's
+    assert search._ask(space, 1)[0].params == {"model.optimizer.lr": 0.05, "model.network.num_layers": 4}
     planted = {"model.optimizer.lr": 7.0, "model.network.num_layers": f"${{launch_dir:{tmp_path}/x}}"}
     for key, value in planted.items():
-        sweeper.study.enqueue_trial({"model.optimizer.lr": 0.05, "model.network.num_layers": 2, key: value})
+        search.study.enqueue_trial({"model.optimizer.lr": 0.05, "model.network.num_layers": 2, key: value})
         with pytest.raises(SystemExit) as stopped, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna's own, of a value out of range
-            sweeper._ask(space, 1)
+            search._ask(space, 1)
         assert stopped.value.code == 2
     assert not (tmp_path / "x").exists()
-    assert [trial.state for trial in sweeper.study.get_trials()][1:] == [TrialState.FAIL, TrialState.RUNNING]
+    assert [trial.state for trial in search.study.get_trials()][1:] == [TrialState.FAIL, TrialState.RUNNING]
 
 
 def test_the_direction_is_optimized_modes_and_an_older_configs_direction_must_agree():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import (
+    MID_EPOCH_ON,
     REPO,
     STOPPED_BY_SIGTERM,
     check_ok,
@@ -32,7 +33,8 @@ def test_the_reference_loop_stopped_mid_epoch_resumes_to_the_lightning_run_never
     check_ok(run_module("project.train", *args, f"hydra.run.dir={tmp_path / 'lightning'}", cwd=tmp_path, env=ENV))
     stopped_dir = tmp_path / "stopped"
     last = stopped_dir / "checkpoints" / "last.pt"
-    args_stopped = [*args, "callbacks.mid_epoch_checkpoint.every_n_steps=5", f"hydra.run.dir={stopped_dir}"]
+    every_5_steps = [MID_EPOCH_ON, "callbacks.mid_epoch_checkpoint.every_n_steps=5"]
+    args_stopped = [*args, *every_5_steps, f"hydra.run.dir={stopped_dir}"]
     output = tmp_path / "stopped.out", tmp_path / "stopped.err"
     proc = start_module("project.optional.reference.single", args_stopped, tmp_path, *output, env=ENV)
     deadline = time.monotonic() + 120
