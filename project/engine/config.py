@@ -1,5 +1,5 @@
 """The run's config before it builds and after: the engine's values checked, `hints` given and a replaced `_target_`'s
-leftover keys left out, the overrides as typed, and the resolved whole stored in every checkpoint."""
+leftover keys left out, and the resolved whole stored in every checkpoint."""
 
 import inspect
 import types
@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import get_class, get_object
+from hydra.utils import get_object
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -24,7 +24,7 @@ SIMPLE_TYPES = (bool, int, float, str, type(None))
 
 class RunConfigCallback(L.Callback):
     """Writes `config` into every checkpoint as `checkpoint["config"]`, whatever the LightningModule: evaluation,
-    prediction and resuming rebuild the run from it alone."""
+    prediction and resuming rebuild the run from it."""
 
     def __init__(self, config: dict) -> None:
         self.config = config
@@ -39,19 +39,17 @@ def run_config_of(trainer: L.Trainer) -> dict | None:
 
 
 def command_line_overrides() -> list[str]:
-    """The command line's overrides as given: a `${...}` in one is its value's, not to be resolved in Hydra's config."""
+    """The command line's overrides as typed (a `${...}` in one is its value's, not Hydra's config's)."""
     return OmegaConf.to_container(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def overridden_key(override: str) -> str:
-    """The key an override sets: `+model.optimizer.lr=0.1` sets `model.optimizer.lr`, `~callbacks.history` removes
-    `callbacks.history`."""
+    """The key an override sets or removes (`+model.optimizer.lr=0.1`, `~callbacks.history`)."""
     return override.lstrip("+~").split("=", 1)[0]
 
 
 def config_source_arguments() -> list[str]:
-    """`--config-name` and any `--config-dir` this process was started with: a process it starts composes from the
-    same config files."""
+    """`--config-name` and any `--config-dir` this process was started with, for a process it starts."""
     hydra = HydraConfig.get()
     config_dirs = [source.path for source in hydra.runtime.config_sources if source.provider == "command-line"]
     return [f"--config-name={hydra.job.config_name}", *(f"--config-dir={path}" for path in config_dirs)]
@@ -63,7 +61,7 @@ def is_int(value: object) -> bool:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise `UserError` naming the key, the bad value and what is allowed, for an engine value that would otherwise
-    fail deep inside Lightning (a module's own values are its constructor's to check)."""
+    fail deep inside Lightning."""
     OmegaConf.to_container(cfg, resolve=True)  # a `${...}` that names nothing fails here, naming its key
     if not (is_int(cfg.seed) and 0 <= cfg.seed < 2**32):
         raise UserError(f"seed must be an integer from 0 to 2**32 - 1, got {cfg.seed!r}")
@@ -80,7 +78,18 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.optimized_mode not in ("min", "max"):
         raise UserError(f"optimized_mode must be min or max, got {cfg.optimized_mode!r}")
-    check_results_from(cfg)
+    if cfg.results_from not in ("last", "best"):
+        raise UserError(f"results_from must be last or best, got {cfg.results_from!r}")
+    if cfg.results_from == "best" and "model_checkpoint" not in cfg.callbacks:
+        raise UserError(
+            "results_from=best needs the best checkpoint, which only callbacks=default saves: "
+            "use callbacks=default, or results_from=last"
+        )
+    if cfg.results_from == "best" and cfg.trainer.get("fast_dev_run"):
+        raise UserError(
+            "trainer.fast_dev_run (debug=fast) saves no checkpoint, so results_from=best has none: "
+            "add results_from=last"
+        )
     if not isinstance(cfg.get("compile", False), bool):
         raise UserError(f"compile must be true or false, got {cfg.compile!r}")
     strategy = cfg.trainer.get("strategy", "auto")
@@ -93,26 +102,8 @@ def check_config(cfg: DictConfig) -> None:
     check_a_search_is_a_sweep()
 
 
-def check_results_from(cfg: DictConfig) -> None:
-    """`results_from=best` needs the checkpoint callback that keeps the best weights, and a run that saves it."""
-    if cfg.results_from not in ("last", "best"):
-        raise UserError(f"results_from must be last or best, got {cfg.results_from!r}")
-    if cfg.results_from != "best":
-        return
-    if "model_checkpoint" not in cfg.callbacks:
-        raise UserError(
-            "results_from=best needs the best checkpoint, which only callbacks=default saves: "
-            "use callbacks=default, or results_from=last"
-        )
-    if cfg.trainer.get("fast_dev_run"):
-        raise UserError(
-            "trainer.fast_dev_run (debug=fast) saves no checkpoint, so results_from=best has none: "
-            "add results_from=last"
-        )
-
-
 def check_added_keys() -> None:
-    """`+name=value` for a top-level name that is no config group adds a key nothing reads: most likely a typo."""
+    """Refuse `+name=value` for a top-level name that is no config group: a key nothing reads, most likely a typo."""
     if not HydraConfig.initialized():
         return
     groups = set(HydraConfig.get().runtime.choices)
@@ -126,8 +117,8 @@ def check_added_keys() -> None:
 
 
 def check_a_search_is_a_sweep() -> None:
-    """A sweeper chosen for a single run (`hparams_search=`) would be ignored: the run would train once. A search
-    takes `-m` (Hydra 1.4 lets no config file make a run a sweep); rank 0 alone is asked."""
+    """Refuse a sweeper chosen for a single run (`hparams_search=` without `-m`), which would train once; rank 0
+    alone is asked."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN or process_rank() != 0:
         return
     choices = HydraConfig.get().runtime.choices
@@ -142,8 +133,8 @@ def check_a_search_is_a_sweep() -> None:
 
 
 def check_launched_on_every_node(trainer) -> None:
-    """More than one node needs each node's processes started there (srun, torchrun), or rank 0 would wait for them
-    forever; asked of the built Trainer, whose cluster environment knows its launcher."""
+    """Refuse more than one node where nothing starts each node's processes (srun, torchrun): rank 0 would wait
+    forever. Asked of the built Trainer, whose cluster environment knows its launcher."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     if trainer.num_nodes > 1 and not (environment is not None and environment.creates_processes_externally):
         raise UserError(
@@ -153,20 +144,9 @@ def check_launched_on_every_node(trainer) -> None:
         )
 
 
-def targets_subclass_of(node: object, expected: type) -> bool:
-    """Whether config `node` has a `_target_` naming `expected` or a subclass of it (a misspelt class is no:
-    instantiating it names it in one line)."""
-    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
-        return False
-    try:
-        return issubclass(get_class(node._target_), expected)
-    except (ImportError, ValueError):
-        return False
-
-
 def fits(value: object, hint: object) -> bool | None:
-    """Whether a config `value` fits a constructor argument's type `hint`; None where the hint is not made of the
-    plain types a command line can give (bool, int, float, str, None)."""
+    """Whether a config `value` fits a constructor argument's type `hint`; None for a hint not made of the plain
+    types a command line can give."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     if not all(option in SIMPLE_TYPES for option in options):
         return None
@@ -177,7 +157,7 @@ def fits(value: object, hint: object) -> bool | None:
 
 def mistyped_value(node: object, key: str) -> str | None:
     """The line for the first value under config `node` (at `key`) of a type its `_target_`'s annotations refuse, or
-    None: asked once a constructor has failed, to name the value behind an unclear message, whatever the class."""
+    None: asked once a constructor has failed."""
     if not isinstance(node, DictConfig):
         return None
     hints = {}
@@ -203,7 +183,7 @@ def mistyped_value(node: object, key: str) -> str | None:
 
 def give_hints(cfg: DictConfig) -> None:
     """Leave out what replaced `_target_`s do not take, then give each of `cfg.hints` where its target takes it and
-    the command line does not set it: a recipe's hints so fit any network."""
+    the command line does not set it."""
     typed = {overridden_key(override) for override in command_line_overrides()}
     for key in sorted(typed):
         path = key.removesuffix("._target_")
@@ -230,7 +210,7 @@ def give(node: DictConfig, hints: DictConfig, path: str, typed: set[str]) -> Non
 
 def leave_out_replaced_arguments(node: DictConfig, path: str, typed: set[str]) -> None:
     """Leave out, and say so, the keys of `node` (whose `_target_` the command line replaced) that the new target
-    does not name, unless typed on the command line: they were written for the target it replaces."""
+    does not name, unless typed on the command line."""
     kept = taken_arguments(get_object(node._target_)) | {"_target_", "_partial_"}
     kept |= {key.removeprefix(f"{path}.") for key in typed}
     replaced = [key for key in node if key not in kept]
@@ -245,7 +225,7 @@ def leave_out_replaced_arguments(node: DictConfig, path: str, typed: set[str]) -
 
 
 def taken_arguments(target: object) -> set[str]:
-    """The argument names a class or function declares (not those a `**kwargs` might take: it says nothing)."""
+    """The argument names a class or function declares (not what a `**kwargs` might take)."""
     try:
         parameters = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature
@@ -254,7 +234,7 @@ def taken_arguments(target: object) -> set[str]:
 
 
 def subfolders(directory: str) -> int:
-    """`${subfolders:<dir>}`: the folders in `directory`; 0 where it does not exist yet (its reader says so)."""
+    """`${subfolders:<dir>}`: the folders in `directory`; 0 where it does not exist yet."""
     folder = Path(directory)
     return sum(path.is_dir() for path in folder.iterdir()) if folder.is_dir() else 0
 

@@ -1,6 +1,5 @@
 """How a run ends through no bug: `UserError`, and the entry points' one `error:` line and exit status for any failure
-(a bug keeps its traceback; a failing sweep job fails alone), an override's typo naming the nearest keys or options
-that exist."""
+(a bug keeps its traceback; a failing sweep job fails alone)."""
 
 import difflib
 import errno
@@ -40,18 +39,16 @@ R = TypeVar("R")
 ERROR_FILE = "error.txt"
 # Less free space than this is a full disk (torch.save's own report of one carries no errno).
 FULL_BELOW_BYTES = 1 << 20
-# What `instantiate` raises where a constructor refuses its config: Hydra 1.3 wraps the constructor's own TypeError or
-# ValueError in an InstantiationException, Hydra 1.4 raises it as it is.
+# What `instantiate` raises where a constructor refuses its config (Hydra 1.3 wraps it, Hydra 1.4 does not).
 CONSTRUCTOR_ERRORS = (InstantiationException, TypeError, ValueError)
-# Hydra 1.3's words for an override of a key the config does not have, with the command-line text of the override.
+# Hydra 1.3's words for an override of a key the config does not have.
 NOT_APPLIED = re.compile(r"Could not override '(?P<key>[^']+)'\.\nTo append to your config use \+(?P<override>.+)")
 PRINTS_THE_CONFIG = "--cfg job prints the config"
 # How alike (difflib's ratio) a name must be to be suggested: `max_epoch` and `max_epochs` are, `max_steps` is not.
 CUTOFF = 0.75
 # The line of a worker's traceback that names its exception: `project.engine.history.Diverged: training ...`.
 EXCEPTION_LINE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*)\.(?P<name>[A-Za-z_]\w*): (?P<message>.*)", re.MULTILINE)
-# DDP's reducer found parameters no loss reached, in Lightning's words (its DDP strategy rewrites torch's) and torch's.
-# Matched as text: under ddp_spawn it comes back from the worker as the text of a `ProcessRaisedException`.
+# DDP's reducer found parameters no loss reached, in Lightning's words and torch's (ddp_spawn returns only the text).
 UNUSED_PARAMETERS = "parameters that were not used in producing the loss"
 TORCH_UNUSED_PARAMETERS = "module has parameters that were not used in producing loss"
 # The same with `static_graph=True`, where the set of parameters a loss reaches changes from step to step.
@@ -65,8 +62,6 @@ GRAPH_CHANGED_LINE = (
     "trainer.strategy.static_graph=false (and trainer.strategy.find_unused_parameters=true where steps leave "
     "parameters out of the loss)"
 )
-
-
 # How torch says a collective timed out.
 TIMEOUT_WORDS = (
     "Timed out waiting",  # gloo, on the rank whose timer ran out
@@ -76,16 +71,16 @@ TIMEOUT_WORDS = (
 
 
 class UserError(Exception):
-    """A problem in the user's input or environment; its message says what to change. `ends_the_sweep`: one every
-    job of a sweep would meet alike (a stop, a search's objective not logged) ends the sweep, not just the job."""
+    """A problem in the user's input or environment; its message says what to change. `ends_the_sweep`: every job
+    of a sweep would meet it alike."""
 
     exit_status = 2
     ends_the_sweep = False
 
 
 class RunStopped(UserError):
-    """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume. `on_every_rank`: a stop all
-    ranks agreed on, met by each; of the ranks rank 0 started, only it prints the line (the others log it)."""
+    """The run was stopped from outside (SIGTERM, Ctrl-C); its message says how to resume. `on_every_rank`: each
+    rank meets it, and of the ranks rank 0 started only it prints the line."""
 
     ends_the_sweep = True
 
@@ -130,8 +125,7 @@ def unknown_option(config_file: str, options: list[str]) -> str:
 
 
 def nearest_keys(key: str, keys: list[str]) -> list[str]:
-    """The keys nearest to `key`, best first: keys beside it of a similar name, found under the nearest existing
-    parents where its parent is a typo too (`trainer.max_epochs` for `trainer.max_epoch` and `trainr.max_epochs`)."""
+    """The keys nearest to `key`, best first (`trainer.max_epochs` for `trainer.max_epoch` and `trainr.max_epochs`)."""
     parent, _, name = key.rpartition(".")
     parents = [parent] if not parent or parent in keys else nearest_keys(parent, keys)
     beside: dict[str, list[str]] = {}
@@ -143,7 +137,7 @@ def nearest_keys(key: str, keys: list[str]) -> list[str]:
 
 
 def dotted_keys(config: object, prefix: str = "") -> list[str]:
-    """Every key of a config (a DictConfig, or nested dicts), nested ones dotted (`trainer.max_epochs`), unresolved."""
+    """Every key of a config (a DictConfig or nested dicts), dotted (`trainer.max_epochs`), unresolved."""
     if isinstance(config, DictConfig):
         config = OmegaConf.to_container(config, resolve=False)
     if not isinstance(config, dict):
@@ -154,9 +148,8 @@ def dotted_keys(config: object, prefix: str = "") -> list[str]:
 
 
 def find_user_error(error: BaseException | None) -> BaseException | None:
-    """The `UserError` (or Lightning misconfiguration) behind `error`, following its causes; also made of a full or
-    read-only disk, a `${...}` that names nothing, memory running out, DDP's unused parameters, and a ddp_spawn
-    worker's user error."""
+    """The `UserError` (or Lightning misconfiguration) behind `error`, following its causes, or one made of a library
+    error that is the user's (a full disk, a `${...}` naming nothing, memory, DDP's unused parameters, ...)."""
     while error is not None:
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
@@ -178,8 +171,7 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
 
 
 def raised_in_a_worker(traceback_text: str) -> UserError | None:
-    """The user error a ddp_spawn worker raised, rebuilt from the traceback text that is all its parent gets back
-    (`ProcessRaisedException`); None for any other exception."""
+    """The user error a ddp_spawn worker raised, rebuilt from the traceback text its parent gets; None for others."""
     found = list(EXCEPTION_LINE.finditer(traceback_text))
     if not found:
         return None
@@ -206,41 +198,36 @@ def is_out_of_memory(error: BaseException) -> bool:
 def out_of_memory(error: BaseException) -> UserError:
     """The one line for memory running out: where, how much was asked for, and what to make smaller."""
     functions = {frame.name for frame in traceback.extract_tb(error.__traceback__)}
-    stage = next((stage for function, stage in STAGE_FUNCTIONS.items() if function in functions), "")
+    stage = next((f" {stage}" for function, stage in STAGE_FUNCTIONS.items() if function in functions), "")
     asked = re.search(r"[Tt]ried to allocate ([\d.]+(?: bytes| ?[KMGT]i?B)?)", str(error))
     amount = asked.group(1).removesuffix(" bytes") if asked else ""
     size = f"{int(amount) / 2**30:.3g} GiB" if amount.isdigit() else amount
+    asked_for = f" ({size} asked for)" if size else ""
     return UserError(
-        " ".join(part for part in ("out of memory", stage) if part)
-        + (f" ({size} asked for)" if size else "")
-        + ": lower the batch size or the model's size, or run where there is more memory"
+        f"out of memory{stage}{asked_for}: lower the batch size or the model's size, or run where there is more memory"
     )
+
+
+def collective_failed(error: BaseException, words: tuple[str, ...]) -> bool:
+    """Whether `error` is a collective of this process's group that failed saying one of `words`."""
+    initialized = dist.is_available() and dist.is_initialized()
+    return isinstance(error, RuntimeError) and initialized and any(said in str(error) for said in words)
 
 
 def collective_timed_out(error: BaseException) -> bool:
-    """Whether `error` is a collective that waited the process group's whole timeout for another rank, here or on a
-    rank that then closed its connection to this one."""
-    return (
-        isinstance(error, RuntimeError)
-        and dist.is_available()
-        and dist.is_initialized()
-        and any(words in str(error) for words in TIMEOUT_WORDS)
-    )
+    """Whether a collective waited the group's whole timeout for another rank, here or on a rank that then closed
+    its connection to this one."""
+    return collective_failed(error, TIMEOUT_WORDS)
 
 
 def lost_another_rank(error: Exception) -> bool:
-    """Whether `error` is a collective that broke because another process of the run ended (gloo and NCCL say so)."""
-    return (
-        isinstance(error, RuntimeError)
-        and dist.is_available()
-        and dist.is_initialized()
-        and ("remote worker" in str(error) or "remote process" in str(error))
-    )
+    """Whether a collective broke because another process of the run ended (gloo and NCCL say so)."""
+    return collective_failed(error, ("remote worker", "remote process"))
 
 
 def lost_a_loader_worker(error: Exception) -> bool:
-    """Whether `error` says that a DataLoader worker process died (killed, out of memory): torch's report of it, or
-    (which comes first is timing) the broken connection to one that died handing over a batch, raised in torch."""
+    """Whether a DataLoader worker process died (killed, out of memory): torch's report of it, or (whichever comes
+    first) the broken connection to one that died handing over a batch."""
     if isinstance(error, RuntimeError) and str(error).lstrip().startswith("DataLoader worker (pid"):
         return True
     frames = traceback.extract_tb(error.__traceback__)
@@ -250,14 +237,13 @@ def lost_a_loader_worker(error: Exception) -> bool:
 
 
 def loader_timed_out(error: Exception) -> bool:
-    """Whether `error` is torch's report of a DataLoader worker that sent no batch within the DataLoader's `timeout`
-    (0, torch's default, waits without end: a data module sets it)."""
+    """Whether a DataLoader worker sent no batch within the DataLoader's `timeout` (which a data module sets)."""
     return isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out after")
 
 
 def unwritable(path: Path, error_number: int | None, detail: str = "") -> UserError:
-    """The line for a file the disk would not take: the folder and why (full, over its quota, read-only, or `detail`
-    where none of those), what to do, and which checkpoints are kept (a write never touches them)."""
+    """The line for a file the disk would not take: the folder and why (or `detail`), what to do, and which
+    checkpoints are kept."""
     directory = nearest_existing(path)
     free = shutil.disk_usage(directory).free
     if error_number == errno.ENOSPC or free < FULL_BELOW_BYTES:
@@ -272,13 +258,13 @@ def unwritable(path: Path, error_number: int | None, detail: str = "") -> UserEr
 
 
 def disk_refuses(path: Path) -> bool:
-    """Whether the disk of `path` is full, or its folder cannot be written."""
+    """Whether the disk of `path` is full, or its folder is not writable."""
     directory = nearest_existing(path)
     return shutil.disk_usage(directory).free < FULL_BELOW_BYTES or not os.access(directory, os.W_OK)
 
 
 def kept(path: Path) -> str:
-    """ "kept: <checkpoint files>" of the folder of the checkpoint that failed to write, or else of the run dir."""
+    """`kept: <checkpoint files>` of the checkpoint's folder, or for any other file the run dir's."""
     folder = path.parent
     if path.suffix != ".ckpt" and HydraConfig.initialized():
         folder = Path(HydraConfig.get().runtime.output_dir) / "checkpoints"
@@ -287,19 +273,19 @@ def kept(path: Path) -> str:
 
 
 def nearest_existing(path: Path) -> Path:
-    """`path`'s nearest folder that exists: the one a write there needs to be allowed in."""
+    """`path`'s nearest existing folder: the one a write there must be allowed in."""
     return next(folder for folder in path.parents if folder.exists())
 
 
 def resolvers_refusal(error: BaseException | None) -> UserError | None:
-    """The `UserError` a resolver raised (`${run_steps:2}`), worded already, behind OmegaConf's errors, if any."""
+    """The `UserError` a resolver raised (`${run_steps:2}`) behind OmegaConf's errors, if any."""
     while error is not None and not isinstance(error, UserError):
         error = error.__cause__ or error.__context__
     return error
 
 
 def unresolved(error: InterpolationResolutionError) -> UserError:
-    """The one line for a `${...}` in the config (the command line's or a YAML file's) that names nothing there."""
+    """The one line for a `${...}` in the config that names nothing there."""
     where, problem = error.full_key or "a ${...} of the config", str(error).splitlines()[0]
     return UserError(
         f"{where}: {problem}: point the ${{...}} at a key the config has (--cfg job prints the config unresolved), "
@@ -313,7 +299,7 @@ def in_sweep_job() -> bool:
 
 
 def error_line(error: BaseException) -> str:
-    """The one line that reports `error`: its message, whitespace folded."""
+    """The one `error:` line that reports `error`, whitespace folded."""
     user_error = find_user_error(error)
     if user_error is not None:
         message = str(user_error)
@@ -324,15 +310,14 @@ def error_line(error: BaseException) -> str:
 
 
 def refuse(line: str, status: int = 2) -> NoReturn:
-    """End the process in one `error:` line, where no `exit_on_user_error` is around to turn a `UserError` into one
-    (Hydra's resolvers and callbacks, a sweeper, reading the config files)."""
+    """End the process in one `error:` line, where no `exit_on_user_error` is around (resolvers, Hydra callbacks)."""
     print(f"error: {line}", file=sys.stderr, flush=True)
     sys.exit(status)
 
 
 def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
-    """Run `function`; a user error ends it in one `error:` line (stderr and log) and its exit status, a bug in its
-    traceback. In a sweep's job either fails the job alone (None, `error.txt`), unless it `ends_the_sweep`."""
+    """Run `function`; a user error ends it in one `error:` line and its exit status, a bug in its traceback. In a
+    sweep's job either fails the job alone (None, `error.txt`), unless it `ends_the_sweep`."""
 
     @functools.wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -352,7 +337,7 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
                 to_log_file(line, logging.ERROR)
             else:
                 report(line, sys.stderr, logging.ERROR)
-            # A failed job's line, where the sweep's summary finds it (a stopped job is not a failed one).
+            # A stopped job did not fail: it writes no error.txt.
             if sweep_job and not isinstance(user_error, RunStopped) and process_rank() == 0:
                 Path(HydraConfig.get().runtime.output_dir, ERROR_FILE).write_text(line + "\n")
             if sweep_goes_on:
@@ -363,9 +348,8 @@ def exit_on_user_error(function: Callable[P, R]) -> Callable[P, R]:
 
 
 def run_hydra_app(main: Callable[[], object]) -> None:
-    """Call an entry point's `@hydra.main` function so that a config file that is not valid YAML, and an override of
-    a key or option the config lacks, end in one `error:` line, exit 2; Hydra's other errors print as Hydra prints
-    them, exit 1. A user who set HYDRA_FULL_ERROR=1 gets Hydra's tracebacks, as asked."""
+    """Call an entry point's `@hydra.main` function: invalid YAML and an override the config lacks end in one
+    `error:` line, exit 2; Hydra's other errors print as Hydra prints them, exit 1 (HYDRA_FULL_ERROR=1: tracebacks)."""
     asked_for_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then leaves its errors to its caller, here
     try:

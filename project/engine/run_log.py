@@ -1,22 +1,20 @@
-"""Which rank this process is, and the run's log file (`<run dir>/train.log`, `train.rank<N>.log`): it gets what the
-console shows, and a console its reader closed (`| head`) does not end the run. Standard library only:
-`project.engine.startup` uses it before the libraries are imported."""
+"""Which rank this process is, and the run's log file (`<run dir>/train.log`, `train.rank<N>.log`), which gets what the
+console shows. Standard library only: `project.engine.startup` uses it before the libraries are imported."""
 
 import errno
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
 from typing import TextIO
 
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
-# What a full or read-only disk raises (project.engine.errors reports it in one line).
+# What a full or read-only disk raises.
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def process_rank() -> int:
-    """This process's rank as its launcher announced it (torchrun: RANK, srun: SLURM_PROCID, Lightning: LOCAL_RANK)."""
+    """This process's rank as its launcher announced it (torchrun, srun, Lightning)."""
     for variable in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
         rank = int(os.environ.get(variable, "0"))
         if rank > 0:
@@ -25,15 +23,15 @@ def process_rank() -> int:
 
 
 def started_by_rank_zero() -> bool:
-    """Whether this process is a rank that rank 0 itself started (Lightning's DDP launcher), which then reports for it.
-    Ranks srun or torchrun start each report: a signal may end rank 0 before it can."""
+    """Whether rank 0 itself started this rank (Lightning's DDP launcher), and so reports for it; ranks srun or
+    torchrun start each report (a signal may end rank 0 before it can)."""
     launched = "SLURM_PROCID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
     return process_rank() != 0 and not launched
 
 
 def capture_logs() -> None:
-    """Send Lightning's messages and Python's warnings through Hydra's console and file handlers, the console streams
-    becoming `ClosableConsole`s; a log file, or a writer thread, failing on a full or read-only disk stays silent."""
+    """Send Lightning's messages and Python's warnings through Hydra's handlers and the console through
+    `ClosableConsole`s; a log file or a thread failing on a full or read-only disk stays silent."""
     if not isinstance(sys.stdout, ClosableConsole):
         sys.stdout, sys.stderr = ClosableConsole(sys.stdout), ClosableConsole(sys.stderr)
     logging.captureWarnings(True)
@@ -47,22 +45,18 @@ def capture_logs() -> None:
             handler.handleError = lambda record: None
         elif isinstance(handler, logging.StreamHandler):
             handler.setStream(next((s for s in (sys.stdout, sys.stderr) if s.stream is handler.stream), handler.stream))
-    threading.excepthook = quiet_about_disks(threading.excepthook)
-
-
-def quiet_about_disks(hook: Callable) -> Callable:
-    """`hook`, silent for a thread that failed on a full or read-only disk."""
+    hook = threading.excepthook
 
     def excepthook(arguments: threading.ExceptHookArgs) -> None:
         if not (isinstance(arguments.exc_value, OSError) and arguments.exc_value.errno in DISK_ERRORS):
             hook(arguments)
 
-    return excepthook
+    threading.excepthook = excepthook
 
 
 class ClosableConsole:
-    """A console stream that outlives its reader: the first write a closed pipe refuses points it at /dev/null, says
-    so (on stderr and in the log file), and the run goes on (Python ignores SIGPIPE: the next write would raise)."""
+    """A console stream that outlives its reader (`| head`): the first write a closed pipe refuses points it at
+    /dev/null and says so; the run goes on."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -109,8 +103,7 @@ def to_log_file(text: str, level: int = logging.INFO) -> None:
 
 
 def report(text: str, stream: TextIO | None = None, level: int = logging.INFO) -> None:
-    """Print `text` (to stdout unless `stream` is given) and write it to the run's log file; a text for stderr starts
-    on a line of its own below a progress bar drawn on stdout."""
+    """Print `text` (to stdout by default) and log it; a text for stderr starts below a progress bar on stdout."""
     stream = stream or sys.stdout
     below_a_bar = stream is not sys.stdout and not getattr(sys.stdout, "at_line_start", True)
     print(f"\n{text}" if below_a_bar else text, file=stream, flush=True)

@@ -1,6 +1,6 @@
 """A SIGTERM while a training run starts (imports, config, DDP's rendezvous, data) ends it in one `error:` line, exit
-143, with no process left: Lightning's own handler comes only with the first epoch. Standard library only: it is armed
-before the libraries are imported."""
+143, with no process left: Lightning's handler comes only with the first epoch. Standard library only (armed before
+the libraries are imported)."""
 
 import logging
 import os
@@ -26,28 +26,27 @@ def starting_line() -> str:
 
 
 class StartupStop:
-    """What the handler, its thread and the main thread share: whether a SIGTERM now is this module's, whether one
-    came that is not acted on yet, and the line to end with. Changed under a re-entrant lock (the handler may run
-    while the main thread holds it), so that one signal is acted on once."""
+    """What the handler, its thread and the main thread share, changed under a re-entrant lock (the handler may run
+    while the main thread holds it) so that one signal is acted on once."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.armed = False
         self.pending = False
         self.stopping = False
-        self.handled = 0  # the handler's calls so far, Lightning's chained ones included
+        self.handled = 0  # the handler's calls, Lightning's chained ones included
         self.line: Callable[[], str] = starting_line
         self.reader: threading.Thread | None = None
 
     def stop(self) -> None:
-        """End the children, then the process in its line, if a SIGTERM came that is this module's (the handler
-        noted it, or it is armed and no other handler, Lightning's, has taken SIGTERM over); else nothing."""
+        """End the children, then the process in its line, if a SIGTERM came that is this module's (noted, or armed
+        with no other handler, Lightning's, in place)."""
         with self.lock:
             ours = self.pending or (self.armed and signal.getsignal(signal.SIGTERM) is on_sigterm)
             if self.stopping or not ours:
                 return
             self.stopping = True
-            make_line = self.line  # as it is now: the main thread may go on and change it
+            make_line = self.line  # the main thread may go on and change it
         # Else each read below waits the busy main thread's whole switch interval (5 ms) for the interpreter.
         sys.setswitchinterval(1e-5)
         end_children()
@@ -59,14 +58,14 @@ class StartupStop:
         os._exit(STOPPED_STATUS)
 
     def settle(self) -> None:
-        """Act on a noted SIGTERM before what the process does, and so its line, changes; where the thread is stopping
-        already, wait for it: nothing the main thread does next (writing the results) may come first."""
+        """Act on a noted SIGTERM before the line changes; where the thread is stopping already, wait for it to end
+        the process."""
         if self.pending or self.stopping:
             self.stop()
             threading.Event().wait()  # the thread that claimed the stop ends the process
 
     def take(self, line: Callable[[], str]) -> None:
-        """From now, a SIGTERM this module handles ends the process in `line()` (one noted before, in its own)."""
+        """From now, a SIGTERM this module handles ends the process in `line()`."""
         self.settle()
         with self.lock:
             self.armed, self.line = True, line
@@ -76,9 +75,8 @@ STARTUP = StartupStop()
 
 
 def end_children() -> None:
-    """SIGKILL this process's children (Linux /proc): the ranks it started, their helpers, and a child forked a
-    moment ago that has not yet asked to die with its parent."""
-    me = os.readlink("/proc/self")  # the pid its children name as their parent, as /proc has it
+    """SIGKILL this process's children, as Linux /proc lists them."""
+    me = os.readlink("/proc/self")  # this pid as its children's /proc/<pid>/stat names it
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -92,8 +90,8 @@ def end_children() -> None:
 
 
 def on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM's handler, which writes nothing (a print it interrupted would fail): while armed it notes the signal for
-    the thread; once disarmed it does SIGTERM's default; chained by Lightning's handler, nothing."""
+    """While armed, note the signal for the thread (a print here could break one it interrupted); once disarmed, do
+    SIGTERM's default; chained by Lightning's handler, nothing."""
     with STARTUP.lock:
         STARTUP.handled += 1
         if STARTUP.stopping or signal.getsignal(signal.SIGTERM) is not on_sigterm:
@@ -106,8 +104,8 @@ def on_sigterm(signum: int, frame: object) -> None:
 
 
 def read_signals(pipe: int) -> None:
-    """The thread that acts on a SIGTERM while the main thread cannot (inside C++: torch's rendezvous, an import): it
-    gives the handler `HANDLER_WAIT` to decide, and only where it has not run takes the signal by the state as is."""
+    """Act on a SIGTERM whose handler has not run within `HANDLER_WAIT`: the main thread is stuck in C++ (torch's
+    rendezvous, an import)."""
     while True:
         handled = STARTUP.handled
         numbers = os.read(pipe, 64)
@@ -121,8 +119,8 @@ def read_signals(pipe: int) -> None:
 
 
 def arm(hint: str = RUN_AGAIN) -> None:
-    """Until `disarm`, a SIGTERM ends this process in the starting line, ending in `hint` (how to start it again).
-    Only the main thread can install a handler; another program's (submitit's) is left in place."""
+    """Until `disarm`, a SIGTERM ends this process in the starting line, ending in `hint`; another program's handler
+    (submitit's) is left in place."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, on_sigterm):
@@ -138,15 +136,15 @@ def arm(hint: str = RUN_AGAIN) -> None:
 
 
 def stop_on_sigterm(line: Callable[[], str]) -> None:
-    """Until `disarm`, a SIGTERM that no handler of Lightning's takes ends this process's children and the process,
-    in `line()`; only in a process a training launch armed (not a run a test or a benchmark builds)."""
-    if STARTUP.reader is not None:  # the handler stays as it is: this one, or Lightning's, which chains it back
+    """Until `disarm`, a SIGTERM that no handler of Lightning's takes ends the process in `line()`; only in a process
+    a training launch armed."""
+    if STARTUP.reader is not None:  # the handler stays: this one, or Lightning's, which chains it back
         STARTUP.take(line)
 
 
 def disarm() -> None:
-    """The job has ended, or this process launches a sweep's jobs instead: SIGTERM does its default again. One that
-    came before and is not acted on yet is acted on here."""
+    """SIGTERM does its default again (the job has ended, or this process launches a sweep's jobs); one noted before
+    is acted on here."""
     with STARTUP.lock:
         STARTUP.armed = False
     STARTUP.settle()
@@ -155,8 +153,8 @@ def disarm() -> None:
 
 
 def program_of(arguments: list[str]) -> tuple[str, str]:
-    """What `python <arguments>` runs, its options read as Python reads them: `("module", name)` for `-m name`
-    (`-mname`, `-um name`), `("script", path)`, or `("", "")` for `-c`, stdin and the prompt."""
+    """What `python <arguments>` runs, read as Python reads its options: `("module", name)`, `("script", path)`, or
+    `("", "")` for `-c`, stdin and the prompt."""
     index = 0
     while index < len(arguments):
         argument = arguments[index]
@@ -180,8 +178,7 @@ def program_of(arguments: list[str]) -> tuple[str, str]:
 
 
 def launched_as_training() -> bool:
-    """Whether this Python was started to run `project.train` (`-m project.train` or `project/train.py`, whatever
-    the options), asked as the package is imported, before that module runs."""
+    """Whether this Python was started to run `project.train` (as a module or a script), asked before it runs."""
     kind, name = program_of(sys.orig_argv[1:])
     if kind == "script":
         return os.path.abspath(name).split(os.sep)[-2:] == ["project", "train.py"]

@@ -1,6 +1,6 @@
 """Which `_target_`s a config read from disk (a checkpoint's) may name: those a config file here or the run's own
-config names, and what `trusted_targets` trusts; anything else, or an interpolation, is refused in one line before
-its first import. On Hydra 1.4 the same list is Hydra's execution whitelist."""
+config names, and what `trusted_targets` trusts; anything else is refused before its first import. On Hydra 1.4 the
+same list is Hydra's execution whitelist."""
 
 import functools
 import importlib
@@ -21,7 +21,7 @@ from project.engine.errors import UserError
 from project.engine.upstream import defined_name, execution_whitelist, located
 
 TARGET_KEY = "_target_"
-# The engine's own targets in conf/ that a checkpoint of an earlier version of the template stores under their old name.
+# The engine's targets that a checkpoint of an earlier version of the template stores under their old name.
 MOVED_TARGETS = {
     "project.engine.best_checkpoint.BestCheckpoint": "project.engine.checkpoints.BestCheckpoint",
     "project.engine.progress.progress_bar": "project.engine.reports.progress_bar",
@@ -34,8 +34,8 @@ class UntrustedConfig(UserError):
 
 @dataclass(frozen=True)
 class TrustedTargets:
-    """What a config read from disk may name: `composed`, the targets of the run's own config; the config files'
-    (`named`, read when first needed); `patterns`, the values of `trusted_targets` (exact names, or `<package>.*`)."""
+    """What a config read from disk may name: `composed`, the run's own config's targets; `named`, with the config
+    files' (read when first needed); `patterns`, the values of `trusted_targets` (exact names, or `<package>.*`)."""
 
     composed: frozenset[str]
     patterns: tuple[str, ...]
@@ -57,8 +57,8 @@ class TrustedTargets:
         return self.composed | named_in_config_files()
 
     def trusts(self, target: str) -> bool:
-        """Whether `target` may be imported and called: named, or under a `<package>.*` pattern and defined there (a
-        class or a module's function, not a method nor a name imported from elsewhere; imported to tell)."""
+        """Whether `target` may be imported and called: named, or a class or a module's function defined under a
+        `<package>.*` pattern (imported to tell)."""
         if target in self.composed or target in self.patterns or target in self.named:
             return True
         if not self.under_a_pattern(target):
@@ -78,13 +78,13 @@ class TrustedTargets:
 
 
 def composed_targets(node: DictConfig) -> Callable[[], list[str]]:
-    """The targets a node of the composed config names (all of them trusted: the user chose them), when asked."""
+    """The targets a node of the composed config names (the user chose them), when asked."""
     return lambda: sorted(set(targets_in(OmegaConf.to_container(node, resolve=True))))
 
 
 def job_whitelist(cfg: DictConfig) -> list[str]:
-    """What a job built from the composed `cfg` may instantiate (Hydra 1.4's whitelist for it): the targets of `cfg`
-    and of its Hydra config (a sweeper's pruner, built in the job), and `trusted_targets`."""
+    """Hydra 1.4's whitelist for a job built from the composed `cfg`: the targets of `cfg` and of its Hydra config,
+    and `trusted_targets`."""
     hydra_node = OmegaConf.to_container(HydraConfig.get(), resolve=False) if HydraConfig.initialized() else {}
     config = OmegaConf.to_container(cfg, resolve=True)
     # A callback switched off (`enabled: false`) is never built: its target is not listed, nor imported to be.
@@ -103,8 +103,7 @@ def trusted_targets(cfg: DictConfig) -> TrustedTargets:
 
 
 def named_in_config_files() -> frozenset[str]:
-    """Every `_target_` the YAML files on this run's search path name as plain text (not by `${...}`): `conf/`,
-    `--config-dir`, `hydra.searchpath` and config packages (not structured configs: Hydra's own plugins)."""
+    """Every `_target_` the YAML files on this run's search path name as plain text (not by `${...}`)."""
     found: set[str] = set()
     for text in config_file_texts():
         try:
@@ -116,8 +115,7 @@ def named_in_config_files() -> frozenset[str]:
 
 
 def config_sources() -> list[tuple[str, str]]:
-    """(scheme, path) of each config source of this run: from the run's Hydra config (its search path as composed),
-    or else, for a config composed by Hydra's compose API, from Hydra's loader."""
+    """(scheme, path) of each config source of this run: from its Hydra config, or else Hydra's compose API's loader."""
     if HydraConfig.initialized():
         return [(source.schema, source.path) for source in HydraConfig.get().runtime.config_sources]
     if GlobalHydra.instance().is_initialized():
@@ -126,7 +124,7 @@ def config_sources() -> list[tuple[str, str]]:
 
 
 def config_file_texts() -> Iterator[str]:
-    """The text of every YAML file of this run's config sources: directories (`file`) and packages (`pkg`)."""
+    """The text of every YAML file of this run's config sources, directories and packages."""
     for scheme, path in config_sources():
         if scheme == "file" and Path(path).is_dir():
             yield from (file.read_text() for file in sorted(Path(path).rglob("*.yaml")))
@@ -148,8 +146,7 @@ def yaml_texts(folder: Any) -> Iterator[str]:
 
 def targets_in(node: Any) -> Iterator[str]:
     """The `_target_` values of a plain config (dicts and lists), at any depth."""
-    for _, target in target_keys(node):
-        yield target
+    return (target for _, target in target_keys(node))
 
 
 def target_keys(node: Any) -> Iterator[tuple[str, Any]]:
@@ -167,8 +164,8 @@ def entries(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def check_stored_config(config: Any, source: str, trust: TrustedTargets) -> None:
-    """Refuse, in one line, a config read from `source` (a checkpoint) that names a target `trust` does not trust,
-    or holds an interpolation (a resolver acts as it resolves), before any of it is imported or resolved."""
+    """Refuse, in one line, a config read from `source` (a checkpoint) that names a target `trust` does not trust, or
+    holds an interpolation (a resolver acts as it resolves)."""
     interpolated = next(((k, v) for k, v in entries(config) if isinstance(v, str) and "${" in v), None)
     if interpolated is not None:
         key, value = interpolated
@@ -189,6 +186,5 @@ def check_stored_config(config: Any, source: str, trust: TrustedTargets) -> None
 
 
 def trusted_instantiation(trust: TrustedTargets) -> AbstractContextManager:
-    """Where Hydra has an execution whitelist (1.4), `trust` as that whitelist for every `instantiate` inside, in
-    place of the one around it; nothing on Hydra 1.3, where `check_stored_config` is the rule."""
+    """On Hydra 1.4, `trust` as the whitelist for every `instantiate` inside; nothing on Hydra 1.3."""
     return execution_whitelist(trust.as_whitelist)

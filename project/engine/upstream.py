@@ -40,8 +40,7 @@ WARNINGS = (
         "Lightning-AI/pytorch-lightning#21326 (closed; no release up to 2.6.6 has the fix)",
     ),
 )
-# Silenced only outside a Slurm allocation (no SLURM_JOB_ID), where nothing is to be prepended; inside, it can save a
-# hang.
+# Silenced only outside a Slurm allocation (no SLURM_JOB_ID): inside one, the hint can save a hang.
 OUTSIDE_SLURM_WARNINGS = (
     (
         r"The `srun` command is available on your system but is not used",
@@ -64,8 +63,7 @@ LOG_MESSAGES = (
         "torch/utils/cpp_extension.py, any version so far",
     ),
 )
-# Where in a run memory ran out, by the private function that ran: Lightning 2.6's Trainer's, or Hydra 1.3 and 1.4's
-# instantiate's (the pinned versions; no public name).
+# Where in a run memory ran out, by the private function that ran: Lightning 2.6's Trainer's, Hydra 1.3/1.4's.
 STAGE_FUNCTIONS = {
     "_call_target": "while building the run",
     "_fit_impl": "while training",
@@ -73,10 +71,9 @@ STAGE_FUNCTIONS = {
     "_test_impl": "while testing",
     "_predict_impl": "while predicting",
 }
-# Hydra's grid sweeper, the default one (a sweep under any other is a search): its class path in Hydra 1.3 and 1.4.
+# Hydra's default (grid) sweeper; a sweep under any other is a search. Its class path in Hydra 1.3 and 1.4.
 GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-# What torch DCP's index of shards (`.metadata`) pickles, as torch 2.14 writes it: the classes a checkpoint's index
-# may name (`checkpoints.ShardsIndexUnpickler`); a new torch that writes others is refused until they are added.
+# The classes torch 2.14 DCP's index of shards (`.metadata`) pickles, which `checkpoints.ShardsIndexUnpickler` allows.
 SHARDS_INDEX_CLASSES = {
     ("torch.distributed.checkpoint.metadata", name)
     for name in (
@@ -99,7 +96,7 @@ SHARDS_INDEX_CLASSES = {
 
 
 def plain_partial(factory: functools.partial) -> tuple:
-    """How pickle rebuilds a Hydra 1.4 `_partial_` factory: as a plain `functools.partial` of the same call."""
+    """Pickle a Hydra 1.4 `_partial_` factory as a plain `functools.partial` of the same call."""
     return functools.partial(factory.func, *factory.args, **factory.keywords).__reduce__()
 
 
@@ -112,8 +109,8 @@ if HAS_EXECUTION_WHITELIST:
 
 
 def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[DictConfig], list[str]]) -> Callable:
-    """`@hydra.main(config_path, config_name)` on either Hydra; on 1.4 the job's every `instantiate` runs under the
-    whitelist `job_whitelist(cfg)`, and Hydra's own, before the job, under none (the composed config is the user's)."""
+    """`@hydra.main` on either Hydra; on 1.4 the job's `instantiate`s run under `job_whitelist(cfg)`, Hydra's own
+    before the job under none (the composed config is the user's)."""
     if not HAS_EXECUTION_WHITELIST:
         return hydra.main(config_path=config_path, config_name=config_name, **VERSION_BASE)
 
@@ -127,17 +124,15 @@ def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[Dict
             with execution_whitelist(lambda: whitelist):
                 return task(cfg)
 
-        composed_is_the_users = hydra.utils.UNSAFE_DISABLE_EXECUTION_CHECKS
-        return hydra.main(config_path=config_path, config_name=config_name, execution_whitelist=composed_is_the_users)(
-            job
-        )
+        unchecked = hydra.utils.UNSAFE_DISABLE_EXECUTION_CHECKS
+        return hydra.main(config_path=config_path, config_name=config_name, execution_whitelist=unchecked)(job)
 
     return decorate
 
 
 def execution_whitelist(targets: Callable[[], list[str]]) -> AbstractContextManager:
-    """Hydra 1.4's whitelist `targets()` for every `instantiate` inside, in place of the one around it, each exact name
-    with the name it is defined under (1.4 checks a callable result by that); nothing on Hydra 1.3, which has none."""
+    """Hydra 1.4's whitelist `targets()` (each with the name it is defined under) for every `instantiate` inside, in
+    place of the one around it; nothing on Hydra 1.3."""
     if not HAS_EXECUTION_WHITELIST:
         return nullcontext()
     listed = targets()
@@ -146,15 +141,14 @@ def execution_whitelist(targets: Callable[[], list[str]]) -> AbstractContextMana
 
 
 def defined_name(found: Any) -> str | None:
-    """`<module>.<qualified name>` where a class or function is defined; None for anything else."""
+    """`<module>.<qualified name>` of a class or function; None for anything else."""
     if not (inspect.isclass(found) or inspect.isfunction(found)):
         return None
     return f"{found.__module__}.{found.__qualname__}"
 
 
 def located(target: str) -> Any:
-    """What the dotted name `target` names, found as Hydra finds a target (attributes first, then submodules),
-    importing the modules it passes through; None where nothing is."""
+    """What the dotted name `target` names, found (and imported) as Hydra finds a target; None where nothing is."""
     parts = target.split(".")
     try:
         found = importlib.import_module(parts[0])
@@ -180,13 +174,11 @@ def register_resolver(name: str, resolver: Callable, replace: bool = False, use_
 
 
 def config_root(node: Any) -> Any:
-    """The whole config an OmegaConf node belongs to (private `_get_root`: OmegaConf 2.3 and 2.4 have no public one)."""
+    """The whole config a node belongs to (private in OmegaConf 2.3 and 2.4, which have no public one)."""
     return node._get_root()
 
 
 class DropMessages(logging.Filter):
-    """Drops the records whose message matches one of `patterns`."""
-
     def __init__(self, patterns: list[str]) -> None:
         super().__init__()
         self.pattern = re.compile("|".join(f"(?:{pattern})" for pattern in patterns))
@@ -196,7 +188,7 @@ class DropMessages(logging.Filter):
 
 
 def silence_upstream_noise() -> None:
-    """Install the filters (every entry point imports `project`, which calls this once)."""
+    """Install the filters (`project` calls this once, as it is imported)."""
     listed = WARNINGS if "SLURM_JOB_ID" in os.environ else WARNINGS + OUTSIDE_SLURM_WARNINGS
     for pattern, _, _ in listed:
         warnings.filterwarnings("ignore", message=pattern)
@@ -206,21 +198,20 @@ def silence_upstream_noise() -> None:
             logger.addFilter(DropMessages([pattern for emitter, pattern, _, _ in LOG_MESSAGES if emitter == name]))
 
 
-# Lightning 2.6's own launchers lower the threads per process this way; a launcher replacing one must too (private).
+# Lightning 2.6's launchers lower the threads per process this way; a launcher replacing one must too.
 set_num_threads_if_needed = _set_num_threads_if_needed
 
 
 class ScriptLauncher(_SubprocessScriptLauncher):
-    """Lightning's launcher that starts ranks 1..N-1 by re-running `sys.argv` (Lightning-AI/pytorch-lightning#18175:
-    goes when Lightning starts Hydra children as single runs of the current job)."""
+    """Lightning's launcher that re-runs `sys.argv` for ranks 1..N-1 (Lightning-AI/pytorch-lightning#18175)."""
 
     def check_can_spawn_children(self) -> None:
         self._check_can_spawn_children()
 
 
 class OwnScriptLauncher:
-    """Mixed into a strategy before Lightning's: its `script_launcher()` replaces the script launcher Lightning
-    configures (private `_configure_launcher`; Lightning-AI/pytorch-lightning#18175)."""
+    """Mixed into a strategy before Lightning's: its `script_launcher()` replaces Lightning's script launcher
+    (Lightning-AI/pytorch-lightning#18175)."""
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
@@ -229,38 +220,34 @@ class OwnScriptLauncher:
 
 
 def is_spawn_launcher(launcher: object) -> bool:
-    """Whether a strategy's launcher is ddp_spawn's, whose processes this one only waits for (private class in
-    Lightning 2.6; no public test for it)."""
+    """Whether a strategy's launcher is ddp_spawn's (private class in Lightning 2.6)."""
     return isinstance(launcher, _MultiProcessingLauncher)
 
 
 def strategy_timeout(strategy: Any) -> Any:
-    """A DDP or FSDP strategy's process-group timeout (a `timedelta`, or None): private `_timeout` in Lightning 2.6,
-    which has no public reader; no upstream issue found."""
+    """A DDP or FSDP strategy's process-group timeout, a `timedelta` or None (private in Lightning 2.6)."""
     return strategy._timeout
 
 
 def skip_lightning_sigterm_broadcast(trainer: L.Trainer) -> None:
-    """Skip the SIGTERM broadcast Lightning 2.6's loop makes before every training batch (added by #20825; its cost:
-    Lightning-AI/pytorch-lightning#21487), for strategies that agree on SIGTERM themselves; goes once Lightning lets a
-    strategy skip it."""
+    """Skip the SIGTERM broadcast Lightning 2.6 makes before every training batch, for strategies that agree on
+    SIGTERM themselves (Lightning-AI/pytorch-lightning#21487)."""
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
 
 def replace_sigterm_notifier(trainer: L.Trainer, notifier: Callable[[int, object], None]) -> None:
-    """Make `notifier` the Trainer's SIGTERM handler, in place of Lightning 2.6's, which broadcasts from inside the
-    handler (private `_signal_connector`; no upstream issue found: goes when a strategy can take over SIGTERM)."""
+    """Make `notifier` the Trainer's SIGTERM handler, in place of Lightning 2.6's, which broadcasts from inside it."""
     trainer._signal_connector._sigterm_notifier_fn = notifier
 
 
 def flag_sigterm(trainer: L.Trainer) -> None:
-    """Set the flag Lightning 2.6's loops stop on after SIGTERM (private, as in `replace_sigterm_notifier`)."""
+    """Set the flag Lightning 2.6's loops stop on after SIGTERM."""
     trainer._signal_connector.received_sigterm = True
 
 
 class TopKCheckpoint(ModelCheckpoint):
-    """`ModelCheckpoint` that calls `monitor_not_logged` where Lightning raises because the monitored metric is not
-    logged (private `_save_topk_checkpoint`, Lightning 2.6; no upstream issue found: check at each Lightning bump)."""
+    """`ModelCheckpoint` that calls `monitor_not_logged` where Lightning 2.6 raises for a monitored metric not
+    logged."""
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
         if self.monitor is None or self.monitor in monitor_candidates:
@@ -270,7 +257,6 @@ class TopKCheckpoint(ModelCheckpoint):
 
 
 def open_tqdm_bars(bar: TQDMProgressBar) -> list:
-    """The bars a `TQDMProgressBar` holds open (private in Lightning 2.6, whose bar has no `on_exception` closing
-    them; no upstream issue found)."""
+    """The bars a `TQDMProgressBar` holds open (private in Lightning 2.6, which never closes them on an exception)."""
     held = (bar._train_progress_bar, bar._val_progress_bar, bar._test_progress_bar, bar._predict_progress_bar)
     return [tqdm for tqdm in held if tqdm is not None]

@@ -24,6 +24,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
@@ -31,7 +32,7 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
 from project.engine.build import instantiate_group
-from project.engine.config import give_hints, targets_subclass_of
+from project.engine.config import give_hints
 from project.engine.ddp import DeferredAgreement
 from project.engine.errors import RunStopped, UserError
 from project.engine.history import DivergenceWatch, TrainingHistory, first_learning_rate
@@ -50,6 +51,17 @@ def pick_device(local_rank: int = 0) -> torch.device:
     if torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def targets_subclass_of(node: object, expected: type) -> bool:
+    """Whether config `node` has a `_target_` naming `expected` or a subclass of it (a misspelt class is no:
+    instantiating it names it in one line)."""
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+        return False
+    try:
+        return issubclass(get_class(node._target_), expected)
+    except (ImportError, ValueError):
+        return False
 
 
 def require_the_classifier(cfg: DictConfig) -> None:
