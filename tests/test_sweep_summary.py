@@ -11,7 +11,8 @@ import pytest
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from project.engine.sweeps import ERROR_FILE, INTERRUPTED_FILE, PRUNED_FILE, SUMMARY_FILE, SweepSummaryCallback
+from project.engine.errors import ERROR_FILE
+from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, SUMMARY_FILE, SweepSummaryCallback
 from tests.faults import ENV
 from tests.helpers import check_ok, read_json, run_module
 

@@ -37,8 +37,7 @@ class TrainingHistory:
         self.epoch_samples.append(samples)
 
     def run_summary(self, run_dir: str | Path) -> dict:
-        """The run's size, speed (samples of all ranks; None where a batch's size could not be read) and place, as
-        both paths' results.json state them."""
+        """The run's size, speed (all ranks' samples; None if a batch's size is unknown) and place, for results.json."""
         speed = None
         if None not in self.epoch_samples:
             samples = sum(self.epoch_samples) * self.world_size
@@ -73,23 +72,22 @@ def training_loss(outputs: object) -> Tensor | None:
 def batch_size_of(batch: object) -> int | None:
     """The samples in a batch of any structure (tensors in tuples, lists, dicts, dataclasses): the first dimension
     every tensor in it shares, or None where there is none or they disagree."""
-    sizes = set(first_dimensions(batch))
+    sizes = {tensor.shape[0] for tensor in tensors_in(batch) if tensor.ndim > 0}
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def first_dimensions(batch: object) -> Iterator[int]:
+def tensors_in(batch: object) -> Iterator[Tensor]:
     if isinstance(batch, Tensor):
-        if batch.ndim > 0:
-            yield batch.shape[0]
+        yield batch
     elif isinstance(batch, Mapping):
         for value in batch.values():
-            yield from first_dimensions(value)
+            yield from tensors_in(value)
     elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
         for value in batch:
-            yield from first_dimensions(value)
+            yield from tensors_in(value)
     elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         for item in dataclasses.fields(batch):
-            yield from first_dimensions(getattr(batch, item.name))
+            yield from tensors_in(getattr(batch, item.name))
 
 
 class HistoryCallback(L.Callback):
@@ -146,12 +144,8 @@ class Diverged(UserError):
 
 
 def holds_non_finite(batch: object, device: torch.device) -> Tensor:
-    """Whether any floating-point tensor of `batch` (a tensor, or a tuple, list or dict of them) holds NaN or inf,
-    as a tensor on `device`."""
-    if isinstance(batch, Tensor) and batch.is_floating_point():
-        return (~batch.isfinite().all()).to(device)
-    parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    flags = [holds_non_finite(part, device) for part in parts]
+    """Whether any floating-point tensor of `batch` holds NaN or inf, as a tensor on `device`."""
+    flags = [(~tensor.isfinite().all()).to(device) for tensor in tensors_in(batch) if tensor.is_floating_point()]
     return torch.stack(flags).any() if flags else torch.zeros((), dtype=torch.bool, device=device)
 
 
@@ -189,10 +183,9 @@ class DivergenceWatch:
     def check(self, learning_rate: float | None) -> None:
         """Raise `Diverged` if some step so far was not finite; it waits for the device, so call it where the host
         waits anyway. Under DDP every rank calls it at the same point, and all raise the same error together."""
-        noted = self.first_step is not None and int(self.first_step) >= 0
-        step, loss, bad_inputs = (
-            (int(self.first_step), float(self.loss), bool(self.bad_inputs)) if noted else (-1, 0, 0)
-        )
+        step, loss, bad_inputs = -1, 0.0, False
+        if self.first_step is not None and int(self.first_step) >= 0:
+            step, loss, bad_inputs = int(self.first_step), float(self.loss), bool(self.bad_inputs)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             step, loss, bad_inputs = agreed(step, loss, bad_inputs)
         if step < 0:

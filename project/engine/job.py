@@ -113,8 +113,7 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
             # An error not of the user's may be a collective a dead child broke: give the child a moment to be reaped.
             launcher.note_dead_child(wait=0.0 if find_user_error(error) else 1.0)
             launcher.finish(failed=True)
-            # The child's death is the line unless rank 0 has a user error of its own, or the child ended only after
-            # another rank went silent.
+            # The child's death is the line, unless rank 0 has a user error of its own or a rank went silent first.
             child_first = silent is None or launcher.failed_rank in silent
             if launcher.failure is not None and find_user_error(error) is None and child_first:
                 raise UserError(launcher.failure) from error
@@ -123,8 +122,7 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
         if lost_another_rank(error):
             first_line = str(error).strip().splitlines()[0]
             raise RunStopped(f"another rank of the run is gone ({first_line}); {resume_hint(trainer)}", 1) from error
-        data = getattr(trainer, "datamodule", None)
-        of = f" of {type(data).__name__}" if data is not None else ""
+        of = f" of {type(trainer.datamodule).__name__}" if trainer.datamodule is not None else ""
         if lost_a_loader_worker(error):
             line = f"a DataLoader worker{of} died (out of memory, or killed from outside): {resume_hint(trainer)}"
             raise RunStopped(line, 1) from error
@@ -153,9 +151,8 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
 
 
 class FreeJobMemory(Callback):
-    """After each job of a sweep: what its trainer, module and data held is freed (they form cycles only the cycle
-    collector frees) before the next job's tensors come on top, and Hydra's record of the job drops its two copies of
-    the config, which it would keep until the sweep ends; the job's return value stays."""
+    """After each job of a sweep: its trainer, module and data (cycles) are freed before the next job's tensors come
+    on top, and Hydra's record of the job drops its two copies of the config; its return value stays."""
 
     def on_job_end(self, config: Any, job_return: JobReturn, **kwargs: Any) -> None:
         job_return.hydra_cfg = None

@@ -39,8 +39,7 @@ def format_value(value: object) -> str:
 
 
 def metric_line(name: str, value: object, width: int) -> str:
-    """A metric on a line of its own (the table's, `project.evaluate`'s): its name in `width` characters, its value in
-    a column of 10."""
+    """A metric on its own line (the table's, `project.evaluate`'s): name in `width` characters, value in 10."""
     return f"{name:<{width}}{format_value(value):>10}"
 
 
@@ -126,14 +125,6 @@ class ProgressLines(ProgressBar):
     def enable(self) -> None:
         self.enabled = True
 
-    @property
-    def is_enabled(self) -> bool:
-        return self.enabled
-
-    @property
-    def is_disabled(self) -> bool:
-        return not self.enabled
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.step_line(f"epoch {trainer.current_epoch}", batch_idx + 1, self.total_train_batches, trainer, pl_module)
 
@@ -176,7 +167,6 @@ def log_to_tensorboard(logger: TensorBoardLogger, config: dict, metrics: dict[st
     experiment, session_start, session_end = hparams(params, ordered)
     value = experiment.value[0]
     data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
-    # Lightning marks no key as differing: the table opened on `ckpt_path`, `data/_target_`, ..., the swept key hidden.
     for info in data.experiment.hparam_infos:
         info.differs = info.name in chosen
     value.metadata.plugin_data.content = data.SerializeToString()
@@ -218,9 +208,8 @@ def names_under(keys: Iterable[str], names: Iterable[str]) -> set[str]:
 
 
 def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> None:
-    """Every logger's table of runs (TensorBoard's HParams, a tracker's runs table): the run's config beside its final
-    metrics, so runs and sweeps compare in one table. The metrics get an `hp/` prefix: under their own names they
-    would add a point to the per-epoch curves."""
+    """Every logger's table of runs (TensorBoard's HParams, a tracker's): the run's config beside its final metrics,
+    named `hp/...` (under their own names they would add a point to the per-epoch curves)."""
     params = OmegaConf.to_container(cfg, resolve=True)
     for key in ("run_dir", "callbacks", "logger"):
         params.pop(key, None)
@@ -231,8 +220,7 @@ def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, results: dict) -> N
     }
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger):
-            first = f"hp/{cfg.optimized_metric.replace('/', '_')}"
-            log_to_tensorboard(logger, params, metrics, first)
+            log_to_tensorboard(logger, params, metrics, f"hp/{cfg.optimized_metric.replace('/', '_')}")
         else:  # a tracker's runs table: the config as params, the results as metrics
             logger.log_hyperparams({**params, "world_size": trainer.world_size})
             logger.log_metrics(metrics, step=trainer.global_step)

@@ -63,12 +63,12 @@ def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
         overrides_file = job_dir / ".hydra" / "overrides.yaml"
         saved = tuple(yaml.safe_load(overrides_file.read_text()) or ()) if overrides_file.is_file() else None
         overrides = "(not saved)" if saved is None else " ".join(saved)
-        results_file, error_file = job_dir / "results.json", job_dir / ERROR_FILE
-        results = json.loads(results_file.read_text()) if results_file.is_file() else None
+        results = finished_results(job_dir)
         value = None if results is None else results.get(metric)
+        error_file = job_dir / ERROR_FILE
         error = error_file.read_text().strip() if error_file.is_file() else None
         interrupted = (job_dir / INTERRUPTED_FILE).is_file()
-        if error is None and not results_file.is_file() and not interrupted:
+        if error is None and results is None and not interrupted:
             error = "error: the job left no results.json (killed?): see its log in that directory"
         pruned = (job_dir / PRUNED_FILE).is_file()
         rows.append(JobRow(job_dir.name, overrides, value, str(job_dir), error, interrupted, pruned, saved, results))
@@ -157,12 +157,6 @@ def summarise(rows: Sequence[JobRow], metric: str) -> list[dict] | None:
     return summary
 
 
-def summary_title(rows: Sequence[JobRow]) -> str:
-    """What the summary is over: the repeats that vary, or the configurations that the sweep met more than once."""
-    over = " and ".join(varied_repeats(rows)) or "repeated configurations"
-    return f"Over {over}: per configuration, mean ± std (min–max) of the jobs that finished"
-
-
 def cell(stats: dict, n: int) -> str:
     """`mean ± std (min–max)`; the mean alone for one value, `-` for none, and the metric's n where it is not the
     configuration's (a job that did not log it)."""
@@ -174,26 +168,23 @@ def cell(stats: dict, n: int) -> str:
     return text if stats["n"] == n else f"{text} [n={stats['n']}]"
 
 
-def format_summary(summary: list[dict], title: str) -> str:
-    """A line per configuration: its overrides, n, then a column per metric."""
+def format_summary(summary: list[dict], rows: Sequence[JobRow]) -> str:
+    """What it is over (the repeats that vary, or the configurations met more than once), then a line per
+    configuration: its overrides, n, then a column per metric."""
+    over = " and ".join(varied_repeats(rows)) or "repeated configurations"
+    title = f"Over {over}: per configuration, mean ± std (min–max) of the jobs that finished"
     names = list(dict.fromkeys(name for entry in summary for name in entry["metrics"]))
-    rows = [["overrides", "n", *names]]
+    table = [["overrides", "n", *names]]
     for entry in summary:
         cells = [cell(entry["metrics"][name], entry["n"]) if name in entry["metrics"] else "-" for name in names]
-        rows.append([" ".join(entry["overrides"]) or "(none)", str(entry["n"]), *cells])
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = ["  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+        table.append([" ".join(entry["overrides"]) or "(none)", str(entry["n"]), *cells])
+    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
+    lines = ["  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip() for row in table]
     for line_index, entry in enumerate(summary, start=1):
         if entry["left_out"]:
             lines[line_index] += f"  ({entry['left_out']} left out)"
     rule = "-" * max(len(line) for line in [title, *lines])
     return "\n".join([rule, title, rule, *lines, rule])
-
-
-def save_summary(summary: list[dict], sweep_dir: Path) -> Path:
-    path = sweep_dir / SUMMARY_FILE
-    path.write_text(json.dumps(summary, indent=1))
-    return path
 
 
 class SweepSummaryCallback(Callback):
@@ -213,8 +204,8 @@ class SweepSummaryCallback(Callback):
         report(format_sweep_table(rows, config.optimized_metric))
         summary = summarise(rows, config.optimized_metric)
         if summary is not None:
-            report(format_summary(summary, summary_title(rows)))
-            save_summary(summary, sweep_dir)
+            report(format_summary(summary, rows))
+            (sweep_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
         failed = [row.job for row in rows if row.error]
         if failed:
             report(

@@ -28,9 +28,8 @@ MODULE_CALL_FILE = torch.nn.modules.module.__file__
 
 
 def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
-    """(datamodule or None for `data=none`, module with the trained weights, loaded strictly) of `cfg.ckpt_path`,
-    from its stored config or, for a foreign checkpoint, the command line's; the data module gets its state back, so
-    that it can refuse data the weights were not trained on."""
+    """(datamodule or None for `data=none`, module with the trained weights) of `cfg.ckpt_path`, from its stored
+    config or a foreign checkpoint's command line; the data module gets its state back, to refuse other data."""
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise UserError(f"give the checkpoint: python -m {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
     trust = trusted_targets(cfg)
@@ -164,9 +163,7 @@ def forward_refused_the_batch(error: TypeError, module: L.LightningModule) -> bo
 
 def named(batch_output: object) -> Outputs:
     """One batch's outputs by name."""
-    if isinstance(batch_output, Tensor):
-        outputs = {"output": batch_output}
-    elif isinstance(batch_output, dict):
+    if isinstance(batch_output, dict):
         outputs = {str(key): value for key, value in batch_output.items()}
     elif isinstance(batch_output, (tuple, list)):
         outputs = {str(index): value for index, value in enumerate(batch_output)}

@@ -54,8 +54,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from project.engine.build import instantiate_group
-from project.engine.errors import UserError
-from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, refuse
+from project.engine.errors import UserError, refuse
+from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE
 from project.optional.optuna.storage import JOURNAL_PREFIX, mark_failed, open_storage, record_heartbeat, stale_trials
 
 log = logging.getLogger(__name__)
