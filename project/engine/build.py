@@ -46,7 +46,7 @@ def networks_of(module: nn.Module) -> dict[str, nn.Module]:
 
 
 def compile_networks(module: nn.Module) -> list[str]:
-    """Compile, in place, each of `module`'s networks (`networks_of`); return their names."""
+    """Compile each of `module`'s networks in place; return their names."""
     networks = networks_of(module)
     for network in networks.values():
         network.compile()
@@ -115,12 +115,6 @@ def check_data_for(
     )
 
 
-def overrides_of(group: str) -> str:
-    """ " (your overrides: trainer.devices=abc)": the command line's choices for `group`, where the fault must be."""
-    mine = [o for o in command_line_overrides() if overridden_key(o).split(".")[0] == group]
-    return f" (your overrides: {' '.join(mine)})" if mine else ""
-
-
 def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
     """`instantiate(node)`, where a constructor that rejects a value of the config (a TypeError or ValueError, as the
     Trainer's for `precision`) ends in one line naming the config `group`."""
@@ -133,14 +127,15 @@ def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
         if user_error is not None:  # a constructor's own refusal, worded already
             raise user_error from None
         if isinstance(cause, (TypeError, ValueError)):
-            mistyped = mistyped_value(node, group)
-            raise UserError(mistyped or f"{group}{overrides_of(group)}: {cause}") from None
+            overridden = [o for o in command_line_overrides() if overridden_key(o).split(".")[0] == group]
+            yours = f" (your overrides: {' '.join(overridden)})" if overridden else ""
+            raise UserError(mistyped_value(node, group) or f"{group}{yours}: {cause}") from None
         raise
 
 
-def switched_on(callbacks: DictConfig) -> list[DictConfig]:
-    """The configs of `callbacks` to build: those not null and not switched off by an `enabled: false` of theirs (a
-    key of the config, not an argument of the callback, so it is dropped)."""
+def configured_callbacks(callbacks: DictConfig) -> list[L.Callback]:
+    """The callbacks of conf/callbacks/ built, leaving out those null or switched off by `enabled: false` (a key of
+    the config, not an argument of the callback, so it is dropped)."""
     configs = []
     for name, node in callbacks.items():
         if isinstance(node, DictConfig) and "_target_" not in node:
@@ -153,12 +148,7 @@ def switched_on(callbacks: DictConfig) -> list[DictConfig]:
             arguments = OmegaConf.to_container(node, resolve=True)
             arguments.pop("enabled", None)
             configs.append(OmegaConf.create(arguments))
-    return configs
-
-
-def configured_callbacks(callbacks: DictConfig) -> list[L.Callback]:
-    """The callbacks of conf/callbacks/ that `callbacks` switches on (`switched_on`), built."""
-    return [instantiate_group("callbacks", node) for node in switched_on(callbacks)]
+    return [instantiate_group("callbacks", node) for node in configs]
 
 
 def progress_bar_switch(callbacks: Sequence[L.Callback]) -> dict[str, bool]:
@@ -178,9 +168,8 @@ class TrainingSetup:
 
 
 def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callback] = ()) -> TrainingSetup:
-    """Check `cfg`, then seed and build what a run needs, in the order a hand-written loop would (seed, data, network).
-    `cfg.ckpt_path` becomes the file itself, so the stored config names it and every rank resumes from the same; the
-    benchmarks and tests add their probes as `extra_callbacks`."""
+    """Check `cfg`, then seed and build what a run needs, in the order a hand-written loop would (seed, data, network);
+    `cfg.ckpt_path` becomes the file itself. The benchmarks and tests add their probes as `extra_callbacks`."""
     check_config(cfg)
     give_hints(cfg)
     run_config = OmegaConf.to_container(cfg, resolve=True)

@@ -30,8 +30,7 @@ from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, chec
 from project.engine.upstream import SHARDS_INDEX_CLASSES, TopKCheckpoint
 
 LAST = "<run dir>/checkpoints/last.ckpt"
-# A sharded checkpoint (trainer=fsdp) is a directory: DCP's files of tensors, one per rank, and its index, beside this
-# file of the rest (step, loops, data position, run config), as Lightning names it (lightning.fabric.utilities.load).
+# In a sharded checkpoint's directory (trainer=fsdp), beside DCP's files: all but the tensors, as Lightning names it.
 METADATA_FILE = "meta.pt"
 # DCP's index of the shards, a pickle of these classes of torch's (and torch's dtypes): what DCP itself writes there.
 SHARDS_INDEX = ".metadata"
@@ -90,9 +89,8 @@ def check_shards(path: str | Path) -> None:
 
 
 def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer's state as DCP stores it (each parameter's state under the parameter's name, each group listing
-    names) in torch's own layout: parameters numbered in the order of the groups, as `Optimizer.state_dict()` numbers
-    them. (DCP leaves out the `state` of an optimizer that keeps none, such as plain SGD.)"""
+    """An optimizer's state as DCP stores it (by parameter name) in torch's own layout: parameters numbered in the
+    order of the groups, as `Optimizer.state_dict()` numbers them."""
     names = [name for group in state["param_groups"] for name in group["params"]]
     number = {name: index for index, name in enumerate(names)}
     groups = [group | {"params": [number[name] for name in group["params"]]} for group in state["param_groups"]]
@@ -125,9 +123,8 @@ def not_ours(content: object) -> str:
 
 
 def load_lightning_checkpoint(path: str | Path, trust: TrustedTargets, tensors: bool = True) -> dict[str, Any]:
-    """The Lightning checkpoint at `path`, loaded with `weights_only=True`, or a `UserError` if it is not one or its
-    stored config names a target `trust` does not trust. A sharded one (a directory) is assembled on this process, or
-    with `tensors=False` only its metadata is read."""
+    """The Lightning checkpoint at `path` (`weights_only=True`), refused if it is not one or its stored config names a
+    target `trust` does not trust. A sharded one is assembled on this process (`tensors=False`: its metadata only)."""
     path = Path(path)
     if is_sharded(path):
         metadata = read_metadata(path)
@@ -209,21 +206,9 @@ def same_data(first: dict, second: dict) -> bool:
     return (first.get("data") or {}).get("_target_") == (second.get("data") or {}).get("_target_")
 
 
-def stored_config(path: Path, trust: TrustedTargets) -> dict | None:
-    """The run config a checkpoint stores, or None for a file that is not one of ours; one that names a target `trust`
-    does not trust is refused."""
-    try:
-        return load_lightning_checkpoint(path, trust, tensors=False).get("config")
-    except UntrustedConfig:
-        raise
-    except UserError:
-        return None
-
-
 def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict, trust: TrustedTargets) -> Path:
-    """`checkpoints/last.ckpt` of the most recently written run under `outputs_dir`, other than `exclude`, that
-    trained the same model on the same kind of data as `run_config`. Each one read, newest first, must name only
-    targets `trust` trusts: a file planted there is refused, not passed over."""
+    """The newest `checkpoints/last.ckpt` under `outputs_dir`, outside `exclude`, of the same model and kind of data as
+    `run_config`; one read on the way that names a target `trust` does not trust is refused, not passed over."""
     files = outputs_dir.rglob("checkpoints/last.ckpt")
     candidates = sorted(
         (path for path in files if exclude.resolve() not in path.resolve().parents),
@@ -236,7 +221,12 @@ def newest_last_checkpoint(outputs_dir: Path, exclude: Path, run_config: dict, t
             "train once first, or give the checkpoint's path"
         )
     for path in candidates:
-        stored = stored_config(path, trust)
+        try:
+            stored = load_lightning_checkpoint(path, trust, tensors=False).get("config")
+        except UntrustedConfig:
+            raise
+        except UserError:  # not a checkpoint of ours
+            continue
         if stored and what_it_trains(stored) == what_it_trains(run_config) and same_data(stored, run_config):
             return path
     model, data = run_config["model"].get("_target_"), (run_config.get("data") or {}).get("_target_")
@@ -251,8 +241,7 @@ def resume_path(
     ckpt_path: str | None, run_dir: Path, outputs_dir: Path, run_config: dict, sweep_dir: Path | None = None
 ) -> str | None:
     """The checkpoint `trainer.fit` resumes from (`ckpt_path`: a file, "last", or null), refused where it trained
-    another model than `run_config` builds. A run its launcher started again, or a sweep's job carried on, resumes
-    from its own run dir's last.ckpt; "last" is otherwise the newest earlier run's of the same model and data."""
+    another model than `run_config` builds; a run started again resumes from its own run dir's last.ckpt."""
     trust = TrustedTargets.of(run_config)
     own_last = run_dir / "checkpoints" / "last.ckpt"
     carried_on = sweep_dir is not None or "TORCHELASTIC_RUN_ID" in os.environ
@@ -310,15 +299,6 @@ class ResumedWeightsCheck(Callback):
         check_weights_fit(pl_module, checkpoint["state_dict"], path, advice)
 
 
-def keeps_its_position(datamodule: L.LightningDataModule) -> bool:
-    """Whether the data module saves and restores state of its own (Lightning's defaults save nothing)."""
-    kind = type(datamodule)
-    return (
-        kind.state_dict is not L.LightningDataModule.state_dict
-        and kind.load_state_dict is not L.LightningDataModule.load_state_dict
-    )
-
-
 def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
     """Refuse, in one line, a resume from inside an epoch where the data module, or the module serving its own batches
     (`data=none`), cannot restore the epoch's place."""
@@ -326,7 +306,10 @@ def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
         return
     steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
     data = trainer.datamodule
-    if trainer.global_step % steps_per_epoch == 0 or (data is not None and keeps_its_position(data)):
+    keeps_its_position = all(
+        is_overridden(hook, data, L.LightningDataModule) for hook in ("state_dict", "load_state_dict")
+    )
+    if trainer.global_step % steps_per_epoch == 0 or keeps_its_position:  # None (data=none) overrides nothing
         return
     if data is None:
         why = f"{type(trainer.lightning_module).__name__} serves its own batches (data=none), which keep no place"
@@ -386,12 +369,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, partial)
             os.replace(partial, path)
         except BaseException as error:  # Ctrl-C and SIGTERM too: no half-written file is left behind
-            # Where the disk turned read-only after the file was written, not even its removal goes through: the
-            # failure to report stays the write's.
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # a disk turned read-only: the failure to report stays the write's
                 partial.unlink(missing_ok=True)
-            # torch.save reports a full or read-only disk as a RuntimeError without an errno, so the disk itself is
-            # asked; any other RuntimeError (a DataLoader worker's death, raised wherever the run is) stays itself.
+            # torch.save's RuntimeError for a full or read-only disk has no errno: the disk is asked (`disk_refuses`).
             if isinstance(error, OSError) or (isinstance(error, RuntimeError) and disk_refuses(path)):
                 raise unwritable(path, getattr(error, "errno", None), str(error)) from error
             raise

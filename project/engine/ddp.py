@@ -40,8 +40,7 @@ from project.engine.upstream import (
 log = logging.getLogger(__name__)
 # The config key that sets how long a rank waits for the others (conf/trainer/ddp.yaml, slurm.yaml, ddp_spawn.yaml).
 TIMEOUT_KEY = "trainer.strategy.timeout.seconds"
-# How long the ranks that timed out wait for each other to say so: their timers, started as they entered the same
-# collective, end within moments of each other.
+# How long the ranks that timed out wait for each other to say so (their timers end within moments of each other).
 ROLL_CALL_SECONDS = 3.0
 # Hydra overrides the child command sets itself (each may appear once).
 CHILD_HYDRA_KEYS = ("hydra.mode", "hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
@@ -116,8 +115,7 @@ def silent_ranks(seconds: float = ROLL_CALL_SECONDS) -> list[int]:
 
 class DeferredAgreement:
     """The max over ranks of `size` flags, on a CPU group of its own, started by one `exchange` and answered by the
-    next, so that no rank waits on its device. Every rank calls it at the same points, as any collective, and creates
-    it at once, after they met."""
+    next, so that no rank waits on its device. Every rank makes and calls it at the same points, as any collective."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -133,8 +131,6 @@ class DeferredAgreement:
     def start(self, flags: Sequence[bool]) -> None:
         """Start the agreement on `flags`, for the next `settle` or `exchange` to answer; none may be in flight.
         (`settle`, act, `start`: a flag the acting clears, a clock a checkpoint resets, is not sent once more.)"""
-        if self.in_flight is not None:
-            raise RuntimeError("an agreement is in flight already: settle it first")
         sent = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
         self.in_flight = sent, dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
 
@@ -192,7 +188,6 @@ def child_command(ckpt_path: str | None = None) -> list[str]:
     hydra = HydraConfig.get()
     script_mode = __main__.__spec__ is None  # `python project/train.py` rather than `python -m project.train`
     program = [to_absolute_path(sys.argv[0])] if script_mode else ["-m", __main__.__spec__.name]
-    config_source = config_source_arguments()
     hydra_overrides = [
         override
         for override in OmegaConf.to_container(hydra.overrides.hydra)  # a ${...} in one is its value's, unresolved
@@ -204,7 +199,7 @@ def child_command(ckpt_path: str | None = None) -> list[str]:
     return [
         sys.executable,
         *program,
-        *config_source,
+        *config_source_arguments(),
         *hydra_overrides,
         *job_overrides,
         "hydra.mode=RUN",
@@ -221,10 +216,8 @@ class HydraJobLauncher(ScriptLauncher):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stopping = threading.Event()
-        # The run's MASTER_PORT, held from its choice until the job ends (`reserved_port`).
-        self.port_holder: socket.socket | None = None
-        # The line that named the first child to end badly, and its rank, once one has.
-        self.failure: str | None = None
+        self.port_holder: socket.socket | None = None  # the run's MASTER_PORT, held until the job ends
+        self.failure: str | None = None  # the line that names the first child to end badly, once one has
         self.failed_rank: int | None = None
 
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
@@ -321,14 +314,11 @@ class HydraJobLauncher(ScriptLauncher):
 
 
 class HydraJobRanks(OwnScriptLauncher):
-    """Mixed in before a Lightning strategy (`HydraDDPStrategy`, trainer=fsdp's): processes started by
-    `HydraJobLauncher`, SIGTERM that stops every rank at one same step, and a meeting that fails (no meeting within
-    `timeout`, a MASTER_PORT another program holds, configs that differ) ended in one line."""
+    """Mixed in before a Lightning strategy (`HydraDDPStrategy`, trainer=fsdp's): ranks started by `HydraJobLauncher`,
+    stopped by SIGTERM at one same step, and a failed meeting of theirs ended in one line."""
 
-    # Set by the SIGTERM handler (`note_sigterm_without_collectives`); kept through fit and test.
-    sigterm_pending = False
-    # The ranks' SIGTERM agreement, on a CPU group of its own; made once the ranks have met.
-    sigterm_agreement: DeferredAgreement | None = None
+    sigterm_pending = False  # set by the SIGTERM handler; kept through fit and test
+    sigterm_agreement: DeferredAgreement | None = None  # made once the ranks have met
 
     def setup_environment(self) -> None:
         """Lightning's meeting of the ranks, in one line where it fails; then the config check and the agreement."""
@@ -357,8 +347,7 @@ class HydraJobRanks(OwnScriptLauncher):
         """Lightning's, then, on a rank that is to join the run's store rather than serve it, a check that what
         listens at MASTER_ADDR:MASTER_PORT is that store: against another program torch would wait past `timeout`."""
         super().set_world_ranks()
-        serves_the_store = self.global_rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-        if serves_the_store:
+        if self.global_rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # it serves the store
             return
         address, port = self.cluster_environment.main_address, self.cluster_environment.main_port
         timeout = strategy_timeout(self)
@@ -387,8 +376,7 @@ class HydraJobRanks(OwnScriptLauncher):
 
     def sigterm_on_any_rank(self) -> bool:
         """Whether SIGTERM reached any rank by now (every rank must ask at the same point)."""
-        (sigterm,) = self.sigterm_agreement.now([self.sigterm_pending])
-        return sigterm
+        return self.sigterm_agreement.now([self.sigterm_pending])[0]
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Read the SIGTERM agreement started at the previous batch, and start this batch's: a SIGTERM during step k

@@ -68,8 +68,8 @@ def launch_id() -> str:
 
 
 def claim(directory: Path, launch_id: str) -> bool:
-    """Make `directory` this launch's unless another launch has; whether it is ours. The claim file is linked into
-    place whole, so of processes racing for it exactly one launch wins."""
+    """Make `directory` this launch's unless another launch has; whether it is ours. Linked into place whole, the claim
+    file goes to exactly one of the launches racing for it."""
     directory.mkdir(parents=True, exist_ok=True)
     claim_file = directory / CLAIM_FILE
     draft = directory / f".{CLAIM_FILE}.{socket.gethostname()}.{os.getpid()}"  # hosts can share pids (containers)
@@ -122,15 +122,6 @@ def register_resolvers() -> None:
             register_resolver(name, resolver, use_cache=True)
 
 
-def holds_a_run(directory: Path) -> list[str]:
-    """What of a finished or stopped run `directory` holds: its results and checkpoints (none: nothing to lose)."""
-    checkpoints = directory / "checkpoints"
-    found = ["results.json"] if (directory / "results.json").is_file() else []
-    if checkpoints.is_dir() and any(path.is_file() for path in checkpoints.iterdir()):
-        found.append("checkpoints/")
-    return found
-
-
 def carries_on(directory: Path, ckpt_path: str | None) -> bool:
     """Whether a run in `directory` resumes the run already there: `ckpt_path=last` (its own last.ckpt), or a
     checkpoint inside it."""
@@ -146,7 +137,10 @@ def check_run_dir_is_this_runs(directory: Path, ckpt_path: str | None) -> None:
     this_launch = launch_id()
     if directory.resolve() in CLAIMED_HERE or (claim_file.is_file() and claim_file.read_text() == this_launch):
         return
-    found = holds_a_run(directory)
+    checkpoints = directory / "checkpoints"
+    found = ["results.json"] if (directory / "results.json").is_file() else []
+    if checkpoints.is_dir() and any(path.is_file() for path in checkpoints.iterdir()):
+        found.append("checkpoints/")
     if found and not carries_on(directory, ckpt_path):
         refuse(
             f"hydra.run.dir={directory} already holds another run ({', '.join(found)}), which this run would "

@@ -22,8 +22,7 @@ INTERVALS = ("step", "epoch")
 
 
 def register_resolvers() -> None:
-    """`${run_steps:}` and `${run_epochs:}`, or a fraction `${run_steps:0.05}` (every entry point composes conf/
-    after importing `project`)."""
+    """`${run_steps:}` and `${run_epochs:}`, or a fraction of the run: `${run_steps:0.05}`."""
     for name, placeholder in (("run_steps", RUN_STEPS), ("run_epochs", RUN_EPOCHS)):
         register_resolver(name, functools.partial(part_of_the_run, placeholder), replace=True)
 
@@ -135,13 +134,6 @@ def check_resumable(stored: dict | None, schedule: Schedule | None) -> None:
     )
 
 
-def steps_taken(trainer: L.Trainer, interval: str, frequency: int) -> float:
-    """How many times Lightning steps a schedule of this `interval` and `frequency` over the whole run."""
-    if interval == "epoch":
-        return trainer.max_epochs // frequency if trainer.max_epochs and trainer.max_epochs > 0 else math.inf
-    return trainer.estimated_stepping_batches // frequency
-
-
 class ScheduleLengthCheck(L.Callback):
     """Refuses a run longer than a fixed-length schedule of its module, naming both lengths; asked as training starts,
     once Lightning has restored the checkpoint (whose stored length wins)."""
@@ -149,7 +141,10 @@ class ScheduleLengthCheck(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for config in trainer.lr_scheduler_configs:
             length = getattr(config.scheduler, "total_steps", None)
-            needed = steps_taken(trainer, config.interval, config.frequency)
+            if config.interval == "epoch":  # max_epochs=-1: without end
+                needed = trainer.max_epochs // config.frequency if trainer.max_epochs > 0 else math.inf
+            else:
+                needed = trainer.estimated_stepping_batches // config.frequency
             if not isinstance(length, int) or needed <= length:
                 continue
             resumed = " (the checkpoint's length: it was sized for a shorter run)" if trainer.ckpt_path else ""
