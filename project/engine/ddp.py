@@ -131,6 +131,8 @@ class DeferredAgreement:
     def start(self, flags: Sequence[bool]) -> None:
         """Start the agreement on `flags`, for the next `settle` or `exchange` to answer; none may be in flight.
         (`settle`, act, `start`: a flag the acting clears, a clock a checkpoint resets, is not sent once more.)"""
+        if self.in_flight is not None:  # its collective would never be waited for, and the next one would hang
+            raise RuntimeError("an agreement is in flight already: settle it first")
         sent = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
         self.in_flight = sent, dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
 
