@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from project.engine.build import configured_callbacks
+from project.engine.trusted_targets import job_whitelist
 from tests.helpers import MID_EPOCH_ON, REPO, check_ok, requires, run_module
 from tests.test_config import compose_train
 
@@ -63,3 +64,11 @@ def test_the_mid_epoch_checkpoint_is_built_only_when_switched_on(tmp_path: Path)
 
     assert "MidEpochCheckpoint" not in built()
     assert built(MID_EPOCH_ON).count("MidEpochCheckpoint") == 1
+
+
+@requires("mid_epoch")
+def test_hydra_1_4s_whitelist_of_a_plain_run_leaves_out_the_callback_switched_off(tmp_path: Path):
+    """Hydra 1.4 imports each target on a job's whitelist: one of a callback switched off is not listed."""
+    target = "project.optional.mid_epoch.checkpoint.MidEpochCheckpoint"
+    assert target not in job_whitelist(compose_train(tmp_path))
+    assert target in job_whitelist(compose_train(tmp_path, MID_EPOCH_ON))
