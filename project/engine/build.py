@@ -26,6 +26,7 @@ from project.engine.config import (
     give_hints,
     mistyped_value,
     overridden_key,
+    switched_on,
 )
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
 from project.engine.history import DivergenceGuard
@@ -144,7 +145,7 @@ def configured_callbacks(callbacks: DictConfig) -> list[L.Callback]:
                 f"callbacks.{name} has no _target_: callbacks={chosen} defines no {name} for its keys to set; "
                 f"use callbacks=default, or give callbacks.{name}._target_"
             )
-        if node is not None and node.get("enabled", True):
+        if switched_on(node):
             arguments = OmegaConf.to_container(node, resolve=True)
             arguments.pop("enabled", None)
             configs.append(OmegaConf.create(arguments))

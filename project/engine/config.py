@@ -55,6 +55,12 @@ def config_source_arguments() -> list[str]:
     return [f"--config-name={hydra.job.config_name}", *(f"--config-dir={path}" for path in config_dirs)]
 
 
+def switched_on(callback: dict | DictConfig | None) -> bool:
+    """Whether a callback's config builds it: not null, nor switched off by `enabled: false` (a key of the config,
+    not an argument of the callback)."""
+    return callback is not None and callback.get("enabled", True)
+
+
 def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

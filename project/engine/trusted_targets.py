@@ -17,6 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from project.engine.config import switched_on
 from project.engine.errors import UserError
 from project.engine.upstream import defined_name, execution_whitelist, located
 
@@ -91,7 +92,7 @@ def job_whitelist(cfg: DictConfig) -> list[str]:
     if isinstance(config.get("callbacks"), dict):
         callbacks = config["callbacks"].items()
         config["callbacks"] = {
-            name: node for name, node in callbacks if not isinstance(node, dict) or node.get("enabled", True)
+            name: node for name, node in callbacks if not isinstance(node, dict) or switched_on(node)
         }
     trust = TrustedTargets.of(config)
     return sorted(trust.composed | set(targets_in(hydra_node))) + list(trust.patterns)

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
 from project.engine.build import instantiate_group
-from project.engine.config import give_hints
+from project.engine.config import give_hints, switched_on
 from project.engine.ddp import DeferredAgreement
 from project.engine.errors import RunStopped, UserError
 from project.engine.history import DivergenceWatch, TrainingHistory, first_learning_rate
@@ -545,8 +545,8 @@ def fit_and_report(
     """Train (on from `ckpt_path`, if given); every process saves its history; the main one alone validates, tests
     (or every one, where `trainer.every_rank_evaluates`) and writes the run's outputs."""
     # As the Lightning side's callbacks.mid_epoch_checkpoint writes it (none where that is off or not in the config).
-    every = OmegaConf.select(cfg, "callbacks.mid_epoch_checkpoint") or {}
-    every = every if every.get("enabled", True) else {}
+    every = OmegaConf.select(cfg, "callbacks.mid_epoch_checkpoint")
+    every = every if switched_on(every) else {}
     checkpoint = Path(cfg.run_dir) / "checkpoints" / "last.pt"
     trainer.checkpointing = Checkpointing(
         checkpoint, datamodule, every.get("every_n_steps"), every.get("every_n_minutes")
