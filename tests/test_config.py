@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.engine.build import build
+from project.engine.build import build, instantiate_group
 from project.engine.config import check_added_keys, check_config, command_line_overrides, give_hints, mistyped_value
-from project.engine.errors import UserError, error_line
+from project.engine.errors import UserError, error_line, find_user_error
 from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
@@ -164,6 +164,26 @@ def test_values_are_judged_by_any_targets_annotations():
     )
     unknown = OmegaConf.create({"_target_": "no.such.Class", "size": "big"})
     assert mistyped_value(unknown, "model") is None
+
+
+class NetworkThatFails(torch.nn.Module):
+    """A network whose constructor raises `error` (a ValueError: a value it refuses; a RuntimeError: a bug)."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        raise {"ValueError": ValueError, "RuntimeError": RuntimeError}[error](f"the network's own {error}")
+
+
+def test_a_constructor_refusing_a_value_is_one_line_naming_the_group_and_its_bug_keeps_its_traceback():
+    refusing = OmegaConf.create({"_target_": f"{__name__}.NetworkThatFails", "error": "ValueError"})
+    with pytest.raises(UserError) as refused:
+        instantiate_group("model", refusing)
+    assert str(refused.value) == "model: the network's own ValueError"
+    failing = OmegaConf.create({"_target_": f"{__name__}.NetworkThatFails", "error": "RuntimeError"})
+    with pytest.raises(Exception) as raised:
+        instantiate_group("model", failing)
+    assert find_user_error(raised.value) is None, "a bug: the entry point prints its traceback"
+    assert str(raised.value.__cause__ or raised.value) == "the network's own RuntimeError"
 
 
 def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_one_line(tmp_path: Path, monkeypatch):

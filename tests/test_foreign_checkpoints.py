@@ -9,10 +9,14 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from project.engine.checkpoints import load_lightning_checkpoint
+from project.engine.errors import UserError
 from project.engine.reports import format_value
+from project.engine.trusted_targets import TrustedTargets
 from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import CONF_DIR, REGRESSION, check_ok, error_lines, run_module, train_own
@@ -159,3 +163,27 @@ def test_a_foreign_checkpoint_without_model_or_data_names_what_to_give(
     line = one_error_line(run_module(program, f"ckpt_path={path}", *overrides, cwd=tmp_path))
     assert f"ckpt_path={path} is a Lightning checkpoint this project did not write" in line
     assert "holds weights, a state_dict, but no config" in line and asked in line
+
+
+@pytest.mark.parametrize(
+    ("content", "told"),
+    [
+        ({"weight": torch.zeros(2, 2)}, "holds a network's weights only (a bare state_dict)"),
+        ({"epoch": 3, "model": {}}, "is not a checkpoint of this project (it holds epoch, model: no state_dict"),
+        ([torch.zeros(2)], "is not a checkpoint of this project (it holds a list, no state_dict of weights)"),
+        (torch.zeros(2), "is not a checkpoint of this project (it holds a Tensor, no state_dict of weights)"),
+    ],
+    ids=["bare-state-dict", "other-keys", "list", "tensor"],
+)
+def test_a_file_torch_reads_that_is_no_lightning_checkpoint_is_named_by_what_it_holds(
+    tmp_path: Path, content: object, told: str
+):
+    path = tmp_path / "saved.pt"
+    torch.save(content, path)
+    with pytest.raises(UserError) as refused:
+        load_lightning_checkpoint(path, TrustedTargets.of({}))
+    assert str(refused.value).startswith(f"ckpt_path={path} {told}")
+    assert str(refused.value).endswith(
+        "give a checkpoint project.train wrote (<run dir>/checkpoints/last.ckpt), "
+        "or one of Lightning's Trainer.save_checkpoint"
+    )

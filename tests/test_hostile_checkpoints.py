@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import pickle
+import re
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
@@ -32,7 +33,13 @@ import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.checkpoints import check_shards, resume_path
 from project.engine.errors import UserError
 from project.engine.trained_run import rebuild_trained
-from project.engine.trusted_targets import UntrustedConfig, trusted_targets
+from project.engine.trusted_targets import (
+    TrustedTargets,
+    UntrustedConfig,
+    config_sources,
+    named_in_config_files,
+    trusted_targets,
+)
 from project.engine.upstream import VERSION_BASE
 from project.evaluate import evaluate
 from tests.faults import BadInput, bad_input_test
@@ -261,6 +268,48 @@ def test_a_trusted_package_trusts_what_it_defines_not_what_it_reaches(target: st
         assert trusted_targets(cfg).trusts(target) is trusted
 
 
+@pytest.mark.parametrize(
+    "given", [["my_project.*"], "my_project.*", {"mine": ["my_project.*"]}], ids=["list", "string", "list-value"]
+)
+def test_trusted_targets_that_is_not_names_mapped_to_targets_is_refused_in_one_line(given: object):
+    with pytest.raises(
+        UserError, match=r"^trusted_targets must map names to targets .*: e\.g\. \+trusted_targets\.mine="
+    ):
+        TrustedTargets.of({"model": {"_target_": "my_project.Module"}, "trusted_targets": given})
+
+
+def test_a_config_file_that_is_not_yaml_is_passed_over_and_the_others_still_name_their_targets(tmp_path: Path):
+    """Hydra reports such a file where a run composes it; a run that does not use it still trusts the rest."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text("_target_: my_project.Module\n")
+    (tmp_path / "broken.yaml").write_text("_target_: my_project.Hidden\nkey: [unclosed\n")
+    with initialize_config_dir(str(tmp_path), **VERSION_BASE):
+        named = named_in_config_files()
+    assert "my_project.Module" in named and "my_project.Hidden" not in named
+
+
+def test_a_search_path_package_that_is_not_installed_adds_no_targets_and_stops_nothing():
+    """Hydra warns of such a package itself; the targets the run trusts are those it trusts without it."""
+    missing = "pkg://no_such_package_of_configs"
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), as_a_run_holds_it() as hydra_node:
+        with pytest.warns(UserWarning, match="path=no_such_package_of_configs is not available"):
+            hydra_node(compose("evaluate", overrides=[f"hydra.searchpath=[{missing}]"], return_hydra_config=True))
+        assert ("pkg", "no_such_package_of_configs") in config_sources()
+        with_missing = named_in_config_files()
+        hydra_node(compose("evaluate", return_hydra_config=True))
+        assert with_missing == named_in_config_files()
+    assert "project.example.data.ToyDataModule" in with_missing
+
+
+def test_outside_any_hydra_run_a_config_trusts_only_its_own_targets_and_trusted_targets():
+    """With no config sources to read (no Hydra run, no compose API), no config file vouches for a target."""
+    trust = TrustedTargets.of({"model": {"_target_": "my_project.Module"}, "trusted_targets": {"t": "torchvision.*"}})
+    assert config_sources() == []
+    assert trust.named == {"my_project.Module"}
+    assert trust.trusts("my_project.Module") and trust.trusts("torchvision.models.resnet18")
+    assert not trust.trusts("project.example.data.ToyDataModule"), "named by conf/, which no run here reads"
+
+
 def sharded_copy(plain: Path, directory: Path) -> Path:
     """A sharded checkpoint in `directory` as `trainer=fsdp` writes one (DCP's shards and index, `meta.pt` with the
     rest), of the weights of `plain` and an optimizer's plain values (which DCP stores as non-tensor values)."""
@@ -314,6 +363,44 @@ def test_a_sharded_checkpoint_that_would_run_code_is_refused_before_dcp_reads_it
             cfg = compose("evaluate", overrides=[f"ckpt_path={sharded}"])
             with pytest.raises(UserError, match=f"ckpt_path={sharded}"):
                 rebuild_trained(cfg, "project.evaluate")
+    bait.assert_untouched()
+
+
+def with_index_edited(sharded: Path, edit: Callable[[object], None]) -> Path:
+    """DCP's index of the shards read (this test's own file), changed by `edit`, and written back."""
+    with (sharded / ".metadata").open("rb") as file:
+        index = pickle.load(file)
+    edit(index)
+    (sharded / ".metadata").write_bytes(pickle.dumps(index))
+    return sharded
+
+
+def point_first_entry(relative_path: str | None = None, transform: list[str] | None = None) -> Callable:
+    def edit(index: object) -> None:
+        stored = next(iter(index.storage_data.values()))
+        stored.relative_path = relative_path or stored.relative_path
+        stored.transform_descriptors = transform
+
+    return edit
+
+
+def test_a_sharded_index_of_plain_values_only_or_one_pointing_outside_the_checkpoint_is_refused(
+    tmp_path: Path, toy_checkpoint: Path
+):
+    """An index unpickled with only the classes DCP writes may still be no index at all (a pickled dict), or point a
+    value at a file outside the checkpoint's own (a payload beside it) or through a transform DCP would apply."""
+    bait = Bait(tmp_path / "bait").lay()
+    not_an_index = sharded_copy(toy_checkpoint, tmp_path / "dict")
+    (not_an_index / ".metadata").write_bytes(pickle.dumps({"state_dict.weight": 0}))
+    with pytest.raises(UserError, match=r"whose \.metadata holds a dict, not DCP's index of shards: it is not opened"):
+        check_shards(not_an_index)
+    outside = f"../../bait/{bait.torch_file.name}"
+    edits = {"outside": point_first_entry(relative_path=outside), "transformed": point_first_entry(transform=["zstd"])}
+    for name, edit in edits.items():
+        sharded = with_index_edited(sharded_copy(toy_checkpoint, tmp_path / name / "sharded.ckpt"), edit)
+        pointed = outside if name == "outside" else "__0_0.distcp"
+        with pytest.raises(UserError, match=rf"whose index points \S+ at {re.escape(pointed)}, outside its own files"):
+            check_shards(sharded)
     bait.assert_untouched()
 
 

@@ -9,15 +9,18 @@ import math
 import re
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra import initialize_config_dir
+from torch import nn
 
-from project.engine.checkpoints import resume_path
+from project.engine.checkpoints import ResumedWeightsCheck, resume_path
 from project.engine.errors import UserError
 from project.engine.reports import format_value
 from project.engine.upstream import VERSION_BASE
 from tests.docs_commands import follow_steps, section_blocks
+from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import (
     CONF_DIR,
     REGRESSION,
@@ -249,3 +252,33 @@ def test_your_modules_own_one_cycle_schedule_resumed_for_a_longer_run_is_refused
         "it from the run's length (trainer.estimated_stepping_batches) and start a new run"
     ]
     assert not (user_dir / "outputs" / "longer" / "checkpoints" / "last.ckpt").exists(), "refused before a step"
+
+
+class LayersMadeInConfigureModel(RegressionModule):
+    """`RegressionModule` making its layers in `configure_model`, as Lightning suggests for a model too large to
+    build before the strategy places it: at `setup` it has none yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = None
+
+    def configure_model(self) -> None:
+        if self.layers is None:
+            self.layers = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def test_a_module_that_makes_its_layers_in_configure_model_resumes_its_own_checkpoint(tmp_path: Path):
+    """The check of the resumed weights runs at `setup`, before `configure_model`: it leaves such a module to
+    Lightning's strict load, which comes after."""
+    quiet = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, "accelerator": "cpu"}
+    first = L.Trainer(max_epochs=1, default_root_dir=tmp_path, enable_checkpointing=False, **quiet)
+    first.fit(LayersMadeInConfigureModel(), datamodule=RegressionData())
+    path = tmp_path / "epoch-1.ckpt"
+    first.save_checkpoint(path)
+    trained = torch.load(path, weights_only=True)["state_dict"]
+    check = ResumedWeightsCheck(str(path))
+    resumed = L.Trainer(max_epochs=1, callbacks=[check], enable_checkpointing=False, **quiet)
+    module = LayersMadeInConfigureModel()
+    resumed.fit(module, datamodule=RegressionData(), ckpt_path=path)
+    assert resumed.global_step == first.global_step > 0, "resumed at the end of its epoch, nothing more to train"
+    assert all(torch.equal(module.state_dict()[name], weights) for name, weights in trained.items())

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets
 
-from project.engine.errors import UserError
-from project.engine.trained_run import predict_step_needed
+from project.engine.errors import UserError, error_line
+from project.engine.trained_run import blamed_on_data_given, predict_step_needed, rebuild_trained
 from project.engine.upstream import VERSION_BASE
 from project.example.predictions import Predictions, class_names
 from project.predict import gathered_shares, predict, write_predictions
@@ -215,3 +215,65 @@ def test_a_type_error_of_the_modules_own_code_keeps_its_traceback(module, batch)
     predict_step of the module's own."""
     with pytest.raises(TypeError), predict_step_needed(module):
         module.predict_step(batch, 0)
+
+
+def test_a_type_error_before_any_predict_step_keeps_its_traceback():
+    """E.g. the data's own: a batch its loader cannot collate, met before Lightning's predict_step runs."""
+    loader = DataLoader([object()], batch_size=1)
+    with (
+        pytest.raises(TypeError, match="default_collate: batch must contain tensors"),
+        predict_step_needed(PairForwardModule()),
+    ):
+        next(iter(loader))
+
+
+def toy_run_checkpoint(directory: Path, *overrides: str) -> Path:
+    """A checkpoint as project.train stores one of the toy network (untrained), with `overrides`' config."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=["model=toy", f"run_dir={directory}", *overrides])
+    path = directory / "toy.ckpt"
+    torch.save(
+        {"config": OmegaConf.to_container(cfg, resolve=True), "state_dict": instantiate(cfg.model).state_dict()}, path
+    )
+    return path
+
+
+def test_a_data_key_given_for_a_run_that_had_no_data_module_is_one_line(tmp_path: Path):
+    checkpoint = toy_run_checkpoint(tmp_path, "data=none")
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("predict", overrides=[f"ckpt_path={checkpoint}", "data.batch_size=4", f"run_dir={tmp_path}"])
+        with pytest.raises(UserError) as refused:
+            rebuild_trained(cfg, "project.predict")
+    assert str(refused.value) == (
+        f"data.batch_size: the run of ckpt_path={checkpoint} had no data module (data=none), its module serving its "
+        "own batches: leave out data.<key>="
+    )
+
+
+def test_a_data_value_its_data_module_refuses_is_that_modules_own_line(tmp_path: Path):
+    """Not "its stored config no longer builds with this version": the value given is wrong, not the checkpoint."""
+    checkpoint = toy_run_checkpoint(tmp_path, "data=toy")
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("predict", overrides=[f"ckpt_path={checkpoint}", "data.batch_size=0", f"run_dir={tmp_path}"])
+        with pytest.raises(Exception) as refused:
+            rebuild_trained(cfg, "project.predict")
+    assert error_line(refused.value) == "error: data.batch_size must be a positive integer, got 0"
+
+
+def test_a_network_failing_on_the_data_is_blamed_on_the_data_keys_given_and_only_on_them():
+    """A failure with no data.<key>= given, or one that is the user's for another reason (memory), keeps its own
+    report."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        given = compose("predict", overrides=["ckpt_path=unused", "data.root=/elsewhere"])
+        none_given = compose("predict", overrides=["ckpt_path=unused"])
+    shapes = RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x784 and 2x8)")
+    with pytest.raises(UserError) as blamed, blamed_on_data_given(given):
+        raise shapes
+    assert str(blamed.value).startswith(
+        "the checkpoint's network does not take the samples of the data as given (data.root=/elsewhere): mat1 and mat2"
+    )
+    memory = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    for cfg, error in ((none_given, shapes), (given, memory)):
+        with pytest.raises(RuntimeError) as kept, blamed_on_data_given(cfg):
+            raise error
+        assert kept.value is error

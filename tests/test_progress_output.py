@@ -5,8 +5,11 @@ import re
 import subprocess
 from pathlib import Path
 
+import lightning as L
 import pytest
+from lightning.pytorch.demos.boring_classes import BoringModel
 
+from project.engine.reports import ProgressLines
 from tests.faults import USER_ERROR
 from tests.helpers import environment, python
 
@@ -95,3 +98,18 @@ def test_evaluate_and_predict_into_a_file_show_progress_as_plain_lines(tmp_path:
     )
     assert status == 0 and "\r" not in predicted, repr(predicted[-600:])
     assert re.search(r"^predict step 1/1\b", predicted, flags=re.MULTILINE), predicted[-2000:]
+
+
+def test_progress_lines_switched_off_print_nothing_until_switched_on_again(capsys):
+    """Lightning's tuners (`Tuner.lr_find`, `scale_batch_size`) switch the progress bar off for their trial steps and
+    on again for the training after them."""
+    lines = ProgressLines(lines_per_epoch=1)
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_model_summary=False, callbacks=[lines])
+    lines.disable()
+    lines.step_line("epoch 0", 4, 4, trainer, BoringModel())
+    lines.on_validation_end(trainer, BoringModel())
+    assert capsys.readouterr().out == ""
+    lines.enable()
+    lines.step_line("epoch 0", 4, 4, trainer, BoringModel())
+    lines.on_validation_end(trainer, BoringModel())
+    assert capsys.readouterr().out.splitlines() == ["epoch 0 step 4/4", "epoch 0 validated"]

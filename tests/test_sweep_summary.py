@@ -186,3 +186,29 @@ def test_a_job_run_again_by_the_sweep_carried_on_starts_without_its_earlier_fail
         config = OmegaConf.create({"hydra": {"mode": mode, "runtime": {"output_dir": str(job_dir)}}})
         SweepSummaryCallback().on_job_start(config)
         assert (job_dir / ERROR_FILE).is_file() == kept, mode
+
+
+def test_a_job_that_left_neither_results_nor_an_error_is_a_failure_saying_it_may_have_been_killed(
+    tmp_path: Path, capsys
+):
+    """A job killed from outside (out of memory, `kill -9`) writes nothing more; the sweep still counts it."""
+    write_job(tmp_path, 0, ["seed=1"], {"val/acc": 0.75})
+    write_job(tmp_path, 1, ["seed=2"])
+    with pytest.raises(SystemExit) as ended:
+        end_sweep(tmp_path, capsys)
+    assert ended.value.code == 1
+    captured = capsys.readouterr()
+    killed = "error: the job left no results.json (killed?): see its log in that directory"
+    assert f"job 1 {killed}" in captured.out.splitlines()
+    assert "1 of 2 sweep jobs failed (job 1)" in captured.err
+
+
+def test_a_sweep_that_ends_by_an_exception_or_made_no_directory_prints_no_table(tmp_path: Path, capsys):
+    """The exception's own line (how to carry the sweep on) stays the last one printed."""
+    write_job(tmp_path, 0, ["seed=1"], {"val/acc": 0.5})
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        assert end_sweep(tmp_path, capsys) == ""
+    assert end_sweep(tmp_path / "never-made", capsys) == ""
+    assert "Sweep: 1 job(s)" in end_sweep(tmp_path, capsys), "the same sweep ended without an exception: its table"

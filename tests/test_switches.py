@@ -2,6 +2,7 @@
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -19,9 +20,15 @@ import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine import run_dir
 from project.engine.build import build
 from project.engine.checkpoints import resume_path
-from project.engine.ddp import HydraJobLauncher, check_same_config_on_every_rank, differing_keys
-from project.engine.errors import UserError
-from project.engine.job import isolated_job
+from project.engine.ddp import (
+    DeferredAgreement,
+    HydraDDPStrategy,
+    HydraJobLauncher,
+    check_same_config_on_every_rank,
+    differing_keys,
+)
+from project.engine.errors import RunStopped, UserError
+from project.engine.job import isolated_job, stop_if_signalled
 from project.engine.upstream import VERSION_BASE
 from tests.collective_counter import count_collectives
 from tests.helpers import (
@@ -256,6 +263,66 @@ def test_a_job_gives_back_the_threads_and_variables_its_launch_changed(monkeypat
         os.environ.update(OMP_NUM_THREADS="1", LOCAL_RANK="0")
     assert torch.get_num_threads() == threads
     assert "OMP_NUM_THREADS" not in os.environ and "LOCAL_RANK" not in os.environ
+
+
+class LoggerThatCannotFinish:
+    """A logger whose last write fails (its disk gone, its server down): what it was told the job ended as."""
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def finalize(self, status: str) -> None:
+        self.told.append(status)
+        raise OSError("the logger's server is gone")
+
+
+def ended_job(**trainer: object) -> object:
+    """What `isolated_job` reads of a Trainer whose job ends before any checkpoint, on one process."""
+    strategy = trainer.pop("strategy", type("Strategy", (), {"launcher": None})())
+    plain = {"strategy": strategy, "loggers": [], "checkpoint_callbacks": [], "datamodule": None, "current_epoch": 0}
+    return type("Trainer", (), plain | trainer)()
+
+
+def test_a_logger_that_cannot_finish_fails_a_finished_job_and_not_over_a_failed_ones_error():
+    logger = LoggerThatCannotFinish()
+    with pytest.raises(OSError, match="the logger's server is gone"), isolated_job(ended_job(loggers=[logger])):
+        pass
+    with pytest.raises(ValueError, match="the job's own"), isolated_job(ended_job(loggers=[logger])):
+        raise ValueError("the job's own")
+    assert logger.told == ["success", "failed"]
+
+
+def test_a_sys_exit_inside_a_job_keeps_its_status_unless_lightning_ended_it_for_ctrl_c():
+    """Lightning's Ctrl-C handling ends the run with sys.exit(1) after setting `interrupted`; any other exit (the
+    user's own code) is theirs to keep."""
+    with pytest.raises(SystemExit) as exited, isolated_job(ended_job(interrupted=False)):
+        sys.exit(3)
+    assert exited.value.code == 3
+    with pytest.raises(RunStopped) as stopped, isolated_job(ended_job(interrupted=True)):
+        sys.exit(1)
+    assert stopped.value.exit_status == 128 + signal.SIGINT
+    assert str(stopped.value) == "interrupted by the user (Ctrl-C): it had written no checkpoint yet: run it again"
+
+
+def test_a_sigterm_noted_on_any_rank_after_fit_stops_the_job_there_in_one_line(tmp_path: Path):
+    """Between fit and test (and after test) the ranks ask each other whether SIGTERM reached one of them, as no
+    training step is left to agree on it; here on a group of this process alone, which the job's end takes down."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        strategy = HydraDDPStrategy()
+        strategy.sigterm_agreement = DeferredAgreement(size=1)
+        trainer = ended_job(strategy=strategy, current_epoch=2)
+        stop_if_signalled(trainer)  # none noted: the job goes on
+        strategy.sigterm_pending = True
+        with pytest.raises(RunStopped) as stopped, isolated_job(trainer):
+            stop_if_signalled(trainer)
+    finally:
+        left_behind = dist.is_initialized()
+        if left_behind:
+            dist.destroy_process_group()
+    assert not left_behind, "the job's end takes its process group down, for the next job's"
+    assert stopped.value.exit_status == 128 + signal.SIGTERM
+    assert str(stopped.value) == "stopped by SIGTERM in epoch 2: it had written no checkpoint yet: run it again"
 
 
 @pytest.mark.slow

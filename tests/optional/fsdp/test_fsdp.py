@@ -17,7 +17,8 @@ from torch.distributed.fsdp import fully_shard
 from project.engine.build import build
 from project.engine.checkpoints import optimizer_state_by_index
 from project.engine.errors import UserError
-from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish
+from project.optional.fsdp.checkpoints import main as checkpoints_main
+from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish, remove
 from project.optional.fsdp.strategy import shard_module
 from project.optional.fsdp.units import UnitChoice
 from tests.collective_counter import count_collectives
@@ -283,6 +284,48 @@ def test_a_save_killed_before_it_finished_leaves_the_previous_checkpoint_in_plac
     (second / "meta.pt").write_text("second")
     publish(second, path)
     assert (path / "meta.pt").read_text() == "second" and not first.exists()
+
+
+@pytest.mark.parametrize("layout", ["file", "directory"])
+def test_a_sharded_save_over_a_checkpoint_of_another_layout_replaces_it(tmp_path: Path, layout: str):
+    """A run resumed under trainer=fsdp from a single-file last.ckpt (ddp's), or a directory left in its place."""
+    path = tmp_path / "last.ckpt"
+    if layout == "file":
+        path.write_text("ddp's single file")
+    else:
+        (path / "old").mkdir(parents=True)
+    version = Path(new_version_dir(path))
+    (version / "meta.pt").write_text("sharded")
+    publish(version, path)
+    assert path.is_symlink() and path.resolve() == version.resolve()
+    assert sorted(p.name for p in path.iterdir()) == ["meta.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["last.ckpt", version.name])
+
+
+def test_removing_a_checkpoint_of_each_layout_leaves_nothing_of_it(tmp_path: Path):
+    sharded = tmp_path / "sharded.ckpt"
+    version = Path(new_version_dir(sharded))
+    (version / "meta.pt").write_text("sharded")
+    publish(version, sharded)
+    (tmp_path / "directory.ckpt").mkdir()
+    (tmp_path / "directory.ckpt" / "meta.pt").write_text("a directory")
+    (tmp_path / "file.ckpt").write_text("a file")
+    for name in ("sharded.ckpt", "directory.ckpt", "file.ckpt", "never-written.ckpt"):
+        remove(tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_plain_file_writer_refuses_a_path_that_is_not_a_sharded_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+):
+    single = tmp_path / "last.ckpt"
+    single.write_text("a single-file checkpoint")
+    monkeypatch.setattr(sys, "argv", ["checkpoints.py", str(single), str(tmp_path / "plain.ckpt")])
+    with pytest.raises(SystemExit) as exited:
+        checkpoints_main()
+    assert exited.value.code == 2
+    assert f"error: {single} is not a sharded checkpoint (a directory with meta.pt)" in capsys.readouterr().err
+    assert not (tmp_path / "plain.ckpt").exists()
 
 
 @pytest.mark.slow
