@@ -77,7 +77,8 @@ def check_shards(path: str | Path) -> None:
     for where, stored in index.storage_data.items():
         shard = (root / stored.relative_path).resolve()
         if shard.parent != root or stored.transform_descriptors:
-            raise refuse(f"index points {where.fqn} at {stored.relative_path}, outside its own files as written")
+            how = f" through {', '.join(stored.transform_descriptors)}" if stored.transform_descriptors else ""
+            raise refuse(f"index reads {where.fqn} from {stored.relative_path}{how}, not plainly from its own files")
         if isinstance(index.state_dict_metadata.get(where.fqn), BytesStorageMetadata):
             with shard.open("rb") as file:
                 file.seek(stored.offset)
