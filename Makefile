@@ -49,8 +49,9 @@ $(NEXT_STAMP): $(STAMP)
 test-hydra1.4: $(NEXT_STAMP)  ## the in-process tests again on Hydra 1.4 (its release candidate), in .venv-hydra1.4
 	PROJECT_TESTS_IN_PROCESS=1 $(NEXT_VENV)/bin/python -m pytest -m "not slow and not slurm and not gpu and not realdata" $(ARGS)
 
-coverage: $(STAMP)  ## the whole suite, measuring what it runs of project/ (its processes too): outputs/coverage/index.html
-	$(BIN)/python -m pytest --cov --cov-report=term --cov-report=html $(ARGS)
+coverage: $(STAMP)  ## the whole suite and its Hydra 1.4 pass, as .ci/run runs them, measuring what they run of project/ (their processes too): outputs/coverage/index.html
+	$(BIN)/python -m pytest --cov --cov-report= $(ARGS)
+	$(MAKE) test-hydra1.4 ARGS="--cov --cov-append --cov-report=term --cov-report=html $(ARGS)"
 
 bench: $(STAMP)  ## the benchmark suite: one table, bench/results/<date>.json and PNGs (ARGS=--quick: a smoke run)
 	$(BIN)/python -m bench $(ARGS)
