@@ -15,7 +15,14 @@ from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.build import build, instantiate_group
-from project.engine.config import check_added_keys, check_config, command_line_overrides, give_hints, mistyped_value
+from project.engine.config import (
+    check_added_keys,
+    check_config,
+    command_line_overrides,
+    give_hints,
+    mistyped_value,
+    taken_arguments,
+)
 from project.engine.errors import UserError, error_line, find_user_error
 from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import FOREIGN_CONF
@@ -129,6 +136,27 @@ def test_a_value_that_refers_to_a_key_the_config_lacks_is_one_line_naming_both(t
     )
 
 
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["optimized_mode=up"], "error: optimized_mode must be min or max, got 'up'"),
+        (["results_from=first"], "error: results_from must be last or best, got 'first'"),
+        (
+            ["results_from=best", "debug=fast"],
+            "error: trainer.fast_dev_run (debug=fast) saves no checkpoint, so results_from=best has none: add "
+            "results_from=last",
+        ),
+    ],
+)
+def test_how_the_results_are_picked_is_checked_in_one_line_saying_what_is_allowed(
+    tmp_path: Path, overrides: list[str], line: str
+):
+    cfg = compose_train(tmp_path, *overrides)
+    with pytest.raises(UserError) as raised:
+        check_config(cfg)
+    assert error_line(raised.value) == line
+
+
 def test_an_override_that_refers_to_another_key_is_taken_as_given(tmp_path: Path):
     """The command line's `${...}` belongs to the value it sets: the check for misspelt keys must not resolve it."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
@@ -184,6 +212,18 @@ def test_a_constructor_refusing_a_value_is_one_line_naming_the_group_and_its_bug
         instantiate_group("model", failing)
     assert find_user_error(raised.value) is None, "a bug: the entry point prints its traceback"
     assert str(raised.value.__cause__ or raised.value) == "the network's own RuntimeError"
+
+
+def test_a_list_of_configs_is_left_to_the_constructors_own_words():
+    """Only a mapping's `_target_` has annotations to judge its values by."""
+    assert mistyped_value(OmegaConf.create([{"_target_": "torch.nn.Linear", "in_features": "two"}]), "model") is None
+
+
+def test_a_target_whose_signature_python_cannot_read_takes_no_named_arguments():
+    """`torch.zeros` and the like are written in C, without a signature: no hint of `cfg.hints` is given to them."""
+    assert taken_arguments(torch.zeros) == set()
+    assert taken_arguments(0.5) == set(), "a _target_ naming a value, not a callable"
+    assert {"lr", "momentum"} <= taken_arguments(torch.optim.SGD)
 
 
 def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_one_line(tmp_path: Path, monkeypatch):

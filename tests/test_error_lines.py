@@ -2,12 +2,18 @@
 (project/engine/errors.py); the processes that end on them are tested in tests/test_faults.py."""
 
 import errno
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from torch.multiprocessing.spawn import ProcessRaisedException
 
-from project.engine.errors import UserError, error_line, find_user_error, unwritable
+from project.engine.errors import ERROR_FILE, UserError, error_line, exit_on_user_error, find_user_error, unwritable
+from project.engine.upstream import VERSION_BASE
+from tests.helpers import CONF_DIR
 
 
 @pytest.fixture
@@ -70,3 +76,83 @@ def test_a_user_error_a_spawned_worker_raised_is_its_one_line_and_exit_status():
     assert refusal.exit_status == UserError.exit_status
     bug = "\n\nTraceback (most recent call last):\n  File \"y.py\", line 2, in g\nKeyError: 'a bug'\n"
     assert find_user_error(ProcessRaisedException(bug, 0, 123)) is None
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        "no_such_package.errors.UserError: not importable",  # a module this process cannot import
+        "project.engine.errors.NoSuchError: not in its module",  # a name its module lacks
+        "omegaconf.errors.ConfigKeyError: Key 'x' is not in struct",  # an exception, but no user error
+        "project.engine.errors.ERROR_FILE: not an exception",  # a name, but no class
+    ],
+)
+def test_a_spawned_workers_traceback_naming_no_user_error_is_no_user_error(raised: str):
+    worker = f'\n\nTraceback (most recent call last):\n  File "y.py", line 2, in g\n{raised}\n'
+    assert find_user_error(ProcessRaisedException(worker, 0, 123)) is None
+
+
+def test_a_lightning_misconfiguration_a_spawned_worker_raised_is_its_line_with_a_user_errors_exit_status():
+    worker = (
+        '\n\nTraceback (most recent call last):\n  File "y.py", line 2, in g\n'
+        "lightning.fabric.utilities.exceptions.MisconfigurationException: No `test_step()` method defined\n"
+    )
+    refusal = find_user_error(ProcessRaisedException(worker, 0, 123))
+    assert error_line(refusal) == "error: No `test_step()` method defined"
+    assert refusal.exit_status == UserError.exit_status
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Iterator[Path]:
+    """A run's log file: a file handler of the root logger, as Hydra's job logging adds."""
+    path = tmp_path / "train.log"
+    handler = logging.FileHandler(path)
+    logging.getLogger().addHandler(handler)
+    try:
+        yield path
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+@pytest.fixture
+def sweep_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This process as rank 0 of one job of a sweep (`-m`), as Hydra holds it; the job's output dir."""
+    for variable in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(variable, raising=False)
+    output_dir = tmp_path / "sweep" / "0"
+    output_dir.mkdir(parents=True)
+    overrides = ["hydra.mode=MULTIRUN", f"run_dir={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep"]
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    cfg.hydra.runtime.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        yield output_dir
+    finally:
+        HydraConfig.instance().cfg = None
+
+
+@exit_on_user_error
+def buggy_job() -> None:
+    raise KeyError("weights")
+
+
+def test_a_bug_outside_a_sweep_raises_with_its_traceback_in_the_log_file_too(log_file: Path, capsys):
+    with pytest.raises(KeyError):
+        buggy_job()
+    log = log_file.read_text()
+    assert log.startswith("Traceback (most recent call last):") and "in buggy_job" in log
+    assert log.rstrip().endswith("KeyError: 'weights'")
+    assert capsys.readouterr().err == "", "the traceback is Python's to print, once"
+
+
+def test_a_bug_in_a_sweeps_job_fails_that_job_alone(sweep_job: Path, log_file: Path, capsys):
+    """Its traceback on the console and in the log, its line in the job's error.txt for the sweep's table; the
+    sweep goes on to the next job."""
+    assert buggy_job() is None
+    stderr = capsys.readouterr().err
+    assert "in buggy_job" in stderr and stderr.splitlines()[-1] == "error: KeyError: 'weights'"
+    assert (sweep_job / ERROR_FILE).read_text() == "error: KeyError: 'weights'\n"
+    log = log_file.read_text()
+    assert "in buggy_job" in log and log.rstrip().endswith("error: KeyError: 'weights'")

@@ -4,6 +4,7 @@ here the moments those tests cannot aim at: a SIGTERM the handler noted just bef
 
 import signal
 import sys
+import threading
 
 import pytest
 
@@ -116,6 +117,25 @@ def test_a_rank_that_rank_zero_started_ends_without_a_line(armed, monkeypatch, c
     assert capsys.readouterr().err.startswith("error: stopped by SIGTERM while starting")
 
 
+def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(monkeypatch):
+    """Only the main thread may set a signal's handler (elsewhere `signal.signal` raises): from another thread `arm`
+    does nothing, rather than fail or take the process for armed with no handler set."""
+    state = startup.StartupStop()
+    monkeypatch.setattr(startup, "STARTUP", state)
+    monkeypatch.setattr(startup.signal, "getsignal", lambda number: signal.SIG_DFL)
+    handlers = []
+    monkeypatch.setattr(startup.signal, "signal", lambda number, handler: handlers.append(handler))
+    returned = []
+    arming = threading.Thread(target=lambda: returned.append(startup.arm()))
+    arming.start()
+    arming.join()
+    assert returned == [None], "arm returned, raising nothing"
+    assert handlers == [] and not state.armed and state.reader is None
+    state.reader = object()  # taken as started: the main thread's call below starts no thread
+    startup.arm()
+    assert handlers == [startup.on_sigterm] and state.armed, "the same call from the main thread arms"
+
+
 @pytest.mark.parametrize(
     ("command", "training"),
     [
@@ -132,6 +152,9 @@ def test_a_rank_that_rank_zero_started_ends_without_a_line(armed, monkeypatch, c
         (["python", "-c", "import project", "-m", "project.train"], False),
         (["python", "-X", "-m", "project/train.py"], True),  # -X takes the next argument, "-m", as its value
         (["python", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"], False),
+        (["python", "--check-hash-based-pycs", "always", "-m", "project.train"], True),  # the one long option's value
+        (["python", "--check-hash-based-pycs", "never", "project/train.py"], True),
+        (["python", "--", "-mproject.train"], False),  # after `--`, a script's name, whatever it starts with
     ],
 )
 def test_only_a_training_launch_is_armed_as_the_package_is_imported(monkeypatch, command, training):

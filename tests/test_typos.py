@@ -2,7 +2,8 @@
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.errors import ConfigCompositionException
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf.errors import ConfigKeyError
 
 from project.engine.errors import dotted_keys, nearest_keys, typo_message
 from project.engine.upstream import VERSION_BASE
@@ -48,3 +49,28 @@ def test_hydras_composition_error_becomes_the_message_with_the_nearest(override:
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), pytest.raises(ConfigCompositionException) as error:
         compose("train", overrides=[override])
     assert typo_message(error.value).startswith(message), typo_message(error.value)
+
+
+@pytest.mark.parametrize(
+    ("config_name", "override"),
+    [
+        ("nosuch", "seed=1"),  # a primary config that is not there: Hydra names no options for it
+        ("train", "hydra.job.chdir=notabool"),  # a value of the wrong type for a key the config has
+        ("train", "+trainer.max_epochs=3"),  # a key added that the config has already
+    ],
+)
+def test_a_composition_error_that_is_no_misspelt_key_or_option_gets_no_message(config_name: str, override: str):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), pytest.raises(ConfigCompositionException) as error:
+        compose(config_name, overrides=[override])
+    assert typo_message(error.value) is None
+
+
+def test_hydras_words_without_the_errors_it_names_them_from_get_no_message():
+    """Made by hand, as Hydra 1.3 raises neither: an option missing outside a group, or "Could not override" without
+    OmegaConf's error that holds the config. The message would have no group to name, or no keys to suggest."""
+    assert typo_message(MissingConfigException("no train", missing_cfg_file="train", options=["train_"])) is None
+    not_applied = "Could not override 'trainer.max_epoch'.\nTo append to your config use +trainer.max_epoch=3"
+    error = ConfigCompositionException(not_applied)
+    assert typo_message(error) is None
+    error.__cause__ = ConfigKeyError("Key 'max_epoch' is not in struct")  # made by hand: no parent node
+    assert typo_message(error) is None
