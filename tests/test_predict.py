@@ -238,13 +238,20 @@ def toy_run_checkpoint(directory: Path, *overrides: str) -> Path:
     return path
 
 
-def test_a_data_key_given_for_a_run_that_had_no_data_module_is_one_line(tmp_path: Path):
-    checkpoint = toy_run_checkpoint(tmp_path, "data=none")
+def refused_rebuild(directory: Path, data: str, given: str) -> tuple[Path, BaseException]:
+    """The toy checkpoint trained with `data`, and what rebuilding it for predict with the override `given` raises."""
+    checkpoint = toy_run_checkpoint(directory, data)
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("predict", overrides=[f"ckpt_path={checkpoint}", "data.batch_size=4", f"run_dir={tmp_path}"])
-        with pytest.raises(UserError) as refused:
+        cfg = compose("predict", overrides=[f"ckpt_path={checkpoint}", given, f"run_dir={directory}"])
+        with pytest.raises(Exception) as refused:
             rebuild_trained(cfg, "project.predict")
-    assert str(refused.value) == (
+    return checkpoint, refused.value
+
+
+def test_a_data_key_given_for_a_run_that_had_no_data_module_is_one_line(tmp_path: Path):
+    checkpoint, refused = refused_rebuild(tmp_path, "data=none", "data.batch_size=4")
+    assert isinstance(refused, UserError)
+    assert str(refused) == (
         f"data.batch_size: the run of ckpt_path={checkpoint} had no data module (data=none), its module serving its "
         "own batches: leave out data.<key>="
     )
@@ -252,12 +259,8 @@ def test_a_data_key_given_for_a_run_that_had_no_data_module_is_one_line(tmp_path
 
 def test_a_data_value_its_data_module_refuses_is_that_modules_own_line(tmp_path: Path):
     """Not "its stored config no longer builds with this version": the value given is wrong, not the checkpoint."""
-    checkpoint = toy_run_checkpoint(tmp_path, "data=toy")
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("predict", overrides=[f"ckpt_path={checkpoint}", "data.batch_size=0", f"run_dir={tmp_path}"])
-        with pytest.raises(Exception) as refused:
-            rebuild_trained(cfg, "project.predict")
-    assert error_line(refused.value) == "error: data.batch_size must be a positive integer, got 0"
+    _, refused = refused_rebuild(tmp_path, "data=toy", "data.batch_size=0")
+    assert error_line(refused) == "error: data.batch_size must be a positive integer, got 0"
 
 
 def test_a_network_failing_on_the_data_is_blamed_on_the_data_keys_given_and_only_on_them():
