@@ -1,6 +1,7 @@
 """The HParams summary a run writes: the keys it chose marked as differing (TensorBoard shows those first, ticked),
 every other key still there, the optimised metric first. tests/test_tensorboard_browser.py checks the page itself."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 from project.engine.reports import log_to_tensorboard
 from project.engine.upstream import VERSION_BASE
@@ -34,10 +36,38 @@ from tests.helpers import CONF_DIR, requires
 def test_the_keys_a_run_chose_are_marked_differing_and_the_optimised_metric_comes_first(
     tmp_path: Path, overrides: list[str], chosen: set[str]
 ):
+    events = logged_table(tmp_path, overrides)
+    experiment = metadata.parse_experiment_plugin_data(events.PluginTagToContent("hparams")[metadata.EXPERIMENT_TAG])
+    assert {info.name for info in experiment.hparam_infos if info.differs} == chosen
+    assert {"seed", "data/_target_", "trainer/max_epochs"} <= {info.name for info in experiment.hparam_infos}
+    assert [metric.name.tag for metric in experiment.metric_infos] == ["hp/val_acc", "hp/val_loss"]
+    assert events.Scalars("hp/val_acc")[0].value == 0.75
+
+
+def test_the_final_metrics_are_on_disk_before_the_table_is_however_slow_tensorboards_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """TensorBoard reads a run's event files one after the other and does not go back to an earlier one: metrics
+    that the logger's writer thread wrote only after the table's file appeared would never show."""
+    write = RecordWriter.write
+
+    def slow_write(self: RecordWriter, data: bytes) -> None:
+        if b"_hparams_" not in data:  # the logger's events, not the table's: its thread runs late, as on a busy machine
+            time.sleep(0.2)
+        write(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", slow_write)
+    events = logged_table(tmp_path, ["model.optimizer.lr=0.1"])
+    assert events.Scalars("hp/val_acc")[0].value == 0.75
+    assert events.Scalars("hp/val_loss")[0].value == 0.5
+
+
+def logged_table(directory: Path, overrides: list[str]) -> EventAccumulator:
+    """What TensorBoard reads of the table `log_to_tensorboard` writes for a run of `overrides`, right after."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("train", overrides=[*overrides, f"run_dir={tmp_path}"], return_hydra_config=True)
+        cfg = compose("train", overrides=[*overrides, f"run_dir={directory}"], return_hydra_config=True)
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
-    logger = TensorBoardLogger(tmp_path, name="tensorboard", version="", default_hp_metric=False)
+    logger = TensorBoardLogger(directory, name="tensorboard", version="", default_hp_metric=False)
     config = OmegaConf.to_container(cfg)
     for key in ("hydra", "run_dir"):  # as project.train logs it: the run dir is the run's name in the table
         config.pop(key)
@@ -45,11 +75,6 @@ def test_the_keys_a_run_chose_are_marked_differing_and_the_optimised_metric_come
         log_to_tensorboard(logger, config, {"hp/val_loss": 0.5, "hp/val_acc": 0.75}, first_metric="hp/val_acc")
     finally:
         HydraConfig.instance().cfg = None
-
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events = EventAccumulator(str(directory / "tensorboard"))
     events.Reload()
-    experiment = metadata.parse_experiment_plugin_data(events.PluginTagToContent("hparams")[metadata.EXPERIMENT_TAG])
-    assert {info.name for info in experiment.hparam_infos if info.differs} == chosen
-    assert {"seed", "data/_target_", "trainer/max_epochs"} <= {info.name for info in experiment.hparam_infos}
-    assert [metric.name.tag for metric in experiment.metric_infos] == ["hp/val_acc", "hp/val_loss"]
-    assert events.Scalars("hp/val_acc")[0].value == 0.75
+    return events

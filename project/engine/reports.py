@@ -164,6 +164,8 @@ def log_to_tensorboard(logger: TensorBoardLogger, config: dict, metrics: dict[st
     chosen = names_under(chosen_keys(), params)
     ordered = dict(sorted(metrics.items(), key=lambda item: item[0] != first_metric))
     logger.log_metrics(ordered)
+    # On disk before the HParams file exists: TensorBoard reads a run's event files in turn, and does not go back.
+    logger.experiment.flush()
     experiment, session_start, session_end = hparams(params, ordered)
     value = experiment.value[0]
     data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
