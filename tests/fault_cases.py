@@ -80,6 +80,7 @@ BAD_INPUTS = [
     BadInput("added-unknown-key", ("+foo=1",), ("foo",)),
     BadInput("key-misspelt", ("trainer.max_epoch=3",), ("trainer.max_epoch", "did you mean trainer.max_epochs?")),
     BadInput("nested-key-misspelt", ("model.optimizer.lrr=0.1",), ("did you mean model.optimizer.lr?",)),
+    BadInput("deleted-key-misspelt", ("~trainer.max_epoch",), ("~trainer.max_epoch deletes", "check its spelling")),
     BadInput("option-misspelt", ("trainer=ddpp",), ("trainer=ddpp", "did you mean trainer=ddp?")),
     BadInput("model-option-misspelt", ("model=mnist_mpl",), ("did you mean model=mnist_mlp?",)),
     BadInput("evaluate-key-misspelt", ("ckpt_pth=x.ckpt",), ("did you mean ckpt_path?",), module="project.evaluate"),

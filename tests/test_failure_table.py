@@ -33,6 +33,7 @@ ROWS = [
         [
             "bad_input:key-misspelt",
             "bad_input:nested-key-misspelt",
+            "bad_input:deleted-key-misspelt",
             "bad_input:option-misspelt",
             "bad_input:model-option-misspelt",
             "bad_input:evaluate-key-misspelt",

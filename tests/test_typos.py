@@ -43,6 +43,7 @@ def test_the_nearest_keys_are_beside_the_misspelt_one_or_under_the_nearest_paren
         ("model=mnist_mpl", "model=mnist_mpl is not an option of model: did you mean model=mnist_mlp?"),
         ("model=zzz", "model=zzz is not an option of model (model has: "),
         ("model.optimizer.lrr=0.1", "model.optimizer.lrr is not a key of the config: did you mean model.optimizer.lr?"),
+        ("~trainer.max_epoch", "~trainer.max_epoch deletes trainer.max_epoch, which is not a key of the config"),
     ],
 )
 def test_hydras_composition_error_becomes_the_message_with_the_nearest(override: str, message: str):
@@ -57,6 +58,7 @@ def test_hydras_composition_error_becomes_the_message_with_the_nearest(override:
         ("nosuch", "seed=1"),  # a primary config that is not there: Hydra names no options for it
         ("train", "hydra.job.chdir=notabool"),  # a value of the wrong type for a key the config has
         ("train", "+trainer.max_epochs=3"),  # a key added that the config has already
+        ("train", "~trainer.max_epochs=5"),  # a key deleted only at a value it does not have
     ],
 )
 def test_a_composition_error_that_is_no_misspelt_key_or_option_gets_no_message(config_name: str, override: str):

@@ -43,6 +43,8 @@ FULL_BELOW_BYTES = 1 << 20
 CONSTRUCTOR_ERRORS = (InstantiationException, TypeError, ValueError)
 # Hydra 1.3's words for an override of a key the config does not have.
 NOT_APPLIED = re.compile(r"Could not override '(?P<key>[^']+)'\.\nTo append to your config use \+(?P<override>.+)")
+# Hydra's words for `~key` where the config has no such key (it keeps no config to suggest a nearer key from).
+NOT_DELETED = re.compile(r"Could not delete from config\. '(?P<key>[^']+)' does not exist\.")
 PRINTS_THE_CONFIG = "--cfg job prints the config"
 # How alike (difflib's ratio) a name must be to be suggested: `max_epoch` and `max_epochs` are, `max_steps` is not.
 CUTOFF = 0.75
@@ -96,6 +98,10 @@ def typo_message(error: ConfigCompositionException) -> str | None:
         if error.options and error.missing_cfg_file and "/" in error.missing_cfg_file:
             return unknown_option(error.missing_cfg_file, list(error.options))
         return None
+    not_deleted = NOT_DELETED.fullmatch(str(error))
+    if not_deleted is not None:
+        key = not_deleted["key"]
+        return f"~{key} deletes {key}, which is not a key of the config ({PRINTS_THE_CONFIG}): check its spelling"
     not_applied = NOT_APPLIED.match(str(error))
     cause = error.__cause__
     if not_applied is None or not isinstance(cause, OmegaConfBaseException) or cause.parent_node is None:
