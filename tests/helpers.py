@@ -23,9 +23,13 @@ import torch
 import torch.distributed
 import torch.multiprocessing
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from project.engine.checkpoints import is_sharded, plain_checkpoint
 from project.engine.ddp import reserved_port
+from project.engine.upstream import VERSION_BASE
 from tests import preloaded_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +51,17 @@ SRUN_TASK_ZERO = {
     "SLURM_NODEID": "0",
     "SLURM_NODELIST": "localhost",
 }
+
+
+def untrained_toy_checkpoint(directory: Path, *overrides: str) -> Path:
+    """`directory`/last.ckpt as project.train writes one of the toy's untrained module: its whole run config (of
+    `overrides`) and weights."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=[*overrides, f"run_dir={directory}"])
+    path = directory / "last.ckpt"
+    config = OmegaConf.to_container(cfg, resolve=True)
+    torch.save({"config": config, "state_dict": instantiate(cfg.model).state_dict(), "global_step": 0}, path)
+    return path
 
 
 # The ports `free_port` handed out, held until this test process ends.

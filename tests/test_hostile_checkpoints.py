@@ -44,7 +44,7 @@ from project.engine.upstream import VERSION_BASE
 from project.evaluate import evaluate
 from tests.faults import BadInput, bad_input_test
 from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, untrained_toy_checkpoint
 
 
 class TouchWhenUnpickled:
@@ -177,14 +177,7 @@ def plant_as_newest_last(checkpoint: Path, outputs: Path) -> None:
 
 @pytest.fixture(scope="module")
 def toy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint as project.train writes it, of the toy's untrained module: its whole run config and weights."""
-    run_dir = tmp_path_factory.mktemp("toy")
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("train", overrides=[f"run_dir={run_dir}"])
-    config = OmegaConf.to_container(cfg, resolve=True)
-    path = run_dir / "last.ckpt"
-    torch.save({"config": config, "state_dict": instantiate(cfg.model).state_dict(), "global_step": 0}, path)
-    return path
+    return untrained_toy_checkpoint(tmp_path_factory.mktemp("toy"))
 
 
 @pytest.mark.parametrize("name", HOSTILE)

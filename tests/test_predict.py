@@ -22,7 +22,15 @@ from project.engine.upstream import VERSION_BASE
 from project.example.predictions import Predictions, class_names
 from project.predict import gathered_shares, predict, write_predictions
 from tests.foreign_modules import PairForwardModule, RegressionModule
-from tests.helpers import CONF_DIR, check_ok, mnist_overrides, one_rank_process_group, part_present, run_module
+from tests.helpers import (
+    CONF_DIR,
+    check_ok,
+    mnist_overrides,
+    one_rank_process_group,
+    part_present,
+    run_module,
+    untrained_toy_checkpoint,
+)
 
 ENV = {"OMP_NUM_THREADS": "1"}
 TEST_IMAGES = 100
@@ -227,20 +235,9 @@ def test_a_type_error_before_any_predict_step_keeps_its_traceback():
         next(iter(loader))
 
 
-def toy_run_checkpoint(directory: Path, *overrides: str) -> Path:
-    """A checkpoint as project.train stores one of the toy network (untrained), with `overrides`' config."""
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("train", overrides=["model=toy", f"run_dir={directory}", *overrides])
-    path = directory / "toy.ckpt"
-    torch.save(
-        {"config": OmegaConf.to_container(cfg, resolve=True), "state_dict": instantiate(cfg.model).state_dict()}, path
-    )
-    return path
-
-
 def refused_rebuild(directory: Path, data: str, given: str) -> tuple[Path, BaseException]:
     """The toy checkpoint trained with `data`, and what rebuilding it for predict with the override `given` raises."""
-    checkpoint = toy_run_checkpoint(directory, data)
+    checkpoint = untrained_toy_checkpoint(directory, "model=toy", data)
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("predict", overrides=[f"ckpt_path={checkpoint}", given, f"run_dir={directory}"])
         with pytest.raises(Exception) as refused:
