@@ -79,12 +79,15 @@ ROWS = [
         ],
     ),
     (
-        "a checkpoint's stored config names code that no config file here names",
+        "a checkpoint's stored config holds anything but plain data",
         "2",
         [
-            f"{HOSTILE}::test_evaluate_and_train_refuse_a_hostile_stored_config_before_it_runs",
+            f"{HOSTILE}::test_a_stored_config_that_holds_anything_but_plain_data_is_refused_naming_where",
+            f"{HOSTILE}::test_evaluate_predict_and_train_refuse_a_hostile_stored_config_before_it_runs",
             f"{HOSTILE}::test_a_target_behind_an_interpolation_or_a_resolver_that_acts_is_refused_unresolved",
+            f"{HOSTILE}::test_a_trusted_target_is_stopped_from_acting_outside_the_run_even_where_it_catches_the_refusal",
             f"{HOSTILE}::test_a_sharded_checkpoint_that_would_run_code_is_refused_before_dcp_reads_it",
+            f"{HOSTILE}::test_opening_a_hostile_file_ends_in_one_line_changing_nothing_outside_the_run_and_connecting_nowhere",
         ],
     ),
     (

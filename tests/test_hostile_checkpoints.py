@@ -10,15 +10,27 @@ a file it would create, one it would change, and the files it would read.
 """
 
 import contextlib
+import functools
+import importlib
+import inspect
 import io
 import json
+import os
 import pickle
+import pkgutil
 import re
 import shutil
+import socket
+import subprocess
+import sys
+import threading
 import warnings
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 import pytest
 import torch
@@ -27,6 +39,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
+from torch import nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
@@ -34,17 +47,21 @@ from project.engine.checkpoints import check_shards, resume_path
 from project.engine.errors import UserError
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import (
+    ActedOutsideTheRun,
     TrustedTargets,
     UntrustedConfig,
+    check_stored_config,
     config_sources,
     named_in_config_files,
     trusted_targets,
 )
 from project.engine.upstream import VERSION_BASE
 from project.evaluate import evaluate
-from tests.faults import BadInput, bad_input_test
+from project.example.module import ClassifierModule
+from tests.acting_targets import ACTIONS, ActingNetwork
+from tests.faults import USER_ERROR, assert_ends_in_error_line
 from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule
-from tests.helpers import CONF_DIR, untrained_toy_checkpoint
+from tests.helpers import CONF_DIR, REPO, untrained_toy_checkpoint
 
 
 class TouchWhenUnpickled:
@@ -100,6 +117,19 @@ def file_url(path: Path) -> str:
     return f"file://{path}"
 
 
+def bind_chain(module: str, function: str, argument: str) -> dict:
+    """`bind(argument, bind(function, lazy_deprecated_import([function], "torch.nn", module)))`: a config of torch.nn
+    callables alone that calls `<module>.<function>(argument)`."""
+    getter = {
+        "_target_": "torch.nn.utils._deprecation_utils.lazy_deprecated_import",
+        "all": [function],
+        "old_module": "torch.nn",
+        "new_module": module,
+    }
+    found = {"_target_": "torch.nn.utils.rnn.bind", "optional": function, "fn": getter}
+    return {"_target_": "torch.nn.utils.rnn.bind", "optional": argument, "fn": found}
+
+
 # Each one's harm, done when instantiated: (pickle readers) the sentinel made by the pickle it loads; (writers,
 # movers, path methods) the victim overwritten, truncated or moved, or the sentinel made; (importers) the sentinel
 # made by the code of the module or hub dir it imports.
@@ -140,29 +170,46 @@ HOSTILE: dict[str, Callable[[Bait], dict]] = {
         "source": "local",
         "trust_repo": True,
     },
+    # torch.nn's own gadgets, trusted with the namespace: bind(x, f) calls f(x), and the lazy importer hands back any
+    # module's function; chained, they call os.makedirs.
+    "torch.nn.utils.rnn.bind": lambda b: bind_chain("os", "makedirs", str(b.sentinel)),
     "pkgutil.resolve_name": lambda b: {"_target_": "pkgutil.resolve_name", "_args_": [f"{b.module}:x"]},
     "hydra.utils.get_object": lambda b: {"_target_": "hydra.utils.get_object", "_args_": [f"{b.module}.x"]},
 }
 
-# Where in a stored config a hostile node goes: what evaluate and predict build (the module, its network, its
-# optimizer as a factory, the data) and what only a training run would (a callback, a logger, the strategy).
-PLACEMENTS: dict[str, Callable[[dict, dict], None]] = {
+# Where in a stored config a hostile node goes. What evaluate and predict rebuild: the module, its network, its
+# optimizer as a factory, the data, and a list inside them (a schedule chain's)...
+REBUILT_PLACEMENTS: dict[str, Callable[[dict, dict], None]] = {
     "model": lambda config, node: config.update(model=node),
     "data": lambda config, node: config.update(data=node),
     "model.network": lambda config, node: config["model"].update(network=node),
+    "model.scheduler": lambda config, node: config["model"].update(scheduler=node),
     "model.optimizer": lambda config, node: config["model"].update(optimizer={**node, "_partial_": True}),
+    "model.scheduler.schedulers[0]": lambda config, node: config["model"].update(
+        scheduler={"_target_": "torch.optim.lr_scheduler.ChainedScheduler", "_partial_": True, "schedulers": [node]}
+    ),
+}
+# ...and what a checkpoint only records, never read back (a callback, a logger, the strategy): the user's config
+# gives those.
+RECORD_PLACEMENTS: dict[str, Callable[[dict, dict], None]] = {
     "callbacks.model_checkpoint": lambda config, node: config["callbacks"].update(model_checkpoint=node),
     "logger.tensorboard": lambda config, node: config["logger"].update(tensorboard=node),
     "trainer.strategy": lambda config, node: config["trainer"].update(strategy=node),
 }
-# Every callable, each at one of the places in turn (every place three times).
-PAIRS = [(name, list(PLACEMENTS)[index % len(PLACEMENTS)]) for index, name in enumerate(HOSTILE)]
+PLACEMENTS = REBUILT_PLACEMENTS | RECORD_PLACEMENTS
+# Every callable, each at one of the rebuilt places in turn.
+PAIRS = [(name, list(REBUILT_PLACEMENTS)[index % len(REBUILT_PLACEMENTS)]) for index, name in enumerate(HOSTILE)]
 
 
-def hostile_copy(checkpoint: Path, written: Path, placement: str, node: dict) -> Path:
+def hostile_copy(checkpoint: Path, written: Path, placement: str, node: object) -> Path:
     """`checkpoint` (one project.train wrote) with `node` at `placement` of its stored config, as `written`."""
+    return edited_copy(checkpoint, written, lambda config: PLACEMENTS[placement](config, node))
+
+
+def edited_copy(checkpoint: Path, written: Path, edit: Callable[[dict], None]) -> Path:
+    """`checkpoint` with its stored config changed by `edit`, as `written`."""
     content = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    PLACEMENTS[placement](content["config"], node)
+    edit(content["config"])
     written.parent.mkdir(parents=True, exist_ok=True)
     torch.save(content, written)
     return written
@@ -194,25 +241,114 @@ def test_each_hostile_callable_does_its_harm_past_hydras_own_blocklist(
     assert bait.harmed(), f"{name} did nothing: it proves nothing as a hostile callable"
 
 
+def opening_refuses(checkpoint: Path, outputs: Path, run_dir: Path, match: str) -> None:
+    """Each opening of `checkpoint`, as the entry points do it, ends in an `UntrustedConfig` matching `match`:
+    rebuilding the run (evaluate, predict), resuming the file, and `ckpt_path=last` finding it as the newest run's."""
+    plant_as_newest_last(checkpoint, outputs)
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        for program, own in (("project.evaluate", []), ("project.predict", [f"run_dir={run_dir}"])):
+            cfg = compose(program.split(".")[1], overrides=[f"ckpt_path={checkpoint}", *own])
+            with pytest.raises(UntrustedConfig, match=match):
+                rebuild_trained(cfg, program)
+        run_config = OmegaConf.to_container(compose("train", overrides=[f"run_dir={run_dir}"]), resolve=True)
+        for ckpt_path in (str(checkpoint), "last"):
+            with pytest.raises(UntrustedConfig, match=match):
+                resume_path(ckpt_path, run_dir, outputs, run_config)
+
+
 @pytest.mark.parametrize(("name", "placement"), PAIRS)
-def test_evaluate_and_train_refuse_a_hostile_stored_config_before_it_runs(
+def test_evaluate_predict_and_train_refuse_a_hostile_stored_config_before_it_runs(
     name: str, placement: str, tmp_path: Path, toy_checkpoint: Path
 ):
-    """Each opening, as the entry points do it: rebuilding the run (evaluate; predict does the same), resuming a
-    file, and `ckpt_path=last` finding the hostile file as the newest run's."""
     bait = Bait(tmp_path / "bait").lay()
     hostile = hostile_copy(toy_checkpoint, tmp_path / "hostile.ckpt", placement, HOSTILE[name](bait))
-    plant_as_newest_last(hostile, tmp_path / "outputs")
-    named = rf"names {placement}\._target_={name}, which no config file here names"
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("evaluate", overrides=[f"ckpt_path={hostile}"])
-        with pytest.raises(UntrustedConfig, match=named):
-            rebuild_trained(cfg, "project.evaluate")
-        run_config = OmegaConf.to_container(compose("train", overrides=[f"run_dir={tmp_path}"]), resolve=True)
-        for ckpt_path in (str(hostile), "last"):
-            with pytest.raises(UntrustedConfig, match=named):
-                resume_path(ckpt_path, tmp_path / "run", tmp_path / "outputs", run_config)
+    named = rf"names {re.escape(placement)}\._target_={name}, which no config file here names"
+    opening_refuses(hostile, tmp_path / "outputs", tmp_path / "run", named)
     bait.assert_untouched()
+
+
+@pytest.mark.parametrize("placement", RECORD_PLACEMENTS)
+def test_what_a_stored_config_only_records_is_never_built_and_the_checkpoint_opens(
+    placement: str, tmp_path: Path, toy_checkpoint: Path
+):
+    """A callback, logger or strategy of the run that wrote the checkpoint comes from the user's config when it is
+    resumed, and is not part of what evaluate and predict rebuild: a hostile one there is never imported."""
+    bait = Bait(tmp_path / "bait").lay()
+    hostile = hostile_copy(toy_checkpoint, tmp_path / "hostile.ckpt", placement, HOSTILE["shutil.copyfile"](bait))
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        datamodule, module = rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={hostile}"]), "evaluate")
+        run_config = OmegaConf.to_container(compose("train", overrides=[f"run_dir={tmp_path}"]), resolve=True)
+        assert resume_path(str(hostile), tmp_path / "run", tmp_path, run_config) == str(hostile)
+    assert type(module).__name__ == "ClassifierModule" and type(datamodule).__name__ == "ToyDataModule"
+    bait.assert_untouched()
+
+
+# The corpus: every class and function of every namespace the defaults trusted before exact names, each as a stored
+# target in a dict, in a list and in a tuple. Trusting a namespace trusted its gadgets: torch.nn.utils.rnn.bind(x, f)
+# calls f(x), and torch.nn.utils._deprecation_utils.lazy_deprecated_import hands back any module's function.
+OLD_DEFAULT_NAMESPACES = (
+    "project.example.networks",
+    "torch.nn",
+    "torch.optim",
+    "torchvision.models",
+    "lightning.pytorch.callbacks",
+    "lightning.pytorch.loggers",
+    "lightning.pytorch.strategies",
+)
+CONTAINERS: dict[str, Callable[[str], object]] = {
+    "dict": lambda name: {"_target_": name},
+    "list": lambda name: [{"_target_": name}],
+    "tuple": lambda name: ({"_target_": name},),
+}
+
+
+def callables_under(package: str) -> list[str]:
+    """Every class and function each module of `package` defines, by the name it is defined under, and everything
+    callable the package itself exports, by the short name a config would give."""
+    root = importlib.import_module(package)
+    modules = [root]
+    for found in pkgutil.walk_packages(getattr(root, "__path__", []), f"{package}.", onerror=lambda name: None):
+        with contextlib.suppress(Exception):  # a module needing a package not installed here: none to trust
+            modules.append(importlib.import_module(found.name))
+    names = {
+        f"{module.__name__}.{name}"
+        for module in modules
+        for name, value in vars(module).items()
+        if (inspect.isclass(value) or inspect.isfunction(value)) and value.__module__ == module.__name__
+    }
+    return sorted(names | {f"{package}.{name}" for name, value in vars(root).items() if callable(value)})
+
+
+def exactly_named_here() -> set[str]:
+    """The targets a checkpoint may name in this checkout: the config files' and the default trusted_targets'."""
+    trusted = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "trusted_targets.yaml"))["trusted_targets"]
+    listed = {name for names in trusted.values() for name in ([names] if isinstance(names, str) else names)}
+    return set(named_in_config_files()) | listed
+
+
+@pytest.mark.parametrize("namespace", OLD_DEFAULT_NAMESPACES)
+def test_no_callable_of_a_namespace_is_trusted_unless_named_exactly(namespace: str, toy_checkpoint: Path):
+    """Each callable at the network's place, in each container: refused (by name, or as a tuple), unless this
+    checkout names it exactly."""
+    config = torch.load(toy_checkpoint, map_location="cpu", weights_only=True)["config"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated modules warn as they are imported
+        corpus = callables_under(namespace)
+    opened: dict[str, set[str]] = {container: set() for container in CONTAINERS}
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        trust = trusted_targets(compose("evaluate", overrides=["ckpt_path=unused"]))
+        allowed = exactly_named_here()
+        for name in corpus:
+            for container, wrap in CONTAINERS.items():
+                config["model"]["network"] = wrap(name)
+                try:
+                    check_stored_config(config, "ckpt_path=theirs.ckpt", trust)
+                    opened[container].add(name)
+                except UntrustedConfig as refusal:
+                    assert name in str(refusal) or "holds a tuple" in str(refusal)
+    assert len(corpus) > 3
+    assert opened["dict"] == opened["list"] == {name for name in corpus if name in allowed}
+    assert opened["tuple"] == set()
 
 
 def test_a_target_behind_an_interpolation_or_a_resolver_that_acts_is_refused_unresolved(
@@ -241,11 +377,132 @@ def test_a_target_behind_an_interpolation_or_a_resolver_that_acts_is_refused_unr
     assert not made.exists()
 
 
+def test_an_interpolation_inside_a_list_of_the_rebuilt_config_is_refused_too(tmp_path: Path, toy_checkpoint: Path):
+    hidden = edited_copy(
+        toy_checkpoint,
+        tmp_path / "hidden.ckpt",
+        lambda config: config["model"]["network"].update(sizes=[2, "${oc.env:HOME}"]),
+    )
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("evaluate", overrides=[f"ckpt_path={hidden}"])
+        with pytest.raises(
+            UntrustedConfig, match=r"holds model\.network\.sizes\[1\]=\$\{oc\.env:HOME\}, an interpolation"
+        ):
+            rebuild_trained(cfg, "project.evaluate")
+
+
+def comes_back_from_a_checkpoint(value: object) -> bool:
+    buffer = io.BytesIO()
+    torch.save({"config": value}, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refuses it: no checkpoint the project opens holds one
+        return False
+    return True
+
+
+# A value of each type that `torch.load(weights_only=True)` gives back and plain data does not hold (of these
+# candidates, those it refuses are left out as they are met: a checkpoint holding one is not opened at all).
+CANDIDATES = {
+    "tuple": ({"_target_": "shutil.copyfile"},),
+    "set": {1, 2},
+    "frozenset": frozenset({1}),
+    "bytes": b"torch.save",
+    "bytearray": bytearray(b"x"),
+    "complex": 1j,
+    "OrderedDict": OrderedDict(_target_="torch.nn.Identity"),
+    "defaultdict": defaultdict(list, {"_target_": "torch.nn.Identity"}),
+    "Size": torch.Size([2, 2]),
+    "Tensor": torch.zeros(2),
+    "dtype": torch.float32,
+    "device": torch.device("cpu"),
+    "slice": slice(1, 2),
+    "range": range(3),
+}
+STORED_TYPES = {kind: value for kind, value in CANDIDATES.items() if comes_back_from_a_checkpoint(value)}
+
+
+@pytest.mark.parametrize("kind", list(STORED_TYPES))
+def test_a_stored_config_that_holds_anything_but_plain_data_is_refused_naming_where(
+    kind: str, tmp_path: Path, toy_checkpoint: Path
+):
+    """Dicts, lists, strings, numbers, booleans and null; `weights_only` loading gives back more, which OmegaConf
+    would take (a tuple as a list, the check walking past it). In the rebuilt part or in the record, each is refused."""
+    value = STORED_TYPES[kind]
+    edited = edited_copy(toy_checkpoint, tmp_path / "model.ckpt", lambda c: c["model"].update(scheduler=value))
+    type_name = type(torch.load(edited, weights_only=True)["config"]["model"]["scheduler"]).__name__
+    in_record = edited_copy(toy_checkpoint, tmp_path / "record.ckpt", lambda c: c["trainer"].update(plugins=value))
+    opening_refuses(edited, tmp_path / "outputs", tmp_path / "run", rf"holds a {type_name} at model\.scheduler, where")
+    opening_refuses(in_record, tmp_path / "o2", tmp_path / "run2", rf"holds a {type_name} at trainer\.plugins, where")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [[{"model": {}}], {1: "a"}, {"model": {"network": {("a",): 1}}}],
+    ids=["a list", "a number as a key", "a tuple as a key"],
+)
+def test_a_stored_config_that_is_no_mapping_of_names_is_refused(config: object):
+    with pytest.raises(UntrustedConfig, match=r"^ckpt_path=x: its stored config (is a list|holds a )"):
+        check_stored_config(config, "ckpt_path=x", TrustedTargets.of({}))
+
+
+@pytest.mark.parametrize(
+    "target", [["shutil.copyfile"], 7, None, "shutil copyfile", "os.system;rm", "evil\x1b[2J.x", ""], ids=str
+)
+def test_a_target_that_is_not_a_dotted_name_is_refused_without_a_trust_hint(target: object):
+    """A hint to trust it could not be typed, or would do something else than the user reads."""
+    config = {"model": {"_target_": "project.example.module.ClassifierModule", "network": {"_target_": target}}}
+    trust = TrustedTargets.of({"trusted_targets": {"module": "project.example.module.ClassifierModule"}})
+    with pytest.raises(UntrustedConfig, match="which is not the dotted name of a class or function") as refused:
+        check_stored_config(config, "ckpt_path=x", trust)
+    assert "+trusted_targets" not in str(refused.value)
+
+
+def test_the_trust_hint_is_a_command_that_works_as_printed(tmp_path: Path):
+    """The printed `+trusted_targets.<label>=<target>`, given as it stands, opens the checkpoint."""
+    checkpoint = own_module_checkpoint(tmp_path)
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("evaluate", overrides=[f"ckpt_path={checkpoint}"])
+        hints = []
+        for _ in range(3):  # one target per refusal: the data's, then the module's
+            try:
+                rebuild_trained(cfg, "project.evaluate")
+                break
+            except UntrustedConfig as refusal:
+                hints.append(re.search(r"add (\+trusted_targets\S+)", str(refusal)).group(1))
+                cfg = compose("evaluate", overrides=[f"ckpt_path={checkpoint}", *hints])
+        datamodule, module = rebuild_trained(cfg, "project.evaluate")
+    assert hints == [
+        "+trusted_targets.RegressionData=tests.foreign_modules.RegressionData",
+        "+trusted_targets.RegressionModule=tests.foreign_modules.RegressionModule",
+    ]
+    assert isinstance(module, RegressionModule) and isinstance(datamodule, RegressionData)
+
+
 @pytest.mark.parametrize(
     ("target", "trusted"),
     [
-        ("torch.nn.Linear", True),  # a class of a trusted package
+        ("torch.optim.AdamW", True),  # listed by name in conf/trusted_targets.yaml
+        ("torch.optim.lr_scheduler.OneCycleLR", True),
+        ("project.example.networks.NeuralNetwork", True),  # named by conf/model/toy.yaml
+        ("torch.nn.Linear", False),  # a namespace is trusted only where the user writes one
+        ("torchvision.models.resnet18", False),
+        ("torch.nn.utils.rnn.bind", False),
+        ("torch.optim.optimizer.torch.load", False),
+    ],
+)
+def test_by_default_a_checkpoint_may_name_only_what_is_listed_or_named_by_name(target: str, trusted: bool):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        assert trusted_targets(compose("evaluate", overrides=["ckpt_path=unused"])).trusts(target) is trusted
+
+
+@pytest.mark.parametrize(
+    ("target", "trusted"),
+    [
+        ("torch.nn.Linear", True),  # a class of a package the user trusts
         ("torchvision.models.resnet18", True),  # a module function of one
+        ("torch.nn.utils.rnn.bind", True),  # what that hands over: every function of it (Confinement is the net)
         ("torch.nn.Module.load_state_dict", False),  # a method: `<Class>.<method>` can write files...
         ("lightning.pytorch.callbacks.ModelCheckpoint.to_yaml", False),  # ...as this one does
         ("torch.optim.optimizer.torch.load", False),  # a name the package imported: torch.load itself
@@ -255,14 +512,18 @@ def test_a_target_behind_an_interpolation_or_a_resolver_that_acts_is_refused_unr
         ("torchvision.io.read_file", False),  # beside a trusted package, not in it
     ],
 )
-def test_a_trusted_package_trusts_what_it_defines_not_what_it_reaches(target: str, trusted: bool):
+def test_a_package_the_user_trusts_trusts_what_it_defines_not_what_it_reaches(target: str, trusted: bool):
+    written = ["+trusted_targets.nn=torch.nn.*", "+trusted_targets.tv=torchvision.models.*"]
+    written += ["+trusted_targets.cb=lightning.pytorch.callbacks.*"]
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("evaluate", overrides=["ckpt_path=unused"])
+        cfg = compose("evaluate", overrides=["ckpt_path=unused", *written])
         assert trusted_targets(cfg).trusts(target) is trusted
 
 
 @pytest.mark.parametrize(
-    "given", [["my_project.*"], "my_project.*", {"mine": ["my_project.*"]}], ids=["list", "string", "list-value"]
+    "given",
+    [["my_project.*"], "my_project.*", {"mine": [1]}, {"mine": {"a": "b"}}],
+    ids=["list", "string", "a number listed", "a mapping"],
 )
 def test_trusted_targets_that_is_not_names_mapped_to_targets_is_refused_in_one_line(given: object):
     with pytest.raises(
@@ -301,6 +562,131 @@ def test_outside_any_hydra_run_a_config_trusts_only_its_own_targets_and_trusted_
     assert trust.named == {"my_project.Module"}
     assert trust.trusts("my_project.Module") and trust.trusts("torchvision.models.resnet18")
     assert not trust.trusts("project.example.data.ToyDataModule"), "named by conf/, which no run here reads"
+
+
+# What a target named exactly does as it is built, given the arguments a checkpoint stores: `Confinement` stops it
+# writing outside the run, connecting out, starting a program or unpickling (tests/acting_targets.py tries each,
+# catching the error it meets).
+
+
+@contextmanager
+def watched_port() -> Iterator[tuple[int, list]]:
+    """A port on 127.0.0.1 whose connections a thread of the test accepts and records, while this lasts."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    accepted: list = []
+    listening = threading.Event()
+    listening.set()
+
+    def accept() -> None:
+        while listening.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                connection, peer = server.accept()
+                accepted.append(peer)
+                connection.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], accepted
+    finally:
+        listening.clear()
+        thread.join(timeout=5)
+        server.close()
+
+
+def acting_checkpoint(checkpoint: Path, written: Path, action: str, where: str) -> Path:
+    """`checkpoint` whose network is `tests.acting_targets.ActingNetwork(action, where)`, with weights that fit it."""
+    content = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    content["config"]["model"]["network"] = {"_target_": f"{ActingNetwork.__module__}.ActingNetwork"}
+    content["config"]["model"]["network"] |= {"action": action, "where": where}
+    module = ClassifierModule(nn.Linear(2, 2), functools.partial(torch.optim.SGD, lr=0.5))
+    content["state_dict"] = module.state_dict()
+    torch.save(content, written)
+    return written
+
+
+TRUST_ACTING = f"+trusted_targets.acting={ActingNetwork.__module__}.ActingNetwork"
+REFUSED_AS = {
+    "connect": "connect out",
+    "fetch": "connect out",
+    "start": "start a program",
+    "shell": "start a program",
+    "unpickle": "unpickle pathlib.PurePosixPath",
+}
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_a_trusted_target_is_stopped_from_acting_outside_the_run_even_where_it_catches_the_refusal(
+    action: str, tmp_path: Path, toy_checkpoint: Path
+):
+    bait = Bait(tmp_path / "bait").lay()
+    with watched_port() as (port, accepted):
+        where = f"127.0.0.1:{port}" if action in ("connect", "fetch") else str(bait.sentinel)
+        if action in ("append", "delete", "rename", "copy_over"):
+            where = str(bait.victim)
+        elif action == "delete_tree":
+            where = str(bait.directory)
+        hostile = acting_checkpoint(toy_checkpoint, tmp_path / "acting.ckpt", action, where)
+        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+            cfg = compose("evaluate", overrides=[f"ckpt_path={hostile}", TRUST_ACTING])
+            tried = REFUSED_AS.get(action, "write")
+            with pytest.raises(ActedOutsideTheRun, match=rf"stored config describes tried to {tried}"):
+                rebuild_trained(cfg, "project.evaluate")
+    bait.assert_untouched()
+    assert accepted == []
+
+
+def test_a_rebuilt_run_writes_inside_its_own_dir_and_where_the_command_line_says(tmp_path: Path, toy_checkpoint: Path):
+    """The run's dir, and a `data.<key>=` dir the user gave, are the run's: writing there goes on."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    inside = acting_checkpoint(toy_checkpoint, tmp_path / "inside.ckpt", "write", str(run_dir / "written"))
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), as_a_run_holds_it() as hydra_node:
+        overrides = [f"ckpt_path={inside}", TRUST_ACTING, f"hydra.runtime.output_dir={run_dir}"]
+        rebuild_trained(hydra_node(compose("evaluate", overrides=overrides, return_hydra_config=True)), "evaluate")
+    assert (run_dir / "written").is_file()
+
+
+def test_the_confinement_ends_with_the_outermost_of_its_nested_entries(
+    tmp_path: Path, toy_checkpoint: Path, mnist_root: Path
+):
+    """The MNIST data module's `setup` calls its `prepare_data`, each confined: once both end, nothing is (a DDP
+    prediction gathers its ranks' shares by pickles after)."""
+    checkpoint = mnist_checkpoint(toy_checkpoint, tmp_path / "mnist.ckpt", mnist_root)
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("evaluate", overrides=[f"ckpt_path={checkpoint}", f"data.root={mnist_root}"])
+        datamodule, _ = rebuild_trained(cfg, "evaluate")
+    datamodule.setup("test")  # where the .gz files are unpacked: the dir the command line gave
+    assert pickle.loads(pickle.dumps(PurePosixPath("unpickled after"))) == PurePosixPath("unpickled after")
+
+
+def mnist_checkpoint(checkpoint: Path, written: Path, root: Path) -> Path:
+    """`checkpoint` whose stored data is the MNIST data module at `root`, to be downloaded (as conf/data/mnist.yaml
+    stores it): where it reads, and whether it fetches, are the checkpoint's to say."""
+    data = {"_target_": "project.example.data.MNISTDataModule", "name": "mnist", "root": str(root), "download": True}
+    return edited_copy(
+        checkpoint, written, lambda config: config.update(data=data | {"batch_size": 2, "seed": 1, "val_size": 100})
+    )
+
+
+def test_a_stored_data_dir_and_download_switch_write_and_fetch_nothing_unless_the_command_line_gives_them(
+    tmp_path: Path, toy_checkpoint: Path
+):
+    """The checkpoint's data module would make its dir (outside the run) and download into it: refused; with
+    `data.root=` given it may write there, and still fetches nothing without `data.download=true`."""
+    outside = tmp_path / "outside" / "data"
+    hostile = mnist_checkpoint(toy_checkpoint, tmp_path / "mnist.ckpt", outside)
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("evaluate", overrides=[f"ckpt_path={hostile}"])
+        datamodule, _ = rebuild_trained(cfg, "project.evaluate")
+        with pytest.raises(ActedOutsideTheRun, match=rf"tried to write {outside.parent} \(outside"):
+            datamodule.prepare_data()
+        cfg = compose("evaluate", overrides=[f"ckpt_path={hostile}", f"data.root={outside}"])
+        datamodule, _ = rebuild_trained(cfg, "project.evaluate")
+        with pytest.raises(ActedOutsideTheRun, match=r"tried to connect out \(urllib\.Request https://"):
+            datamodule.prepare_data()
+    assert outside.is_dir() and not any(outside.rglob("*.gz"))
 
 
 def sharded_copy(plain: Path, directory: Path) -> Path:
@@ -463,62 +849,181 @@ def as_a_run_holds_it() -> Iterator[Callable[[DictConfig], DictConfig]]:
         HydraConfig.instance().cfg = None
 
 
-# The same as users meet them: the entry points in processes of their own, on a finished toy run's last.ckpt (and
-# the same written by DCP as trainer=fsdp writes it; tests/optional/fsdp opens trained ones), each ending in one
-# line, exit 2, nothing of the bait touched.
+# The same as users meet them: the entry points in fresh interpreters of their own, each with its own working dir,
+# HOME and TORCH_HOME, its proxies pointing at a port the test watches, on a finished toy run's last.ckpt made
+# hostile. Each ends in one line, exit 2, no connection made, and nothing outside the run's dir changed.
 
 
-def hostile_case(case_id: str, name: str, placement: str, module: str, *args: str) -> BadInput:
-    def prepare(case_dir: Path, ckpt: Path) -> None:
+@dataclass(frozen=True)
+class Opening:
+    """One way of opening a hostile file: the entry point, its arguments (`{dir}` is the case's dir, `{port}` the
+    watched one), what its error line names, and `lay`, which writes the hostile file from a finished run's."""
+
+    id: str
+    module: str
+    args: tuple[str, ...]
+    names: tuple[str, ...]
+    lay: Callable[[Path, Path, int], None]
+
+
+def opening(case_id: str, module: str, args: str, names: str, node: Callable[[Bait, int], object], at: str) -> Opening:
+    def lay(case_dir: Path, finished: Path, port: int) -> None:
         bait = Bait(case_dir / "bait").lay()
-        hostile = hostile_copy(ckpt, case_dir / "hostile.ckpt", placement, HOSTILE[name](bait))
-        plant_as_newest_last(hostile, case_dir / "outputs")
+        hostile = hostile_copy(finished, case_dir / "hostile.ckpt", at, node(bait, port))
+        plant_as_newest_last(hostile, case_dir / "cwd" / "outputs")
 
-    return BadInput(
-        case_id,
-        args,
-        (f"{placement}._target_={name}", f"+trusted_targets.{name.split('.')[0]}={name}"),
-        module=module,
-        prepare=prepare,
-        check=lambda case_dir: Bait(case_dir / "bait").assert_untouched(),
-    )
+    return Opening(case_id, module, tuple(args.split()), tuple(names.split(" | ")), lay)
 
 
-def sharded_case(case_id: str, make_hostile: Callable[[Path, Bait], Path], module: str, *args: str) -> BadInput:
-    def prepare(case_dir: Path, ckpt: Path) -> None:
-        make_hostile(sharded_copy(ckpt, case_dir / "sharded.ckpt"), Bait(case_dir / "bait").lay())
+def sharded_opening(case_id: str, make_hostile: Callable[[Path, Bait], Path], module: str, args: str) -> Opening:
+    def lay(case_dir: Path, finished: Path, port: int) -> None:
+        make_hostile(sharded_copy(finished, case_dir / "sharded.ckpt"), Bait(case_dir / "bait").lay())
 
-    return BadInput(
-        case_id,
-        args,
-        ("ckpt_path={dir}/sharded.ckpt is a sharded checkpoint whose",),
-        module=module,
-        prepare=prepare,
-        check=lambda case_dir: Bait(case_dir / "bait").assert_untouched(),
-    )
+    return Opening(case_id, module, tuple(args.split()), ("sharded.ckpt is a sharded checkpoint whose",), lay)
 
 
-HOSTILE_FILE, NEWEST = "ckpt_path={dir}/hostile.ckpt", "ckpt_path=last"
-HOSTILE_CHECKPOINTS = [
-    hostile_case("evaluate-torch-load-at-model", "torch.load", "model", "project.evaluate", HOSTILE_FILE),
-    hostile_case("evaluate-copyfile-at-data", "shutil.copyfile", "data", "project.evaluate", HOSTILE_FILE),
-    hostile_case("predict-touch-at-network", "pathlib.Path.touch", "model.network", "project.predict", HOSTILE_FILE),
-    hostile_case("predict-numpy-at-optimizer", "numpy.load", "model.optimizer", "project.predict", HOSTILE_FILE),
-    hostile_case(
-        "train-file-hub-at-callback", "torch.hub.load", "callbacks.model_checkpoint", "project.train", HOSTILE_FILE
+def mnist_opening(case_id: str, args: str, names: str) -> Opening:
+    def lay(case_dir: Path, finished: Path, port: int) -> None:
+        Bait(case_dir / "bait").lay()
+        mnist_checkpoint(finished, case_dir / "hostile.ckpt", case_dir / "bait" / "data")
+
+    return Opening(case_id, "project.evaluate", tuple(args.split()), tuple(names.split(" | ")), lay)
+
+
+FILE, NEWEST, NN = "ckpt_path={dir}/hostile.ckpt", "ckpt_path=last", "+trusted_targets.nn=torch.nn.*"
+URL = "http://127.0.0.1:{port}/weights.pt"
+OPENINGS = [
+    opening(
+        "evaluate-bind-chain",
+        "project.evaluate",
+        FILE,
+        "model.network._target_=torch.nn.utils.rnn.bind | +trusted_targets.bind=torch.nn.utils.rnn.bind",
+        lambda bait, port: HOSTILE["torch.nn.utils.rnn.bind"](bait),
+        "model.network",
     ),
-    hostile_case("train-file-open-at-logger", "builtins.open", "logger.tensorboard", "project.train", HOSTILE_FILE),
-    hostile_case("train-last-zip-at-strategy", "zipfile.ZipFile", "trainer.strategy", "project.train", NEWEST),
-    sharded_case("evaluate-sharded-index", with_hostile_index, "project.evaluate", "ckpt_path={dir}/sharded.ckpt"),
-    sharded_case("evaluate-sharded-value", with_hostile_value, "project.evaluate", "ckpt_path={dir}/sharded.ckpt"),
-    sharded_case(
+    opening(
+        "predict-tuple-at-scheduler",
+        "project.predict",
+        FILE,
+        "holds a tuple at model.scheduler",
+        lambda bait, port: (HOSTILE["shutil.copyfile"](bait),),
+        "model.scheduler",
+    ),
+    opening(
+        "train-url-at-data",
+        "project.train",
+        f"{FILE} trainer.max_epochs=4",
+        "data._target_=torch.hub.load_state_dict_from_url",
+        lambda bait, port: {"_target_": "torch.hub.load_state_dict_from_url", "url": URL.format(port=port)},
+        "data",
+    ),
+    opening(
+        "train-last-copyfile-at-optimizer",
+        "project.train",
+        f"{NEWEST} trainer.max_epochs=4",
+        "model.optimizer._target_=shutil.copyfile",
+        lambda bait, port: HOSTILE["shutil.copyfile"](bait),
+        "model.optimizer",
+    ),
+    opening(
+        "evaluate-your-namespace-chained-to-a-connection",
+        "project.evaluate",
+        f"{FILE} {NN}",
+        "tried to connect out (socket.",
+        lambda bait, port: bind_chain("socket", "create_connection", ["127.0.0.1", port]),
+        "model.network",
+    ),
+    opening(
+        "predict-your-namespace-chained-to-makedirs",
+        "project.predict",
+        f"{FILE} {NN}",
+        "tried to write {dir}/bait/sentinel",
+        lambda bait, port: HOSTILE["torch.nn.utils.rnn.bind"](bait),
+        "model.network",
+    ),
+    opening(
+        "evaluate-escape-codes-in-a-target",
+        "project.evaluate",
+        FILE,
+        "model.network._target_='evil\\x1b[2J.x', which is not the dotted name",
+        lambda bait, port: {"_target_": "evil\x1b[2J.x"},
+        "model.network",
+    ),
+    mnist_opening("evaluate-stored-data-dir-outside", FILE, "tried to write {dir}/bait/data"),
+    mnist_opening(
+        "evaluate-download-not-asked-for", f"{FILE} data.root={{dir}}/yours/data", "tried to connect out (urllib"
+    ),
+    sharded_opening("evaluate-sharded-index", with_hostile_index, "project.evaluate", "ckpt_path={dir}/sharded.ckpt"),
+    sharded_opening("evaluate-sharded-value", with_hostile_value, "project.evaluate", "ckpt_path={dir}/sharded.ckpt"),
+    sharded_opening(
         "train-fsdp-sharded-index",
         with_hostile_index,
         "project.train",
-        "trainer=fsdp",
-        "trainer.max_epochs=2",
-        "ckpt_path={dir}/sharded.ckpt",
+        "trainer=fsdp trainer.max_epochs=4 ckpt_path={dir}/sharded.ckpt",
     ),
 ]
 
-test_bad_input_exits_2_with_one_error_line_naming_it = pytest.mark.slow(bad_input_test(HOSTILE_CHECKPOINTS))
+
+def own_environment(case_dir: Path, port: int) -> dict[str, str]:
+    """A user's environment, but for a home, a torch cache and proxies of the case's own."""
+    proxy = f"http://127.0.0.1:{port}"
+    proxies = {name: proxy for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
+    homes = {"HOME": case_dir / "home", "TORCH_HOME": case_dir / "home" / "torch", "MPLCONFIGDIR": case_dir / "mpl"}
+    for home in homes.values():
+        home.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, **proxies, **{name: str(path) for name, path in homes.items()}, "no_proxy": ""} | {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+    }
+
+
+def snapshot(case_dir: Path) -> dict[str, tuple]:
+    """Every path under `case_dir` but the run's dir, matplotlib's cache and `yours` (a dir the command line gives
+    the run), with its size and times."""
+    return {
+        str(path): (path.is_dir(), path.lstat().st_size, path.lstat().st_mtime_ns)
+        for path in case_dir.rglob("*")
+        if path.relative_to(case_dir).parts[0] not in ("run", "mpl", "yours")
+    }
+
+
+def open_in_a_fresh_interpreter(case: Opening, case_dir: Path, finished: Path, port: int) -> tuple:
+    """(the process's result, what the case's dir held before it, and after)."""
+    case.lay(case_dir, finished, port)
+    (case_dir / "cwd").mkdir(exist_ok=True)
+    env = own_environment(case_dir, port)
+    before = snapshot(case_dir)
+    args = [arg.format(dir=case_dir, port=port) for arg in case.args]
+    command = [sys.executable, "-m", case.module, f"hydra.run.dir={case_dir / 'run'}", *args]
+    if case.module == "project.train":
+        command.append("logger=none")
+    result = subprocess.run(command, cwd=case_dir / "cwd", env=env, capture_output=True, text=True, timeout=300)
+    return result, before, snapshot(case_dir)
+
+
+@pytest.fixture(scope="module")
+def openings(tmp_path_factory: pytest.TempPathFactory, finished_toy_run: Path) -> Iterator[tuple[dict, list]]:
+    """Every opening, side by side (each is mostly an interpreter starting), while one watched port listens."""
+    with watched_port() as (port, accepted), ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        runs = {}
+        for case in OPENINGS:
+            case_dir = tmp_path_factory.mktemp(case.id)
+            runs[case.id] = case_dir, pool.submit(open_in_a_fresh_interpreter, case, case_dir, finished_toy_run, port)
+        yield runs, accepted
+
+
+@pytest.mark.slow
+@pytest.mark.fresh
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in OPENINGS])
+def test_opening_a_hostile_file_ends_in_one_line_changing_nothing_outside_the_run_and_connecting_nowhere(
+    case: Opening, openings: tuple[dict, list]
+):
+    runs, accepted = openings
+    case_dir, future = runs[case.id]
+    result, before, after = future.result()
+    names = [name.format(dir=case_dir) for name in case.names]
+    assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR, *names)
+    assert "\x1b" not in result.stderr + result.stdout
+    assert before == after, f"changed outside the run: {sorted(set(before.items()) ^ set(after.items()))[:5]}"
+    Bait(case_dir / "bait").assert_untouched()
+    assert accepted == [], f"connections made: {accepted}"

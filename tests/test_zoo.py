@@ -54,6 +54,9 @@ class Row:
     predicted: int  # samples project.predict predicts
     files: tuple = ()  # what writes the data it reads, in the directory the run starts in
     marks: tuple = ()  # `requires` of the optional parts it needs
+    # What evaluate and predict take besides the checkpoint: the trust of a target typed on the training command line,
+    # which no config file names (docs/checkpoints.md, "A checkpoint is data").
+    opening: tuple[str, ...] = ()
 
 
 ROWS = {
@@ -82,6 +85,7 @@ ROWS = {
         4,
         (write_images,),
         (requires("image_folder"),),
+        ("+trusted_targets.resnet18=torchvision.models.resnet18",),
     ),
 }
 SWITCHES = ("single", "ddp", "ddp_spawn", "fsdp", "bf16-mixed", "sweep", "resume", "evaluate", "predict")
@@ -228,7 +232,8 @@ def test_a_chained_cell_works_or_is_refused_in_one_line(name: str, switch: str, 
     else:
         check_ok(chain.resumed(name))
         last = cwd / "resumed" / "checkpoints" / "last.ckpt"
-        result = train_own(cwd, f"ckpt_path={last}", f"hydra.run.dir={switch}", module=f"project.{switch}")
+        opening = ROWS[name].opening
+        result = train_own(cwd, f"ckpt_path={last}", *opening, f"hydra.run.dir={switch}", module=f"project.{switch}")
         check_cell(name, switch, result, cwd / ("resumed" if switch == "evaluate" else switch))
 
 

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 from torch.multiprocessing.spawn import ProcessRaisedException
 
-from project.engine.run_log import DISK_ERRORS, process_rank, report, started_by_rank_zero, to_log_file
+from project.engine.run_log import DISK_ERRORS, printable, process_rank, report, started_by_rank_zero, to_log_file
 from project.engine.upstream import STAGE_FUNCTIONS, config_root
 
 P = ParamSpec("P")
@@ -317,7 +317,7 @@ def error_line(error: BaseException) -> str:
 
 def refuse(line: str, status: int = 2) -> NoReturn:
     """End the process in one `error:` line, where no `exit_on_user_error` is around (resolvers, Hydra callbacks)."""
-    print(f"error: {line}", file=sys.stderr, flush=True)
+    print(printable(f"error: {line}"), file=sys.stderr, flush=True)
     sys.exit(status)
 
 

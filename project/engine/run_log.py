@@ -102,8 +102,16 @@ def to_log_file(text: str, level: int = logging.INFO) -> None:
             handler.handle(record)
 
 
+def printable(text: str) -> str:
+    """`text` with each control character but a line break or tab written as its escape (`\\x1b`): what the engine
+    prints echoes names and paths read from files, which must not drive the terminal (escape codes)."""
+    return "".join(char if char.isprintable() or char in "\n\t" else ascii(char)[1:-1] for char in text)
+
+
 def report(text: str, stream: TextIO | None = None, level: int = logging.INFO) -> None:
-    """Print `text` (to stdout by default) and log it; a text for stderr starts below a progress bar on stdout."""
+    """Print `text` (to stdout by default) and log it, control characters escaped (`printable`); a text for stderr
+    starts below a progress bar on stdout."""
+    text = printable(text)
     stream = stream or sys.stdout
     below_a_bar = stream is not sys.stdout and not getattr(sys.stdout, "at_line_start", True)
     print(f"\n{text}" if below_a_bar else text, file=stream, flush=True)

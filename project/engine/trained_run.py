@@ -2,6 +2,8 @@
 the command line's for a foreign one), and its predictions gathered per output into files."""
 
 import csv
+import functools
+import os
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.modules.module
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
@@ -19,7 +22,7 @@ from torch import Tensor
 from project.engine.build import instantiate_group
 from project.engine.checkpoints import LAST, check_weights_fit, load_lightning_checkpoint
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error
-from project.engine.trusted_targets import trusted_instantiation, trusted_targets
+from project.engine.trusted_targets import Confinement, trusted_instantiation, trusted_targets
 
 Outputs = dict[str, Tensor]
 DEFAULT_PREDICT_STEP = L.LightningModule.predict_step.__code__
@@ -36,7 +39,11 @@ def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
     checkpoint = load_lightning_checkpoint(cfg.ckpt_path, trust)
     with trusted_instantiation(trust):
         if "config" in checkpoint:
-            datamodule, module = rebuild_from_stored_config(cfg, checkpoint["config"])
+            confinement = confinement_of(cfg)
+            with confinement:
+                datamodule, module = rebuild_from_stored_config(cfg, checkpoint["config"])
+            for built in (datamodule, module):
+                prepares_within(confinement, built)
             advice = "use it with the version of the project that trained it"
         else:
             datamodule, module = build_from_command_line(cfg)
@@ -47,6 +54,42 @@ def rebuild_trained(cfg: DictConfig, program: str) -> tuple[Any, Any]:
     if data_state is not None:
         datamodule.load_state_dict(data_state)
     return datamodule, module
+
+
+def confinement_of(cfg: DictConfig) -> Confinement:
+    """What building `cfg.ckpt_path`'s stored config may do: write in this run's dir and in the dirs the command
+    line's `data.<key>=` name (`data.root`: where the data is to be put), connect out only for `data.download=true`
+    given there."""
+    given = data_given(cfg)
+    run_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir") if HydraConfig.initialized() else None
+    named = [value for value in given.values() if isinstance(value, str)]
+    return Confinement(
+        source=f"ckpt_path={cfg.ckpt_path}",
+        writable=tuple(Path(os.path.realpath(path)) for path in [run_dir, *named] if path),
+        network=given.get("download") is True,
+        fix=(
+            "where its data is to be written (unpacked, downloaded), give that dir as data.root=<dir>, and "
+            "data.download=true to let it download; otherwise use a checkpoint you trust"
+        ),
+    )
+
+
+def prepares_within(confinement: Confinement, built: Any) -> None:
+    """`built`'s `prepare_data` and `setup` (where it has them: a data module, a module), which Lightning calls as the
+    run starts, run inside `confinement` too: they are where a data module fetches and unpacks its files."""
+    for hook in ("prepare_data", "setup"):
+        method = getattr(built, hook, None)
+        if callable(method):
+            setattr(built, hook, confined_call(confinement, method))
+
+
+def confined_call(confinement: Confinement, method: Any) -> Any:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with confinement:
+            return method(*args, **kwargs)
+
+    return call
 
 
 def rebuild_from_stored_config(cfg: DictConfig, config: dict) -> tuple[Any, Any]:
