@@ -177,14 +177,15 @@ def entries(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
         yield from entries(value, where)
 
 
-def first_not_plain(config: Any) -> tuple[str, Any] | None:
-    """(dotted key, value) of the first value of `config` that is not plain data (a tuple, a set, bytes, an object, a
-    dict of another class), or of the first dict key that is not a string; None where all of it is plain."""
+def not_plain(config: Any) -> str | None:
+    """Where `config` first holds what plain data does not (a tuple, a set, bytes, an object, a dict of another class,
+    a key that is not a string), as words; None where all of it is plain."""
     for key, value in [("", config), *entries(config)]:
         if type(value) not in PLAIN_TYPES:
-            return key, value
-        if type(value) is dict and not all(type(name) is str for name in value):
-            return key, next(name for name in value if type(name) is not str)
+            return f"a {type(value).__name__} at {key or 'its top'}"
+        odd_keys = [name for name in value if type(name) is not str] if type(value) is dict else []
+        if odd_keys:
+            return f"a key that is not a string ({odd_keys[0]!r}) at {key or 'its top'}"
     return None
 
 
@@ -202,13 +203,9 @@ def check_stored_config(config: Any, source: str, trust: TrustedTargets) -> None
 
     if type(config) is not dict:
         raise refused(f"is a {type(config).__name__}, not a mapping of keys to values")
-    not_plain = first_not_plain(config)
-    if not_plain is not None:
-        key, value = not_plain
-        raise refused(
-            f"holds a {type(value).__name__} at {key}, where a config holds only dicts, lists, strings, numbers, "
-            "booleans and null"
-        )
+    odd = not_plain(config)
+    if odd is not None:
+        raise refused(f"holds {odd}, where a config holds only dicts, lists, strings, numbers, booleans and null")
     rebuilt = {part: value for part, value in config.items() if part in REBUILT}
     interpolated = next(((k, v) for k, v in entries(rebuilt) if isinstance(v, str) and "${" in v), None)
     if interpolated is not None:
