@@ -12,6 +12,7 @@ example or the optional parts. Its modules, in the order `python -m project.trai
 - schedules: learning-rate schedules from config, sized to the run.
 - ddp: DDP whose extra processes re-run this Hydra job; ranks agreeing on flags; waits on peers that end in one line.
 - checkpoints: which checkpoint a run resumes from, refused files, atomic writes, the best checkpoint.
+- restored_state: what a resumed checkpoint restores (paths, loops, optimizers, schedules), checked before use.
 - history: what each process saw in training; the stop of a run that diverges.
 - reports: the results table and results.json, progress lines or bar, every logger's table of runs.
 - job: one job from launch to end: each early end in one line, nothing left for the next job of a sweep.

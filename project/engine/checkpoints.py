@@ -6,6 +6,8 @@ import io
 import math
 import os
 import pickle
+import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -20,10 +22,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
 from torch.nn.parameter import is_lazy
 
-from project.engine.errors import UserError, disk_refuses, nearest_existing, unwritable
+from project.engine.errors import UserError, disk_refuses, escaped, nearest_existing, unwritable
+from project.engine.run_dir import names_a_url, plain_path_inside
 from project.engine.run_log import report
 from project.engine.sweeps import in_a_search
 from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, check_stored_config
@@ -35,6 +44,8 @@ METADATA_FILE = "meta.pt"
 # DCP's index of the shards, a pickle of these classes of torch's (and torch's dtypes): what DCP itself writes there.
 SHARDS_INDEX = ".metadata"
 DTYPES = {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
+# An optimizer's state in a sharded checkpoint, as Lightning names it there.
+OPTIMIZER_KEY = re.compile(r"optimizer_\d+")
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -56,15 +67,56 @@ class ShardsIndexUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}")
 
 
+def is_size(value: object) -> bool:
+    return isinstance(value, torch.Size) and all(type(length) is int for length in value)
+
+
+def index_unlike_dcps(index: Metadata) -> str | None:
+    """What of DCP's index is not of the shape DCP writes, where DCP (and `check_shards`) would fail in a traceback:
+    the unpickler admits DCP's classes, not what their fields hold."""
+    entries, storage, paths = index.state_dict_metadata, index.storage_data, index.planner_data
+    if not (isinstance(entries, dict) and all(isinstance(key, str) for key in entries)):
+        return "state_dict_metadata is not a mapping of names"
+    for name, entry in entries.items():
+        chunks = getattr(entry, "chunks", [])
+        if not isinstance(entry, (TensorStorageMetadata, BytesStorageMetadata)) or not (
+            isinstance(chunks, list)
+            and all(isinstance(c, ChunkStorageMetadata) and is_size(c.offsets) and is_size(c.sizes) for c in chunks)
+            and (isinstance(entry, BytesStorageMetadata) or is_size(entry.size))
+        ):
+            return f"entry {name} is not a tensor's or a value's"
+    if not (isinstance(paths, dict) and all(isinstance(part, (list, tuple)) for part in paths.values())):
+        return "planner_data is not a mapping of names to their keys"
+    if not isinstance(storage, dict):
+        return "storage_data is not a mapping"
+    for where, stored in storage.items():
+        descriptors = getattr(stored, "transform_descriptors", None)
+        if not (
+            isinstance(where, MetadataIndex)
+            and where.fqn in entries
+            and isinstance(getattr(stored, "relative_path", None), str)
+            and type(getattr(stored, "offset", None)) is int
+            and type(getattr(stored, "length", None)) is int
+            and (descriptors is None or (isinstance(descriptors, (list, tuple)) and all(map(is_text, descriptors))))
+        ):
+            return "storage_data holds what is not a place in a shard of one of its entries"
+    return None
+
+
+def is_text(value: object) -> bool:
+    return isinstance(value, str)
+
+
 def check_shards(path: str | Path) -> None:
     """Refuse, before DCP reads them (unpickling its index, loading values with `weights_only=False`), a sharded
-    checkpoint's files that hold more than tensors and plain values, or point outside the checkpoint."""
+    checkpoint's files that hold more than tensors and plain values, point outside the checkpoint, or are not of
+    the shape DCP reads."""
     root = Path(path).resolve()
 
     def refuse(what: str) -> UserError:
         return UserError(
             f"ckpt_path={path} is a sharded checkpoint whose {what}: it is not opened (reading it would run code it "
-            "names); give a checkpoint project.train wrote"
+            "names, or fail); give a checkpoint project.train wrote"
         )
 
     try:
@@ -74,6 +126,9 @@ def check_shards(path: str | Path) -> None:
         raise refuse(f"{SHARDS_INDEX} is not DCP's index of shards ({error})") from None
     if not isinstance(index, Metadata):
         raise refuse(f"{SHARDS_INDEX} holds a {type(index).__name__}, not DCP's index of shards")
+    problem = index_unlike_dcps(index)
+    if problem:
+        raise refuse(f"{SHARDS_INDEX} is not of the shape DCP writes ({problem})")
     for where, stored in index.storage_data.items():
         shard = (root / stored.relative_path).resolve()
         if shard.parent != root or stored.transform_descriptors:
@@ -89,13 +144,21 @@ def check_shards(path: str | Path) -> None:
                 raise refuse(f"value {where.fqn} is more than a plain value ({error.__class__.__name__})") from None
 
 
-def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
+def optimizer_state_by_index(state: object) -> dict[str, Any]:
     """An optimizer's state as DCP stores it (by parameter name) in torch's own layout: parameters numbered in the
-    order of the groups, as `Optimizer.state_dict()` numbers them."""
-    names = [name for group in state["param_groups"] for name in group["params"]]
+    order of the groups, as `Optimizer.state_dict()` numbers them. ValueError where it is not one."""
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not (isinstance(groups, list) and all(isinstance(group, dict) for group in groups)):
+        raise ValueError("it holds no list of param_groups")
+    names = [name for group in groups for name in group.get("params", ())]
     number = {name: index for index, name in enumerate(names)}
-    groups = [group | {"params": [number[name] for name in group["params"]]} for group in state["param_groups"]]
-    return {"state": {number[name]: value for name, value in state.get("state", {}).items()}, "param_groups": groups}
+    per_parameter = state.get("state", {})
+    if not (all(isinstance(group.get("params"), list) for group in groups) and isinstance(per_parameter, dict)):
+        raise ValueError("its param_groups or state are not lists of parameters and states by parameter")
+    if len(number) != len(names) or any(name not in number for name in per_parameter):
+        raise ValueError("its groups list a parameter twice, or its state one no group has")
+    groups = [group | {"params": [number[name] for name in group["params"]]} for group in groups]
+    return {"state": {number[name]: value for name, value in per_parameter.items()}, "param_groups": groups}
 
 
 def plain_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -106,11 +169,17 @@ def plain_checkpoint(path: str | Path) -> dict[str, Any]:
         whole = Path(scratch) / "whole.pt"
         dcp_to_torch_save(Path(path), whole)
         tensors = torch.load(whole, map_location="cpu", weights_only=True)
-    optimizers = sorted((key for key in tensors if key.startswith("optimizer_")), key=lambda key: int(key[10:]))
-    return read_metadata(path) | {
-        "state_dict": tensors["state_dict"],
-        "optimizer_states": [optimizer_state_by_index(tensors[key]) for key in optimizers],
-    }
+    optimizers = sorted((key for key in tensors if OPTIMIZER_KEY.fullmatch(key)), key=lambda key: int(key[10:]))
+    try:
+        if not isinstance(tensors.get("state_dict"), dict):
+            raise ValueError("it holds no state_dict of weights")
+        optimizer_states = [optimizer_state_by_index(tensors[key]) for key in optimizers]
+    except ValueError as error:
+        raise UserError(
+            f"ckpt_path={path} is a sharded checkpoint whose shards are not a module's weights and optimizer states "
+            f"({error}): give a checkpoint project.train wrote"
+        ) from None
+    return read_metadata(path) | {"state_dict": tensors["state_dict"], "optimizer_states": optimizer_states}
 
 
 def not_ours(content: object) -> str:
@@ -274,32 +343,6 @@ def resume_path(
     return str(path)
 
 
-class ResumedWeightsCheck(Callback):
-    """Refuses, before anything trains, a checkpoint whose weights the module cannot load strictly (Lightning's
-    traceback, once `fit` has set up), taking them as the module's `on_load_checkpoint` passes them on."""
-
-    def __init__(self, ckpt_path: str | None) -> None:
-        self.ckpt_path = ckpt_path  # what `fit` resumes from (Lightning sets `trainer.ckpt_path` after `setup`)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        path = self.ckpt_path
-        if stage != "fit" or path is None or is_sharded(path) or not pl_module.strict_loading:
-            return
-        if is_overridden("configure_model", pl_module):  # its layers do not exist yet at `setup`
-            return
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        if is_overridden("on_load_checkpoint", pl_module):
-            checkpoint = {**checkpoint, "state_dict": dict(checkpoint["state_dict"])}
-            pl_module.on_load_checkpoint(checkpoint)
-        advice = (
-            "resume with the checkpoint's own model (its run's .hydra/overrides.yaml), or train afresh (without "
-            "ckpt_path)"
-            if "config" in checkpoint
-            else "give the model= (and model.<key>=) that trained it, or train afresh (without ckpt_path)"
-        )
-        check_weights_fit(pl_module, checkpoint["state_dict"], path, advice)
-
-
 def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
     """Refuse, in one line, a resume from inside an epoch where the data module, or the module serving its own batches
     (`data=none`), cannot restore the epoch's place."""
@@ -351,16 +394,56 @@ def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
             )
 
 
+def refuse_a_url(path: str | Path) -> None:
+    """Refuse to read a checkpoint from a URL (Lightning fetches one through torch.hub and unpickles it), which a
+    restored state may name as its best checkpoint."""
+    if names_a_url(path):
+        raise UserError(
+            f"ckpt_path={path} is a URL: checkpoints are read from local files only (a URL's content would be "
+            "fetched and unpickled): download it, check it, and give the file"
+        )
+
+
+def deletable(path: str | Path, run_dir: str | Path) -> bool:
+    """Whether Lightning may delete the checkpoint `path` (one its checkpoint callbacks replaced): only inside
+    `run_dir`. One elsewhere, which only a restored state can name (another machine's file, a URL), is left as it
+    is, with a warning: Lightning would delete any, recursively, through fsspec."""
+    if plain_path_inside(str(path), run_dir):
+        return True
+    report(f"warning: {escaped(str(path))} is outside this run's dir {run_dir}: not deleted", sys.stderr)
+    return False
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file beside it and renames it into place (atomic within a directory): a
-    run killed mid-write keeps the previous file whole, and a full or read-only disk is one line."""
+    run killed mid-write keeps the previous file whole, and a full or read-only disk is one line. Reads a checkpoint
+    as data only, and deletes only the run's own (`run_dir`): Lightning asks it to read and delete the paths a
+    restored callback state names."""
 
-    def load_checkpoint(self, path: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """A single file as Lightning loads it, or a sharded checkpoint (trainer=fsdp) assembled on this process: a
-        sharded run resumes under any strategy."""
+    def __init__(self, run_dir: str | Path) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = "cpu", weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """A local file, read with `weights_only=True` whatever the caller asks (the stock reader fetches a URL and
+        unpickles it), or a sharded checkpoint (trainer=fsdp) assembled on this process: a sharded run resumes under
+        any strategy."""
+        refuse_a_url(path)
         if is_sharded(path):
             return plain_checkpoint(path)
-        return super().load_checkpoint(path, *args, **kwargs)
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint of this run: a file, or a sharded checkpoint's directory, never another directory."""
+        path = Path(path)
+        if not deletable(path, self.run_dir):
+            return
+        if is_sharded(path) and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.is_file() or path.is_symlink():
+            path.unlink()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
