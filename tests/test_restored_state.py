@@ -1,7 +1,7 @@
 """A checkpoint's restored state is data (project/engine/restored_state.py): resuming one, by any road, deletes,
 opens and connects to nothing its callback states name outside the new run's dir, and a state this run's objects
 cannot take ends the run in one line before it trains; the checkpoint reader and deleter refuse the same again
-(`AtomicCheckpointIO`).
+(`AtomicCheckpointIO`), and a sweep's results.json that is not a job's results fails that job in one line.
 
 Each hostile path points at a victim outside the run (a directory with a file), or at a port of this test that notes
 every connection: a run that followed it would delete the one or connect to the other (Lightning's `ModelCheckpoint`
@@ -31,8 +31,9 @@ from project.engine.checkpoints import AtomicCheckpointIO, check_shards, deletab
 from project.engine.errors import UserError, error_line
 from project.engine.restored_state import unlike
 from project.engine.run_dir import plain_path_inside
+from project.engine.sweeps import finished_results, job_rows
 from project.engine.upstream import VERSION_BASE
-from tests.faults import ENV, START_TIMEOUT, BadInput, assert_nothing_half_written, bad_input_test
+from tests.faults import ENV, START_TIMEOUT, SWEEP_FAILED, BadInput, assert_nothing_half_written, bad_input_test
 from tests.helpers import CONF_DIR, run_module
 
 VICTIM_FILE = "the user's own file"
@@ -387,6 +388,26 @@ def test_a_checkpoint_not_deleted_is_named_in_a_warning_with_its_control_charact
     )
 
 
+# A sweep's results.json that is not a job's results.
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [("[0.5]", "holds a list of 1, not a job's results"), ("{val/acc: 1", "is not JSON (Expecting property name")],
+    ids=["a-list", "not-json"],
+)
+def test_a_results_json_that_is_not_a_jobs_results_fails_that_job_in_the_table(tmp_path: Path, content, problem):
+    job = tmp_path / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (job / "results.json").write_text(content)
+    line = f"{job / 'results.json'} {problem}"
+    with pytest.raises(UserError, match=f"^{re.escape(line)}"):
+        finished_results(job)
+    (row,) = job_rows(tmp_path, "val/acc")
+    assert row.error.startswith(f"error: {line}") and row.results is None
+
+
 # The same as users meet them: project.train in processes of their own, each in its own working directory with its
 # own HOME and TORCH_HOME, every HTTP(S) it might make (by proxy or not) sent to the watched port.
 
@@ -441,6 +462,14 @@ def requeued(case: Path, ckpt: Path, port: int) -> list[str]:
     return [f"hydra.run.dir={case / 'run'}", "ckpt_path=last", "trainer.max_epochs=4"]
 
 
+def sweep_of_unreadable_results(case: Path, ckpt: Path, port: int) -> list[str]:
+    """A sweep carried on whose two jobs' results.json are a list and not JSON: neither is a finished job."""
+    for job, content in (("0", "[0.5]"), ("1", "{val/acc: 1")):
+        (case / "sweep" / job).mkdir(parents=True)
+        (case / "sweep" / job / "results.json").write_text(content)
+    return ["hydra.mode=MULTIRUN", f"hydra.sweep.dir={case / 'sweep'}", "seed=1,2"]
+
+
 HOSTILE_ROADS: dict[str, Callable[[Path, Path, int], list[str]]] = {
     **{f"ckpt_path-{form}": hostile_file(form) for form in HOSTILE_PATHS},
     "ckpt_path-last-planted-under-outputs": planted_under_outputs,
@@ -449,6 +478,7 @@ HOSTILE_ROADS: dict[str, Callable[[Path, Path, int], list[str]]] = {
 }
 ROADS = HOSTILE_ROADS | {
     "requeued-in-its-own-dir": requeued,
+    "sweep-of-unreadable-results": sweep_of_unreadable_results,
 }
 
 
@@ -493,6 +523,16 @@ def test_a_requeued_run_resumes_its_own_dir_keeping_its_best(roads: dict):
     assert dropped_lines(result.stderr) == []
     assert bests and best_files(case / "run") == bests
     assert json.loads((case / "run" / "results.json").read_text())["epochs"] == 4
+
+
+@pytest.mark.slow
+def test_a_sweep_carried_on_over_results_that_are_not_a_jobs_fails_those_jobs_naming_the_files(roads: dict):
+    case, _, result, _ = roads["sweep-of-unreadable-results"]
+    assert result.returncode == SWEEP_FAILED and "Traceback" not in result.stderr, result.stderr[-3000:]
+    for job, problem in (("0", "holds a list of 1, not a job's results"), ("1", "is not JSON")):
+        line = f"job {job} error: {case / 'sweep' / job / 'results.json'} {problem}"
+        assert any(text.startswith(line) for text in result.stdout.splitlines()), result.stdout[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1].startswith("error: 2 of 2 sweep jobs failed (job 0, 1)")
 
 
 def malformed_case(name: str) -> BadInput:
