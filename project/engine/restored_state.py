@@ -92,8 +92,11 @@ def unlike(stored: object, fresh: object, where: str, every_key: bool = True) ->
     if isinstance(fresh, (list, tuple)):
         if not isinstance(stored, (list, tuple)):
             return f"{where} holds {quoted(stored)}, not a list"
-        pairs = zip(stored, fresh, strict=False)
-        return next((p for i, (s, f) in enumerate(pairs) if (p := unlike(s, f, f"{where}[{i}]", every_key))), None)
+        for index, (item, fresh_item) in enumerate(zip(stored, fresh, strict=False)):
+            problem = unlike(item, fresh_item, f"{where}[{index}]", every_key)
+            if problem:
+                return problem
+        return None
     return None if fits(stored, fresh) else f"{where} holds {quoted(stored)}, not {kind(fresh)}"
 
 
