@@ -67,6 +67,10 @@ class ShardsIndexUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}")
 
 
+def is_text(value: object) -> bool:
+    return isinstance(value, str)
+
+
 def is_size(value: object) -> bool:
     return isinstance(value, torch.Size) and all(type(length) is int for length in value)
 
@@ -101,10 +105,6 @@ def index_unlike_dcps(index: Metadata) -> str | None:
         ):
             return "storage_data holds what is not a place in a shard of one of its entries"
     return None
-
-
-def is_text(value: object) -> bool:
-    return isinstance(value, str)
 
 
 def check_shards(path: str | Path) -> None:
@@ -150,13 +150,13 @@ def optimizer_state_by_index(state: object) -> dict[str, Any]:
     groups = state.get("param_groups") if isinstance(state, dict) else None
     if not (isinstance(groups, list) and all(isinstance(group, dict) for group in groups)):
         raise ValueError("it holds no list of param_groups")
-    names = [name for group in groups for name in group.get("params", ())]
+    if not all(isinstance(group.get("params"), list) and all(map(is_text, group["params"])) for group in groups):
+        raise ValueError("its param_groups are not lists of parameter names")
+    names = [name for group in groups for name in group["params"]]
     number = {name: index for index, name in enumerate(names)}
     per_parameter = state.get("state", {})
-    if not (all(isinstance(group.get("params"), list) for group in groups) and isinstance(per_parameter, dict)):
-        raise ValueError("its param_groups or state are not lists of parameters and states by parameter")
-    if len(number) != len(names) or any(name not in number for name in per_parameter):
-        raise ValueError("its groups list a parameter twice, or its state one no group has")
+    if not isinstance(per_parameter, dict) or len(number) != len(names) or not set(per_parameter) <= set(number):
+        raise ValueError("its groups list a parameter twice, or its state is not by the parameters they list")
     groups = [group | {"params": [number[name] for name in group["params"]]} for group in groups]
     return {"state": {number[name]: value for name, value in per_parameter.items()}, "param_groups": groups}
 
