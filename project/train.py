@@ -47,7 +47,8 @@ def train(cfg: DictConfig) -> dict:
         stop_if_signalled(trainer)
         results = metrics_of(trainer)
         weights = "last"
-        if cfg.results_from == "best":
+        # No best: a resumed run that validated nothing, and whose checkpoint's best was another run's file (dropped).
+        if cfg.results_from == "best" and trainer.checkpoint_callback.best_model_path:
             weights = trainer.checkpoint_callback.best_model_path
             trainer.validate(module, datamodule=datamodule, ckpt_path=weights, verbose=False)
             results |= metrics_of(trainer)

@@ -17,7 +17,7 @@ from project.engine.errors import UserError
 
 def test_checkpoint_write_interrupted_midway_leaves_the_previous_file_whole(tmp_path: Path, monkeypatch):
     path = tmp_path / "last.ckpt"
-    checkpoint_io = AtomicCheckpointIO()
+    checkpoint_io = AtomicCheckpointIO(tmp_path)
     checkpoint_io.save_checkpoint({"epoch": 1}, path)
 
     def dies_halfway(obj, file):
@@ -35,7 +35,7 @@ def test_checkpoint_write_interrupted_midway_leaves_the_previous_file_whole(tmp_
 @pytest.mark.parametrize(
     "checkpoint_io",
     [
-        AtomicCheckpointIO(),
+        AtomicCheckpointIO("unused: nothing is deleted"),
         pytest.param(
             TorchCheckpointIO(),
             marks=pytest.mark.xfail(
@@ -73,7 +73,7 @@ def test_write_stopped_while_the_file_crosses_filesystems_keeps_the_previous_fil
 def test_a_write_on_a_full_disk_names_the_checkpoints_really_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The new best checkpoint does not fit: the line names the files that are there (the old best, last.ckpt), not
     the one that was never written, and its temporary file is gone."""
-    checkpoint_io = AtomicCheckpointIO()
+    checkpoint_io = AtomicCheckpointIO(tmp_path)
     for name in ("best-epoch000.ckpt", "last.ckpt"):
         checkpoint_io.save_checkpoint({"epoch": 0}, tmp_path / name)
 
@@ -98,14 +98,14 @@ def test_the_first_checkpoint_that_cannot_be_written_says_none_is_kept(tmp_path:
 
     monkeypatch.setattr(torch, "save", fails)
     with pytest.raises(UserError, match=r"; no checkpoint was written there before it$"):
-        AtomicCheckpointIO().save_checkpoint({"epoch": 0}, tmp_path / "checkpoints" / "last.ckpt")
+        AtomicCheckpointIO(tmp_path).save_checkpoint({"epoch": 0}, tmp_path / "checkpoints" / "last.ckpt")
 
 
 def test_a_disk_that_turns_read_only_between_the_write_and_the_rename_is_the_writes_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """The temporary file can then not even be removed: that failure must not replace the line the write gets."""
-    checkpoint_io = AtomicCheckpointIO()
+    checkpoint_io = AtomicCheckpointIO(tmp_path)
     checkpoint_io.save_checkpoint({"epoch": 0}, tmp_path / "last.ckpt")
 
     def read_only(*args, **kwargs):

@@ -11,6 +11,7 @@ from tests.helpers import REPO
 
 FAULTS = "tests/test_faults.py"
 HOSTILE = "tests/test_hostile_checkpoints.py"
+RESTORED = "tests/test_restored_state.py"
 # (a fragment of the row's first column, its exit column, the tests that inject that fault). A test is
 # "<file>::<function>", or "bad_input:<id>" for a case of tests/fault_cases.py (run by test_faults.py, exit 2).
 PAGE = REPO / "docs" / "failures.md"
@@ -88,6 +89,24 @@ ROWS = [
             f"{HOSTILE}::test_a_trusted_target_is_stopped_from_acting_outside_the_run_even_where_it_catches_the_refusal",
             f"{HOSTILE}::test_a_sharded_checkpoint_that_would_run_code_is_refused_before_dcp_reads_it",
             f"{HOSTILE}::test_opening_a_hostile_file_ends_in_one_line_changing_nothing_outside_the_run_and_connecting_nowhere",
+        ],
+    ),
+    (
+        "a resumed checkpoint's callback states name files outside the new run's dir",
+        "0",
+        [
+            f"{RESTORED}::test_every_road_to_a_resume_goes_on_without_touching_what_its_state_names",
+            f"{RESTORED}::test_a_resume_drops_each_path_outside_the_run_before_a_callback_takes_it",
+            f"{RESTORED}::test_a_requeued_run_resumes_its_own_dir_keeping_its_best",
+        ],
+    ),
+    (
+        "a resumed checkpoint's training state is not one this run can take",
+        "2",
+        [
+            f"{RESTORED}::test_a_state_this_runs_objects_cannot_take_is_one_line_before_training",
+            f"{RESTORED}::test_a_sharded_index_of_another_shape_is_one_line_before_dcp_reads_it",
+            f"{RESTORED}::test_a_sharded_optimizer_state_of_another_shape_is_one_line",
         ],
     ),
     (
@@ -246,6 +265,14 @@ ROWS = [
         "one job of a `-m` sweep fails",
         "1",
         [f"{FAULTS}::test_sweep_runs_every_job_when_one_fails_and_exits_1"],
+    ),
+    (
+        "a `-m` sweep carried on finds a job's `results.json` that is not its results",
+        "1",
+        [
+            f"{RESTORED}::test_a_sweep_carried_on_over_results_that_are_not_a_jobs_fails_those_jobs_naming_the_files",
+            f"{RESTORED}::test_a_results_json_that_is_not_a_jobs_results_fails_that_job_in_the_table",
+        ],
     ),
     (
         "a resumed run had nothing left to train",

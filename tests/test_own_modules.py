@@ -15,7 +15,7 @@ import torch
 from hydra import initialize_config_dir
 from torch import nn
 
-from project.engine.checkpoints import ResumedWeightsCheck, resume_path
+from project.engine.checkpoints import RestoredStateCheck, resume_path
 from project.engine.errors import UserError
 from project.engine.reports import format_value
 from project.engine.upstream import VERSION_BASE
@@ -276,7 +276,7 @@ def test_a_module_that_makes_its_layers_in_configure_model_resumes_its_own_check
     path = tmp_path / "epoch-1.ckpt"
     first.save_checkpoint(path)
     trained = torch.load(path, weights_only=True)["state_dict"]
-    check = ResumedWeightsCheck(str(path))
+    check = RestoredStateCheck(str(path))
     resumed = L.Trainer(max_epochs=1, callbacks=[check], enable_checkpointing=False, **quiet)
     module = LayersMadeInConfigureModel()
     resumed.fit(module, datamodule=RegressionData(), ckpt_path=path)

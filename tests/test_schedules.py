@@ -64,6 +64,14 @@ def test_a_checkpoint_of_a_schedule_sized_for_another_run_is_refused():
         check_resumable(stored, build_schedule(factory, optimizer(), steps=14, epochs=2))
 
 
+def test_a_checkpoint_whose_schedule_length_is_no_length_is_refused_naming_what_it_holds():
+    """A checkpoint is data: `sized_for` may hold anything, which the line shows with its control characters escaped."""
+    factory = functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_STEPS)
+    stored = build_schedule(factory, optimizer(), steps=7, epochs=1).scheduler.state_dict() | {"sized_for": "7\x1b"}
+    with pytest.raises(UserError, match=r"holds sized_for='7\\x1b', no length, and a schedule cannot be stretched"):
+        check_resumable(stored, build_schedule(factory, optimizer(), steps=7, epochs=1))
+
+
 def test_a_schedule_dropped_or_added_on_resume_is_refused_and_not_resuming_checks_nothing():
     cosine = build_schedule(functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_STEPS), optimizer(), 7, 1)
     with pytest.raises(UserError, match="this run has none"):

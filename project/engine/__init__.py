@@ -11,7 +11,8 @@ example or the optional parts. Its modules, in the order `python -m project.trai
 - build: the data module, module, callbacks, loggers and Trainer built from the config.
 - schedules: learning-rate schedules from config, sized to the run.
 - ddp: DDP whose extra processes re-run this Hydra job; ranks agreeing on flags; waits on peers that end in one line.
-- checkpoints: which checkpoint a run resumes from, refused files, atomic writes, the best checkpoint.
+- checkpoints: which checkpoint a run resumes from, refused files, what it restores checked, atomic writes, the best
+  checkpoint.
 - history: what each process saw in training; the stop of a run that diverges.
 - reports: the results table and results.json, progress lines or bar, every logger's table of runs.
 - job: one job from launch to end: each early end in one line, nothing left for the next job of a sweep.

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchmetrics import Metric
 
-from project.engine.checkpoints import PartWayResumeCheck, ResumedWeightsCheck, check_checkpoint_dirs, resume_path
+from project.engine.checkpoints import PartWayResumeCheck, RestoredStateCheck, check_checkpoint_dirs, resume_path
 from project.engine.config import (
     RunConfigCallback,
     check_config,
@@ -183,7 +183,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     check_data_for("train", module, datamodule, "project.train")
     callbacks = configured_callbacks(cfg.callbacks)
     callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), PartWayResumeCheck()]
-    callbacks += [ResumedWeightsCheck(cfg.ckpt_path), TrainingStarts()]
+    callbacks += [RestoredStateCheck(cfg.ckpt_path), TrainingStarts()]
     callbacks += extra_callbacks
     if cfg.get("compile"):
         callbacks.append(CompileNetworks())

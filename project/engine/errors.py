@@ -11,10 +11,11 @@ import re
 import shutil
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn, ParamSpec, TypeVar
 
+import torch
 import torch.distributed as dist
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -37,6 +38,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 # A failed sweep job's error line, in its directory, where the sweep's table finds it.
 ERROR_FILE = "error.txt"
+# The longest value read from a file that a line quotes (`quoted`).
+LONGEST_QUOTED = 60
 # Less free space than this is a full disk (torch.save's own report of one carries no errno).
 FULL_BELOW_BYTES = 1 << 20
 # What `instantiate` raises where a constructor refuses its config (Hydra 1.3 wraps it, Hydra 1.4 does not).
@@ -304,15 +307,28 @@ def in_sweep_job() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def quoted(value: object, longest: int = LONGEST_QUOTED) -> str:
+    """`value`, read from a file, as a line may quote it: its `repr`, escaped (`printable`) and cut to `longest`
+    characters, or what kind of container or tensor it is."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    text = printable(repr(value))
+    return text if len(text) <= longest else f"{text[: longest - 3]}..."
+
+
 def error_line(error: BaseException) -> str:
-    """The one `error:` line that reports `error`, whitespace folded."""
+    """The one `error:` line that reports `error`, whitespace folded and control characters escaped."""
     user_error = find_user_error(error)
     if user_error is not None:
         message = str(user_error)
         if "Original Traceback" in message:  # raised in a DataLoader worker, re-raised here with its traceback
             message = message.rstrip().rsplit(f"{type(user_error).__name__}: ", 1)[-1]
-        return "error: " + " ".join(message.split())
-    return "error: " + " ".join(traceback.format_exception_only(error)[-1].split())
+        return "error: " + printable(" ".join(message.split()))
+    return "error: " + printable(" ".join(traceback.format_exception_only(error)[-1].split()))
 
 
 def refuse(line: str, status: int = 2) -> NoReturn:

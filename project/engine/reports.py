@@ -19,7 +19,7 @@ from torch.utils.tensorboard.writer import FileWriter
 
 from project.engine.config import command_line_overrides, overridden_key
 from project.engine.errors import in_sweep_job
-from project.engine.run_log import report
+from project.engine.run_log import printable, report
 from project.engine.upstream import open_tqdm_bars
 
 STAGES = ("train", "val", "test")
@@ -35,7 +35,7 @@ def format_value(value: object) -> str:
     """A metric's cell: 4 decimals for a number, "-" for a missing one."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return f"{value:.4f}" if isinstance(value, (int, float)) else str(value)
+    return f"{value:.4f}" if isinstance(value, (int, float)) else printable(str(value))  # a results.json's, maybe
 
 
 def metric_line(name: str, value: object, width: int) -> str:

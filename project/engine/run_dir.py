@@ -122,6 +122,22 @@ def register_resolvers() -> None:
             register_resolver(name, resolver, use_cache=True)
 
 
+def names_a_url(path: object) -> bool:
+    """Whether `path` is a URL or an fsspec chain (`http://`, `s3://`, fsspec's `local://`, `simplecache::`), which
+    Lightning and torch.hub would open through the network or another file system, not as a local path."""
+    return "://" in str(path) or "::" in str(path)
+
+
+def plain_path_inside(path: object, directory: str | Path) -> bool:
+    """Whether `path`, read from a file (a checkpoint's callback state, a study's job dir), is plainly a place inside
+    `directory`: a local path (no URL, no `~`) that resolves inside `directory`, `..` and symbolic links followed
+    as the kernel would follow them, a relative one from the working directory as Lightning takes it. Nothing is
+    opened: another run's or machine's path is judged by its name and this machine's links alone."""
+    if not isinstance(path, str) or not path or names_a_url(path) or path.startswith("~") or "\0" in path:
+        return False
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(directory))
+
+
 def carries_on(directory: Path, ckpt_path: str | None) -> bool:
     """Whether a run in `directory` resumes the run already there: `ckpt_path=last` (its own last.ckpt), or a
     checkpoint inside it."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 
-from project.engine.errors import UserError
+from project.engine.errors import UserError, quoted
 from project.engine.upstream import register_resolver
 
 RUN_STEPS = "<the run's optimizer steps>"
@@ -121,6 +121,8 @@ def check_resumable(stored: dict | None, schedule: Schedule | None) -> None:
         problem = "the checkpoint's run had a learning-rate schedule, this run has none (model.scheduler)"
     elif not stored and size:
         problem = "this run's learning-rate schedule spans the whole run, the checkpoint's run had none to go on from"
+    elif stored and not isinstance(stored.get("sized_for"), (dict, type(None))):  # a checkpoint is data
+        problem = f"the checkpoint's learning-rate schedule holds sized_for={quoted(stored['sized_for'])}, no length"
     elif stored and stored.get("sized_for") is not None and stored["sized_for"] != size:
         lengths = (stored["sized_for"], size or {})
         stored_run, this_run = (" and ".join(f"{n} {u}" for u, n in run.items()) or "no set length" for run in lengths)

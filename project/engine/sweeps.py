@@ -16,9 +16,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from project.engine.config import overridden_key
-from project.engine.errors import ERROR_FILE, refuse
+from project.engine.errors import ERROR_FILE, UserError, error_line, quoted, refuse
 from project.engine.reports import format_value
-from project.engine.run_log import report
+from project.engine.run_log import printable, report
 from project.engine.upstream import GRID_SWEEPER
 
 # The overrides whose values repeat a configuration rather than make another one.
@@ -62,11 +62,14 @@ def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
     for job_dir in sorted(filter(is_job, sweep_dir.iterdir()), key=lambda path: (len(path.name), path.name)):
         overrides_file = job_dir / ".hydra" / "overrides.yaml"
         saved = tuple(yaml.safe_load(overrides_file.read_text()) or ()) if overrides_file.is_file() else None
-        overrides = "(not saved)" if saved is None else " ".join(saved)
-        results = finished_results(job_dir)
-        value = None if results is None else results.get(metric)
+        overrides = "(not saved)" if saved is None else printable(" ".join(saved))
         error_file = job_dir / ERROR_FILE
-        error = error_file.read_text().strip() if error_file.is_file() else None
+        error = printable(" ".join(error_file.read_text().split())) if error_file.is_file() else None
+        try:
+            results = finished_results(job_dir)
+        except UserError as unreadable:
+            results, error = None, error or error_line(unreadable)
+        value = None if results is None else results.get(metric)
         interrupted = (job_dir / INTERRUPTED_FILE).is_file()
         if error is None and results is None and not interrupted:
             error = "error: the job left no results.json (killed?): see its log in that directory"
@@ -234,9 +237,21 @@ def check_same_sweep(config: DictConfig) -> None:
 
 
 def finished_results(run_dir: str | Path) -> dict | None:
-    """The results this sweep job left when an earlier run of its sweep finished it, if it did."""
+    """The results this sweep job left when an earlier run of its sweep finished it, if it did; a results.json that
+    is not a job's results (not JSON, or not a mapping of names to values: a file changed or handed over) is refused
+    in one line, for the job to fail with, not to be taken for a finished job."""
     results_file = Path(run_dir) / "results.json"
-    return json.loads(results_file.read_text()) if results_file.is_file() else None
+    if not results_file.is_file():
+        return None
+    try:
+        results = json.loads(results_file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        problem = f"is not JSON ({error})"
+    else:
+        if isinstance(results, dict):
+            return results
+        problem = f"holds {quoted(results)}, not a job's results (a mapping of names to values)"
+    raise UserError(f"{results_file} {problem}: delete it to run the job again, or give a new hydra.sweep.dir")
 
 
 def continue_hint() -> str:

@@ -10,7 +10,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from project.engine.errors import UserError
+from project.engine.errors import UserError, quoted
 from project.example.data.folds import check_fold_choice, fold_split
 from project.example.data.training_order import EpochShuffleSampler, TrainingPosition, labels_checksum
 
@@ -118,10 +118,20 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state: dict) -> None:
         """Take a checkpoint's class names, and the training order's position to resume from (both checked as the
-        loaders are made: data of other classes, or a mid-epoch position in another order, is refused)."""
-        self.trained_class_names = state.get("class_names")
+        loaders are made: data of other classes, or a mid-epoch position in another order, is refused); a state that
+        is not one this class wrote is refused in one line."""
+        names = state.get("class_names") if isinstance(state, dict) else None
+        if not isinstance(state, dict) or not (
+            names is None or (isinstance(names, list) and all(isinstance(name, str) for name in names))
+        ):
+            raise UserError(
+                f"ckpt_path: the checkpoint's state of {type(self).__name__} is not one it wrote (its class_names hold "
+                f"{quoted(names if isinstance(state, dict) else state)}): resume from a checkpoint "
+                "project.train wrote, or train afresh (without ckpt_path)"
+            )
+        self.trained_class_names = names
         position = state.get("position")
-        self.resume_at = TrainingPosition(**position) if position else None
+        self.resume_at = TrainingPosition.stored(position) if position else None
 
     def check_classes(self) -> None:
         """Refuse, before the first batch, data of other classes than the checkpoint it is given to was trained on:

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from project.engine.errors import UserError
+from project.engine.errors import UserError, quoted
 
 
 class EpochShuffleSampler(DistributedSampler):
@@ -72,6 +72,28 @@ class TrainingPosition:
     seed: int
     train_samples: int
     labels_checksum: int
+
+    @classmethod
+    def stored(cls, position: object) -> "TrainingPosition":
+        """The position a checkpoint stored (`ClassificationDataModule.state_dict`), refused in one line where it is
+        not one: a checkpoint is data, and may hold anything there."""
+        names = [field.name for field in fields(cls)]
+        if not isinstance(position, dict):
+            problem = f"holds {quoted(position)}, not a position"
+        elif unknown := [key for key in position if key not in names]:
+            problem = f"has a key no position has, {quoted(unknown[0])}"
+        elif missing := [name for name in names if name not in position]:
+            problem = f"has no {missing[0]}"
+        else:
+            wrong = [name for name in names if type(position[name]) is not int or position[name] < 0]
+            if not wrong:
+                return cls(**position)
+            problem = f"holds {wrong[0]}={quoted(position[wrong[0]])}, not a count"
+        raise UserError(
+            f"ckpt_path: the checkpoint's position in the training order (its data module's state) {problem}: it is "
+            "not one this data module wrote; resume from a checkpoint project.train wrote, or train afresh (without "
+            "ckpt_path)"
+        )
 
     def check_resumable_as(self, now: "TrainingPosition") -> None:
         """Refuse, in one line, to resume this mid-epoch position in a run whose order differs (`now`).

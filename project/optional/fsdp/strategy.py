@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from project.engine.build import networks_of
-from project.engine.checkpoints import check_shards, is_sharded
+from project.engine.checkpoints import check_shards, deletable, is_sharded, refuse_a_url
 from project.engine.ddp import HydraJobRanks
 from project.engine.errors import UserError
 from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish, remove
@@ -203,13 +203,15 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's for a sharded checkpoint. A single file (written under ddp or on one device, or by the
         converter) every rank reads whole, keeping its shard of each tensor; Lightning's own reading of one renumbers
-        the optimizer's state with FSDP1's helper, which fails for an optimizer that keeps none (plain SGD)."""
+        the optimizer's state with FSDP1's helper, which fails for an optimizer that keeps none (plain SGD). Either
+        is read as data (`weights_only=True`, whatever the caller asks) from a local path, never a URL."""
+        refuse_a_url(checkpoint_path)
         path = Path(self.broadcast(str(checkpoint_path)))
         reshard(self.model)  # either way, the checkpoint's tensors go into the shards
         if is_sharded(path):
             check_shards(path)
-            return super().load_checkpoint(path, weights_only)
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+            return super().load_checkpoint(path, weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         whole = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
         set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=whole)
         optimizer_states = checkpoint.pop("optimizer_states", [])
@@ -228,5 +230,9 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
         return checkpoint
 
     def remove_checkpoint(self, filepath: str | Path) -> None:
-        if self.is_global_zero:
-            remove(Path(filepath))
+        """Delete a checkpoint of this run (of any layout), never a path outside its dir nor a directory that is no
+        checkpoint, which a restored callback state may name (`project.engine.checkpoints.deletable`)."""
+        path = Path(filepath)
+        run_dir = self.lightning_module.trainer.default_root_dir
+        if self.is_global_zero and deletable(path, run_dir) and (is_sharded(path) or not path.is_dir()):
+            remove(path)

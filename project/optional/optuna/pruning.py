@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.trainer.states import TrainerFn
 
-from project.engine.errors import in_sweep_job
+from project.engine.errors import UserError, in_sweep_job, quoted
 from project.engine.sweeps import PRUNED_FILE
 from project.optional.optuna.storage import open_storage
 
@@ -74,4 +74,11 @@ class TrialPruning(L.Callback):
         return {"validations": self.validations}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.validations = state_dict["validations"]
+        """The count of validations a resumed trial had reported, refused in one line where a checkpoint holds none."""
+        validations = state_dict.get("validations")
+        if type(validations) is not int or validations < 0:
+            raise UserError(
+                f"ckpt_path: the checkpoint's TrialPruning state holds validations={quoted(validations)}, not a count "
+                "of validations: resume from a checkpoint project.train wrote, or train afresh (without ckpt_path)"
+            )
+        self.validations = validations

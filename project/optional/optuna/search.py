@@ -18,7 +18,9 @@ for `grace_period` seconds lost its worker (killed, its node lost), and any work
 - otherwise it is marked failed, its job dir gets an `interrupted.txt` (the sweep summary shows the job as
   `interrupted`, which does not fail the sweep), and its parameters are tried again once, as a new trial that the
   next worker to ask takes first. A worker with no trial left to ask waits for the others' running trials, so that
-  one whose worker dies is still retried. A live trial of another worker is never touched.
+  one whose worker dies is still retried. A live trial of another worker is never touched. The job dir is the one
+  the trial's user attribute `job_dir` names only where that lies in this worker's sweep dir or is a job dir Hydra
+  wrote for that trial (`_job_dir`): a study handed over names any place, and none other is written in.
 The sampler is reseeded at random where the study is shared or carried on: seeded as in the first run, it would
 suggest that run's (or that worker's) parameters again, so such suggestions are new but not reproducible.
 A trial whose job failed (it returned None, `project.engine.errors`, or raised) is a failed trial of the study and the
@@ -32,7 +34,6 @@ one `error:` line.
 """
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -43,6 +44,7 @@ from typing import Any
 
 import optuna
 import sqlalchemy.exc
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, Transformer
 from hydra.core.plugins import Plugins
@@ -54,8 +56,9 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from project.engine.build import instantiate_group
-from project.engine.errors import UserError, refuse
-from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE
+from project.engine.errors import UserError, quoted, refuse
+from project.engine.run_dir import names_a_url, plain_path_inside
+from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, finished_results
 from project.optional.optuna.storage import JOURNAL_PREFIX, mark_failed, open_storage, record_heartbeat, stale_trials
 
 log = logging.getLogger(__name__)
@@ -268,6 +271,21 @@ def heartbeats(study: optuna.Study, trials: list[optuna.Trial], interval: int) -
         thread.join()
 
 
+def ran_trial(job_dir: object, trial: FrozenTrial) -> bool:
+    """Whether `job_dir` is a job dir Hydra wrote for `trial` (in another worker's sweep dir): an absolute local path
+    named after its number, whose saved overrides hold its parameters as the sweeper gave them."""
+    if not (isinstance(job_dir, str) and job_dir.startswith("/") and not names_a_url(job_dir)):
+        return False
+    overrides_file = Path(job_dir) / ".hydra" / "overrides.yaml"
+    if Path(job_dir).name != str(trial.number) or not overrides_file.is_file():
+        return False
+    try:
+        saved = yaml.safe_load(overrides_file.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(saved, list) and all(f"{key}={value}" in saved for key, value in trial.params.items())
+
+
 def built(part: Any, name: str) -> Any:
     """The sampler or pruner `part`, built where it is still its config."""
     return instantiate_group(f"hydra.sweeper.{name}", part) if isinstance(part, DictConfig) else part
@@ -432,9 +450,13 @@ class OptunaSearch:
         """Settle the running trials whose worker is gone (module docstring); of two workers settling one, the
         storage lets one only (the other's update of a finished trial is refused)."""
         for trial in stale_trials(self.study):
-            job_dir = Path(trial.user_attrs.get(JOB_DIR_ATTR, self.sweep_dir / str(trial.number)))
-            results = job_dir / "results.json"
-            value = json.loads(results.read_text()).get(self.config.optimized_metric) if results.is_file() else None
+            job_dir = self._job_dir(trial)
+            try:
+                results = finished_results(job_dir) or {}
+            except UserError as error:
+                log.warning(f"trial {trial.number}: {error}: it is taken for unfinished")
+                results = {}
+            value = results.get(self.config.optimized_metric)
             if value is not None:  # killed after the job had finished, before the study heard of it
                 pruned = (job_dir / PRUNED_FILE).is_file()
                 with contextlib.suppress(ValueError, UpdateFinishedTrialError):  # or another worker told it first
@@ -457,6 +479,22 @@ class OptunaSearch:
             )
             job_dir.mkdir(parents=True, exist_ok=True)  # the marker also says which trials the count leaves out
             (job_dir / INTERRUPTED_FILE).write_text(f"interrupted: the worker running this trial stopped; {tried}\n")
+
+    def _job_dir(self, trial: FrozenTrial) -> Path:
+        """Where `trial`'s job ran, as the study says (any worker's job dir), where it is a place a job of this
+        search may have: in this worker's sweep dir, or a job dir Hydra wrote for this very trial (another worker's:
+        named after it, its .hydra/overrides.yaml holding its parameters). A study is data, handed over or shared:
+        no other place it names (a home directory, a URL) is written in or has its results read, and the trial's
+        place in this sweep dir stands in for it, with a warning."""
+        own = self.sweep_dir / str(trial.number)
+        stored = trial.user_attrs.get(JOB_DIR_ATTR)
+        if stored is None or plain_path_inside(stored, self.sweep_dir) or ran_trial(stored, trial):
+            return own if stored is None else Path(stored)
+        log.warning(
+            f"trial {trial.number}: the study names {quoted(stored)} as its job dir, which is neither in this sweep "
+            f"dir nor a job dir of that trial: not used; {own} stands in for it"
+        )
+        return own
 
     def _log_best(self) -> None:
         """What this worker ran, and the study's best trial (of all workers) in the log and in

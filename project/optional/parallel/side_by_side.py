@@ -192,8 +192,8 @@ def answered(job: Job, answer: dict, metric: str) -> JobReturn:
     error = error_file.read_text().strip() if error_file.is_file() else answer.get("error")
     what = f"failed: {error.removeprefix('error: ')}" if error else f"{metric} {format_value(answer['value'])}"
     report(f"job {job.number} ended after {time.monotonic() - job.started:.0f} s: {what}")
-    results = finished_results(job.directory)
-    if results is not None and not error:  # the table the job printed in its console.log, as one at a time shows it
+    results = None if error else finished_results(job.directory)
+    if results is not None:  # the table the job printed in its console.log, as one at a time shows it
         report(format_results_table(results))
     return outcome
 
