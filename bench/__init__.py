@@ -22,7 +22,7 @@ The suites (in brackets, the optional part a file goes with):
     preemption.py         a run stopped by SIGTERM mid-epoch and resumed (mid_epoch)
     memory.py             peak resident memory of a run against the bare imports
     sweep_leaks.py        threads, files, child processes and memory after jobs 1, 50 and 200 of a toy sweep
-    side_by_side.py       4 toy jobs of a sweep one at a time, 2 at once and all at once (parallel)
+    side_by_side.py       the README's side-by-side sweep against one at a time: toy and recipe jobs (parallel)
     fsdp_memory.py        per-rank model state and memory under FSDP against DDP, an MLP and a GPT (fsdp)
     image_folder.py       `data=image_folder`'s loader against decoding and training (image_folder)
     time_to_accuracy.py   the `experiment=mnist` recipe on Fashion-MNIST: epochs and seconds to 85 %, 88 %, best

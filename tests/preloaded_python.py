@@ -199,12 +199,12 @@ def become(request: dict, descriptors: list[int], client: int) -> None:
         sys.path[:] = ["", *pythonpath, *BASE_PATH]
         sys.argv[:] = ["-c", *request["args"]]
         sys.orig_argv = [sys.executable, "-c", request.get("code", ""), *request["args"]]
-    # torch sized its thread pool as the server imported it (with no OMP_NUM_THREADS: one thread per core).
-    threads = request["env"].get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch
+    # torch sized its thread pool as the server imported it (with no OMP_NUM_THREADS: one thread per core); a fresh
+    # interpreter sizes it by OMP_NUM_THREADS, else by the cores it may run on (a launcher may give it fewer).
+    import torch
 
-        torch.set_num_threads(int(threads))
+    threads = request["env"].get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else len(os.sched_getaffinity(0)))
     if request.get("stand_in"):
         take_the_identity_of(client)
     # Lightning read the process's rank from the environment as the server imported it.

@@ -4,17 +4,20 @@ Lightning's `FSDPStrategy` refuses CPUs and wraps with FSDP1; its `ModelParallel
 type (gloo on CPUs, NCCL on GPUs) but asks the LightningModule to shard itself in `configure_model`. This strategy
 shards a module that does not, in `shard_module`: the submodules `project.optional.fsdp.units` chooses (whole blocks,
 or those of `layer_classes`) each become an FSDP unit of their own (their parameters all-gathered just before their
-forward and freed after), then each child of the LightningModule that holds parameters becomes a root unit, which
-gathers what its units left over. The children, not the LightningModule, are the roots because FSDP2 names as root
-the first unit whose forward runs, and Lightning calls `training_step`, not `forward`: a module's steps call its
-children (`self.network(x)`), so a child always runs first. A module that implements `configure_model` shards
-itself there, as Lightning documents, and is left as it is.
+forward and freed after), then each child of the LightningModule that holds parameters (a network) becomes a unit,
+which gathers what its units left over, and the LightningModule itself the root unit, which holds what the networks
+share (an output layer's weight tied to the embedding, in two networks). FSDP2 runs a unit's gathering around its
+module's forward, and names as root the first unit whose forward runs; Lightning calls `training_step`, not
+`forward`, so this strategy calls each step as the module's forward (`through_forward`), as Lightning does for a
+wrapped module. A module that implements `configure_model` shards itself there, as Lightning documents, and is left
+as it is.
 
 Each rank holds 1/world_size of every parameter, gradient and optimizer state; the data is split over the ranks as
 under DDP (one data-parallel mesh dimension of world_size ranks), so the same global batch gives the same steps.
 """
 
-from collections.abc import Collection, Iterator
+import dataclasses
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +39,7 @@ from project.engine.checkpoints import check_shards, deletable, is_sharded, refu
 from project.engine.ddp import HydraJobRanks
 from project.engine.errors import UserError
 from project.optional.fsdp.checkpoints import new_version_dir, optimizer_state_by_name, publish, remove
-from project.optional.fsdp.units import KEY, UnitChoice
+from project.optional.fsdp.units import KEY, UnitChoice, network_units
 
 # Trainer precisions FSDP2 trains in here; the others are refused as the Trainer is built.
 FSDP_PRECISIONS = ("32-true", "32", "bf16-mixed")
@@ -54,11 +57,15 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
 
 
 def shard_module(module: nn.Module, units: UnitChoice, mesh: DeviceMesh, policy: MixedPrecisionPolicy) -> None:
-    """Shard `module` (a LightningModule) in place: its units, then each of its networks
-    (`project.engine.build.networks_of`: the children that hold parameters; see the module docstring).
+    """Shard `module` (a LightningModule) in place: its units, then its networks
+    (`project.engine.build.networks_of`: the children that hold parameters) that share nothing, then `module`, the
+    root unit (see the module docstring).
 
-    Parameters of `module`'s own (not in a child) would train unsharded and unreduced, and a parameter two networks
-    share would be sharded twice: both refused in one line.
+    The networks keep their weights gathered from their forward to their backward (`reshard_after_forward=False`), as
+    the root does: a network is called once a step, and gathering it again for the backward would only add traffic.
+    The root does not cast the step's inputs to bfloat16 (its networks cast theirs): a batch's floats (a regression's
+    targets) stay as the data module gave them. Parameters of `module`'s own (not in a child) are refused in one
+    line: only what its networks share is meant for the root unit, gathered inside a step alone.
     """
     own = [name for name, _ in module.named_parameters(recurse=False)]
     if own:
@@ -68,9 +75,36 @@ def shard_module(module: nn.Module, units: UnitChoice, mesh: DeviceMesh, policy:
         )
     networks = networks_of(module)
     shard_units(module, units, mesh, policy, roots=list(networks))
-    for network in networks.values():
-        if not isinstance(network, FSDPModule):
-            fully_shard(network, mesh=mesh, mp_policy=policy)
+    for name in network_units(module, networks):
+        if not isinstance(networks[name], FSDPModule):  # a network that is also a unit inside another (an alias)
+            fully_shard(networks[name], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(module, mesh=mesh, mp_policy=dataclasses.replace(policy, cast_forward_inputs=False))
+
+
+def through_forward(module: nn.Module, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)` (a step of `module`), run as `module(*args, **kwargs)`, so that FSDP2 runs the root
+    unit's hooks around it (Lightning's `_ForwardRedirection` does the same for a module it wraps). Inside, `self(...)`
+    is the module's own forward again."""
+
+    def forward(*call_args: Any, **call_kwargs: Any) -> Any:
+        del module.forward
+        return call(*call_args, **call_kwargs)
+
+    module.forward = forward
+    try:
+        return module(*args, **kwargs)
+    finally:
+        module.__dict__.pop("forward", None)
+
+
+def name_the_root(module: nn.Module) -> None:
+    """Make `module`'s unit the root now. FSDP2 names as root the first unit whose forward runs, and a module's hook
+    may call a network before its first step does (ClassifierModule.on_fit_start checks its network's outputs):
+    that network would become a root, and the module's unit could not. So the root's forward runs once, empty, as
+    the module is sharded; what it gathered is put back in its shards."""
+    with torch.no_grad():
+        through_forward(module, lambda: None)
+    reshard(module)
 
 
 def shard_units(
@@ -171,23 +205,33 @@ class HydraFSDPStrategy(HydraJobRanks, ModelParallelStrategy):
             policy = mixed_precision_policy(str(self.precision_plugin.precision))
             module.to(self.root_device)
             shard_module(module, self.units, self.device_mesh["data_parallel"], policy)
+            name_the_root(module)
         ParallelStrategy.setup(self, trainer)
 
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+    def module_step(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The LightningModule's step `name`, as Lightning's `Strategy` calls it inside the precision's context for
+        it, called as the module's forward where this strategy sharded the module (`through_forward`)."""
+        module = self.lightning_module
         with units_read_where_called():
-            return super().training_step(*args, **kwargs)
+            if is_overridden("configure_model", module):
+                return getattr(module, name)(*args, **kwargs)
+            return through_forward(module, getattr(module, name), *args, **kwargs)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.train_step_context():
+            return self.module_step("training_step", *args, **kwargs)
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        with units_read_where_called():
-            return super().validation_step(*args, **kwargs)
+        with self.precision_plugin.val_step_context():
+            return self.module_step("validation_step", *args, **kwargs)
 
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
-        with units_read_where_called():
-            return super().test_step(*args, **kwargs)
+        with self.precision_plugin.test_step_context():
+            return self.module_step("test_step", *args, **kwargs)
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        with units_read_where_called():
-            return super().predict_step(*args, **kwargs)
+        with self.precision_plugin.predict_step_context():
+            return self.module_step("predict_step", *args, **kwargs)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
         """Lightning's sharded save (every rank its shard, rank 0 the rest in `meta.pt`) into a new directory, which

@@ -16,7 +16,10 @@ shards a transformer per block:
 - each of at least `min_unit_params` parameters: a smaller unit costs two gathers and a reduce-scatter per step for
   little memory, and stays in the unit around it;
 - never a block that shares a parameter with a module outside it, nor one inside another unit.
-What no unit takes belongs to the root unit around it (the strategy's: each network of the LightningModule).
+What no unit takes belongs to the unit around it: the strategy makes one of each network of the LightningModule that
+shares nothing with another (`network_units`), and one of the LightningModule itself, the root, which holds the rest:
+a parameter two networks share (a language model's output layer tied to its embedding, `self.head.weight =
+self.embed.weight`) is sharded once there, gathered for the whole step, and stays one.
 
 `layer_classes` names the unit classes instead: every submodule of them, innermost first. A unit that would hold a
 parameter shared outside it is then refused in one line, before training.
@@ -32,6 +35,8 @@ from torch import nn
 from project.engine.errors import UserError
 
 TRANSFORMER_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+# Modules that hold others and that a model does not call (FSDP refuses to make a unit of one without a forward).
+CONTAINERS = (nn.ModuleList, nn.ModuleDict)
 KEY = "trainer.strategy.layer_classes"
 
 
@@ -134,9 +139,8 @@ class UnitChoice:
     def of(self, root: nn.Module, roots: Collection[str]) -> list[str]:
         """The names of the submodules of `root` to make FSDP units, innermost first (a unit's parameters are those
         its units inside it leave over, so they are sharded first). `roots`: the names of the children the caller
-        shards as root units itself, refused where two of them share a parameter."""
+        shards as units itself (`network_units`)."""
         holders = parameter_holders(root)
-        check_roots_share_nothing(root, roots, holders)
         if self.layer_classes is None:
             units = default_units(root, roots, self.min_unit_params, holders)
         else:
@@ -144,13 +148,15 @@ class UnitChoice:
         return units[::-1]
 
 
-def check_roots_share_nothing(module: nn.Module, roots: Collection[str], holders: Holders) -> None:
-    """Refuse root units (children of `module`) that share a parameter: each would shard its own copy of it."""
-    for name in roots:
-        shared = shared_outside(module.get_submodule(name), holders)
-        if shared is not None:
-            raise UserError(
-                f"trainer=fsdp shards each network of {type(module).__name__} ({', '.join(roots)}) as a unit of "
-                f"its own, and {shared[0]} is also {shared[1]}: FSDP would train the two apart. Keep the modules "
-                "that share it in one network (one submodule of the LightningModule)"
-            )
+def network_units(module: nn.Module, networks: Collection[str]) -> list[str]:
+    """The networks of `module` (`networks`: the names of its children that hold parameters) that become FSDP units of
+    their own: all but one that shares a parameter with a module outside it (another network, the LightningModule)
+    and a container with no forward of its own (`self.blocks = nn.ModuleList(...)`: FSDP gathers a unit as one of its
+    modules' forward starts). What they leave over is the root unit's (the module docstring)."""
+    holders = parameter_holders(module)
+    return [
+        name
+        for name in networks
+        if shared_outside(network := module.get_submodule(name), holders) is None
+        and not (isinstance(network, CONTAINERS) and type(network).forward is nn.Module.forward)
+    ]

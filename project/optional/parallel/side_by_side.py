@@ -1,8 +1,9 @@
 """The launching side of `hydra/launcher=parallel`: a sweep's jobs started side by side, one per free slot.
 
 Each slot has a worker, a Python of its own (`project.optional.parallel.worker`) started in a new session with the
-slot's GPUs as its CUDA_VISIBLE_DEVICES and the slot's cores as its CPU affinity, so that its jobs see and use those
-alone, and their DDP ranks and DataLoader workers with them. A worker runs its slot's jobs one after another, as
+slot's GPUs as its CUDA_VISIBLE_DEVICES and the slot's cores as its CPU affinity from its first instruction, so that
+its jobs see and use those alone, and their DDP ranks and DataLoader workers with them; torch sizes its thread pools
+by that affinity as the worker imports it (`start_worker`). A worker runs its slot's jobs one after another, as
 Hydra's own launcher runs a sweep's, so only a slot's first job pays the imports. A job's console output goes to
 `console.log` in its job dir (its `train.log` holds what it reports, as any run's). A slot takes its next job as its
 job ends, however it ends:
@@ -20,6 +21,7 @@ job ends, however it ends:
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -45,7 +47,7 @@ from project.engine.reports import format_results_table, format_value
 from project.engine.run_log import report
 from project.engine.sweeps import continue_hint, finished_results
 from project.optional.parallel.slots import Slot, plan_slots, visible_gpus
-from project.optional.parallel.worker import CORES, LAUNCHER, RETURN_FD
+from project.optional.parallel.worker import LAUNCHER, RETURN_FD
 
 log = logging.getLogger(__name__)
 # The job's console output, in its job dir.
@@ -53,6 +55,9 @@ CONSOLE_FILE = "console.log"
 # How long the launcher waits for an answer before it looks again at the workers and at a stop's deadline.
 POLL_SECONDS = 0.2
 STOPS = {signal.SIGINT: "interrupted by the user (Ctrl-C)", signal.SIGTERM: "stopped by SIGTERM"}
+# The variables that would size every job's threads alike whatever its slot (a cluster's shell often sets them): a
+# worker goes without, so that torch counts the cores of its slot, and Lightning divides them among a job's DDP ranks.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass
@@ -118,13 +123,13 @@ def job_config(launcher: Any, overrides: list[str], number: int) -> DictConfig:
 
 
 def start_worker(slot: Slot) -> Worker:
+    """The slot's worker, on the slot's cores before its first instruction: its first import (the `project`
+    package) imports torch, which sizes its intra-op, inter-op, OpenMP and MKL threads by the cores the process may
+    run on, once; an affinity set by the worker itself would come after."""
     answers, answer_end = os.pipe()
-    environment = os.environ | {
-        RETURN_FD: str(answer_end),
-        CORES: ",".join(map(str, slot.cores)),
-        LAUNCHER: str(os.getpid()),
-    }
-    environment.pop("MASTER_PORT", None)  # each job's DDP holds a port of its own (a set one would be shared)
+    environment = os.environ | {RETURN_FD: str(answer_end), LAUNCHER: str(os.getpid())}
+    for name in ("MASTER_PORT", *THREAD_VARIABLES):  # MASTER_PORT: each job's DDP holds a port of its own
+        environment.pop(name, None)
     if slot.gpus:
         environment["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
     process = subprocess.Popen(
@@ -134,6 +139,7 @@ def start_worker(slot: Slot) -> Worker:
         env=environment,
         pass_fds=(answer_end,),
         start_new_session=True,
+        preexec_fn=functools.partial(os.sched_setaffinity, 0, slot.cores),
     )
     os.close(answer_end)
     os.set_blocking(answers, False)
@@ -155,7 +161,7 @@ def hand_over(worker: Worker, launcher: Any, task: tuple, overrides: list[str], 
         "config": config,
         "hydra_context": job_context(launcher),
         "task": task,
-        "slot": worker.slot.describe(),
+        "slot": worker.slot,
         "console": str(directory / CONSOLE_FILE),
     }
     payload = pickle.dumps(spec)

@@ -3,11 +3,13 @@
 A slot is the share one running job has: `devices_per_job` GPUs of the visible ones (none on a CPU machine) and an
 equal share of the cores this process may run on. A job is started only in a free slot, so no two running jobs share
 a GPU or a core. On a CPU machine a device is a core: `devices_per_job=2` gives each job two cores, for the two ranks
-of `trainer=ddp trainer.devices=2`.
+of `trainer=ddp trainer.devices=2`; a job that asks for more devices than its slot has is refused (`check_job_fits`).
 """
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from project.engine.errors import UserError
 
@@ -84,3 +86,30 @@ def plan_slots(gpus: list[str], cores: list[int], devices_per_job: int, jobs_at_
         )
         for number in range(count)
     ]
+
+
+def devices_asked(devices: Any) -> int | None:
+    """How many devices a job's `trainer.devices` names, as Lightning reads it (a count, a list of ids, "0,1", "2");
+    None where it takes what there is ("auto", -1) or names nothing."""
+    if isinstance(devices, str) and "," in devices:
+        return len([part for part in devices.split(",") if part.strip()])
+    if isinstance(devices, str):
+        devices = int(devices) if devices.strip().isdigit() else None
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return devices if devices > 0 else None
+    return len(devices) if isinstance(devices, Sequence) else None
+
+
+def check_job_fits(slot: Slot, devices: Any) -> None:
+    """Refuse a job whose `trainer.devices` asks for more than its slot has: on a CPU slot, more processes (DDP
+    ranks) than cores, which would share cores and each train slower than the job would one at a time; on a GPU slot,
+    more GPUs than it sees."""
+    asked = devices_asked(devices)
+    has, kind = (len(slot.gpus), "GPU") if slot.gpus else (len(slot.cores), "core")
+    if asked is not None and asked > has:
+        per_job = "GPUs" if slot.gpus else "cores, one per process"
+        raise UserError(
+            f"trainer.devices={devices} asks for {asked} devices, and hydra/launcher=parallel gave this job "
+            f"{slot.describe()}, {has} {kind}(s): set hydra.launcher.devices_per_job={asked} (each job {asked} "
+            f"{per_job}), or trainer.devices={has}"
+        )

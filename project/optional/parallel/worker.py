@@ -7,10 +7,12 @@ cannot carry a function `hydra.main` wrapped) and the file its console output go
 parent that writes them, nothing read from disk. Each job runs as Hydra's own launcher runs a job (`run_job`): the
 same callbacks, the same job dir, `-m`'s mode, so it is a sweep's job in every way (its error.txt, its carrying on);
 and one job after another in one process, as Hydra's own launcher runs them, each giving back what it took
-(`project.engine.job`), so that only the slot's first job pays the imports. What a job returns goes back as one
-JSON line on the descriptor the parent named (`RETURN_FD`); an end that must stop the whole sweep (a stop, an error
-every job would meet) is this process's exit status, as it would be the sweep process's under Hydra's own launcher.
-Standard input's end (the sweep has no more jobs for this slot) ends the process.
+(`project.engine.job`), so that only the slot's first job pays the imports. The launcher started this process on
+the slot's cores, without OMP_NUM_THREADS or MKL_NUM_THREADS, so torch sized its threads by those cores as it was
+imported (a job's DDP ranks divide them: Lightning gives each rank cores ÷ ranks intra-op threads). What a job
+returns goes back as one JSON line on the descriptor the parent named (`RETURN_FD`); an end that must stop the whole
+sweep (a stop, an error every job would meet) is this process's exit status, as it would be the sweep process's
+under Hydra's own launcher. Standard input's end (the sweep has no more jobs for this slot) ends the process.
 """
 
 import functools
@@ -20,6 +22,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import runpy
 import signal
 import sys
@@ -27,9 +30,16 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-# The environment variables that name the descriptor this process writes its jobs' return values to, the CPU cores
-# of its slot, and its launcher's pid.
-RETURN_FD, CORES, LAUNCHER = "PROJECT_PARALLEL_RETURN_FD", "PROJECT_PARALLEL_CORES", "PROJECT_PARALLEL_LAUNCHER"
+import torch
+from omegaconf import OmegaConf
+
+from project.engine.errors import exit_on_user_error
+from project.engine.sweeps import is_number
+from project.optional.parallel.slots import Slot, check_job_fits
+
+# The environment variables that name the descriptor this process writes its jobs' return values to, and its
+# launcher's pid.
+RETURN_FD, LAUNCHER = "PROJECT_PARALLEL_RETURN_FD", "PROJECT_PARALLEL_LAUNCHER"
 PR_SET_PDEATHSIG = 1
 log = logging.getLogger("project.optional.parallel")
 
@@ -46,28 +56,39 @@ def task_function(module: str, name: str, path: str | None) -> Callable:
     return namespace[name].__wrapped__
 
 
-def announced(task: Callable, slot: str) -> Callable:
-    """`task`, which first says in the job's log which devices and cores it was given and which it sees."""
+def openmp_threads() -> str:
+    """OpenMP's own count (`omp_get_max_threads` of the OpenMP torch loaded, for this thread's parallel regions), as
+    torch reports it; "no" where torch was built without OpenMP."""
+    found = re.search(r"omp_get_max_threads\(\) : (\d+)", torch.__config__.parallel_info())
+    return found.group(1) if found else "no"
+
+
+@exit_on_user_error  # a job's error: it fails alone, its line in its error.txt and the sweep's table
+def fits(slot: Slot, cfg: Any) -> bool:
+    check_job_fits(slot, OmegaConf.select(cfg, "trainer.devices"))
+    return True
+
+
+def announced(task: Callable, slot: Slot) -> Callable:
+    """`task`, which first says in the job's log which devices and cores it was given, which it sees and the threads
+    it has on them; a job that asks for more devices than its slot has ends there, refused in one line."""
 
     @functools.wraps(task)
     def job(cfg: Any) -> Any:
-        import torch  # imported by the job's module already
-
         seen = os.environ.get("CUDA_VISIBLE_DEVICES")
         cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         log.info(
-            f"hydra/launcher=parallel gave this job {slot}: it sees CUDA_VISIBLE_DEVICES={seen}, cores {cores} "
-            f"({torch.get_num_threads()} intra-op thread(s))"
+            f"hydra/launcher=parallel gave this job {slot.describe()}: it sees CUDA_VISIBLE_DEVICES={seen}, cores "
+            f"{cores}: {torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op, "
+            f"{openmp_threads()} OpenMP thread(s)"
         )
-        return task(cfg)
+        return task(cfg) if fits(slot, cfg) else None
 
     return job
 
 
 def returned(value: Any) -> Any:
     """What the parent is sent of the task's return value: a number (a sweeper's objective) or None."""
-    from project.engine.sweeps import is_number  # not before `take_slot`: it imports the libraries
-
     return value if is_number(value) else None
 
 
@@ -80,10 +101,8 @@ def console_to(path: str) -> None:
         os.dup2(console.fileno(), 2)
 
 
-def take_slot() -> None:
-    """Before anything is imported (torch sizes its thread pool by the cores it may use): run on the slot's cores,
-    and be sent SIGTERM as the launcher ends, however it ends (Linux); a launcher gone already ends this process."""
-    os.sched_setaffinity(0, [int(core) for core in os.environ.pop(CORES).split(",")])
+def die_with_launcher() -> None:
+    """Be sent SIGTERM as the launcher ends, however it ends (Linux); a launcher gone already ends this process."""
     if sys.platform == "linux":
         import ctypes
 
@@ -119,7 +138,7 @@ def run(spec: dict) -> dict:
 
 
 def main() -> None:
-    take_slot()
+    die_with_launcher()
     with os.fdopen(int(os.environ.pop(RETURN_FD)), "w", buffering=1) as answers:
         while True:
             try:

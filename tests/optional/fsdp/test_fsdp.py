@@ -337,7 +337,7 @@ def test_a_training_step_issues_no_collective_but_the_shardings_and_agrees_on_si
     overrides = ["trainer=fsdp", *TOY, "trainer.log_every_n_steps=100", *count_collectives(run_dir)]
     check_ok(run_module("project.train", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=ENV))
     # One unit, the network (the toy's 752 weights are far below min_unit_params): gathered for the forward, kept so for
-    # the backward (FSDP2 does not reshard the root in between), its gradients reduce-scattered.
+    # the backward (reshard_after_forward=False), its gradients reduce-scattered; the root unit holds nothing.
     sharding = {"training": {"all_gather_single": 1, "reduce_scatter_single": 1}}
     expected = {"agreement": {"allreduce": 1}} | sharding
     for rank in (0, 1):

@@ -10,12 +10,13 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
+from project.engine.build import networks_of
 from project.engine.errors import UserError
 from project.example.networks import DeepNeuralNetwork, NeuralNetwork
 from project.optional.fsdp.strategy import mixed_precision_policy, shard_module, units_read_where_called
-from project.optional.fsdp.units import UnitChoice
+from project.optional.fsdp.units import UnitChoice, network_units
 from tests.helpers import one_rank_process_group, requires
-from tests.optional.fsdp.transformer_modules import GPT, EncoderClassifier, TorchTransformerLM
+from tests.optional.fsdp.transformer_modules import GPT, EncoderClassifier, TiedLanguageModel, TorchTransformerLM
 
 pytestmark = requires("fsdp")
 
@@ -62,14 +63,19 @@ def test_a_block_used_at_two_places_is_no_unit_of_its_own():
     assert UnitChoice(None, 0).of(model, set()) == ["2"]
 
 
-def test_networks_of_a_lightning_module_that_share_a_parameter_are_refused_before_sharding():
-    module = nn.Module()
-    module.encoder, module.decoder = nn.Embedding(4, 2), nn.Linear(2, 4, bias=False)
-    module.decoder.weight = module.encoder.weight
-    with pytest.raises(
-        UserError, match=r"each network of Module \(encoder, decoder\) .* encoder.weight is also decoder.weight"
-    ):
-        shard_module(module, DEFAULT, mesh=None, policy=None)
+def test_networks_of_a_lightning_module_that_share_a_parameter_stay_in_its_root_unit_and_stay_tied(tmp_path: Path):
+    """A GPT written into its LightningModule: its networks `embed` and `head` share the output layer's weight, and
+    its blocks' `ModuleList` has no forward; the LightningModule's root unit holds what they leave over."""
+    module = TiedLanguageModel()
+    assert network_units(module, list(networks_of(module))) == ["position", "norm"]
+    with one_rank_process_group(tmp_path):
+        shard_module(module, DEFAULT, init_device_mesh("cpu", (1,)), mixed_precision_policy("32-true"))
+        assert isinstance(module, FSDPModule), "the root unit"
+        assert not isinstance(module.embed, FSDPModule) and not isinstance(module.head, FSDPModule)
+        assert module.head.weight is module.embed.weight
+        assert {name for name, parameter in module.named_parameters() if parameter is module.embed.weight} == {
+            "embed.weight"
+        }, "one parameter, the root unit's"
 
 
 def test_a_weight_read_without_its_unit_being_called_is_one_line_naming_layer_classes(tmp_path: Path):

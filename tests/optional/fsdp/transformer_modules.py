@@ -7,7 +7,10 @@
 - `EncoderClassifier`: `nn.TransformerEncoder`, pooled, then a `Linear` head;
 - `GPT`: a stack of blocks of its own (`F.scaled_dot_product_attention`), its output layer's weight tied to its
   token embedding with `tie=true`, as GPT-2's.
-Their YAML files are in `TRANSFORMER_CONF` (`model/transformer.yaml`, `data/tokens.yaml`).
+`TiedLanguageModel` is that GPT written into its LightningModule, as most hand-written GPTs are: `embed`, `blocks`,
+`head` are the module's own attributes, and the output layer's weight, tied to the embedding's, is shared by two of
+its networks. Their YAML files are in `TRANSFORMER_CONF` (`model/transformer.yaml`, `model/tied_lm.yaml`,
+`data/tokens.yaml`).
 """
 
 from pathlib import Path
@@ -66,14 +69,16 @@ class TokenData(L.LightningDataModule):
         return DataLoader(self.splits["test"], batch_size=self.batch_size)
 
 
-class SequenceModel(L.LightningModule):
-    def __init__(self, network: nn.Module, lr: float = 3e-3) -> None:
+class SequenceSteps(L.LightningModule):
+    """The steps, loss, metrics and optimizer of a model whose `forward` maps token ids to logits."""
+
+    def __init__(self, lr: float) -> None:
         super().__init__()
-        self.network, self.lr = network, lr
+        self.lr = lr
 
     def _loss(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         inputs, targets = batch
-        logits = self.network(inputs)
+        logits = self(inputs)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         accuracy = (logits.argmax(-1) == targets).float().mean()
         self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True)
@@ -90,10 +95,19 @@ class SequenceModel(L.LightningModule):
         self._loss(batch, "test")
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self.network(batch[0]).argmax(-1)
+        return self(batch[0]).argmax(-1)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+class SequenceModel(SequenceSteps):
+    def __init__(self, network: nn.Module, lr: float = 3e-3) -> None:
+        super().__init__(lr)
+        self.network = network
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.network(tokens)
 
 
 def causal_mask(length: int) -> Tensor:
@@ -164,3 +178,23 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+class TiedLanguageModel(SequenceSteps):
+    """`GPT(tie=True)`'s layers as attributes of the LightningModule itself: its networks `embed` and `head` share
+    the output layer's weight."""
+
+    def __init__(
+        self, vocab: int = 32, width: int = 128, heads: int = 4, layers: int = 2, length: int = 16, lr: float = 3e-3
+    ) -> None:
+        super().__init__(lr)
+        gpt = GPT(vocab, width, heads, layers, length, tie=True)
+        self.embed, self.position, self.blocks, self.norm, self.head = (
+            gpt.embed,
+            gpt.position,
+            gpt.blocks,
+            gpt.norm,
+            gpt.head,
+        )
+
+    forward = GPT.forward  # the same layers under the same names

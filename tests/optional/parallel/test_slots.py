@@ -5,7 +5,7 @@ import re
 import pytest
 
 from project.engine.errors import UserError
-from project.optional.parallel.slots import plan_slots, visible_gpus
+from project.optional.parallel.slots import Slot, check_job_fits, plan_slots, visible_gpus
 
 
 def test_gpus_are_dealt_out_devices_per_job_at_a_time_and_the_cores_shared_equally():
@@ -47,6 +47,22 @@ def test_without_gpus_a_device_is_a_core():
 def test_a_share_out_that_cannot_work_is_refused_in_one_line(gpus, cores, per_job, at_once, words):
     with pytest.raises(UserError, match="^" + words.replace("(", r"\(").replace(")", r"\)")):
         plan_slots(gpus, cores, per_job, at_once)
+
+
+@pytest.mark.parametrize(
+    ("devices", "fits_one_core", "fits_two_gpus"),
+    [(1, True, True), (2, False, True), ("2", False, True), ([0, 1, 2], False, False), ("0,1", False, True)]
+    + [("auto", True, True), (-1, True, True), (None, True, True)],
+)
+def test_a_job_asking_for_more_devices_than_its_slot_has_is_refused(devices, fits_one_core, fits_two_gpus):
+    """On a CPU slot a device is a process, which needs a core; on a GPU slot, a GPU. "auto" and -1 take the slot's."""
+    cases = ((Slot(0, (), (3,)), fits_one_core), (Slot(1, ("4", "5"), (0,)), fits_two_gpus))
+    for slot, fits in cases:
+        if fits:
+            check_job_fits(slot, devices)
+        else:
+            with pytest.raises(UserError, match=rf"^trainer.devices={re.escape(str(devices))} asks for \d devices"):
+                check_job_fits(slot, devices)
 
 
 def test_the_visible_gpus_are_cuda_visible_devices_where_it_is_set(monkeypatch: pytest.MonkeyPatch):
