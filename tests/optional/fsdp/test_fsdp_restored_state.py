@@ -1,6 +1,7 @@
 """trainer=fsdp's strategy reads and deletes checkpoints itself (not through the Trainer's checkpoint plugin): it reads
 no URL and unpickles nothing, and deletes a checkpoint of its run only, never a path a restored state names outside
-it, nor a directory that is no checkpoint (project/engine/checkpoints.py's RestoredStateCheck drops such paths first)."""
+it, nor a directory that is no checkpoint (RestoredStateCheck, in project/engine/checkpoints.py, drops such paths
+first)."""
 
 from pathlib import Path
 
