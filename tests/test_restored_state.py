@@ -72,18 +72,20 @@ def plant_link(case: Path, run: Path) -> None:
     (run / "checkpoints" / "link").symlink_to(case / "victim")
 
 
-def with_hostile_paths(checkpoint: Path, written: Path, path: str, run: Path) -> Path:
+def with_hostile_paths(checkpoint: Path, written: Path, path: str | list[str], run: Path) -> Path:
     """`checkpoint` with `path` in every path of its ModelCheckpoint states (each's previous best and last file,
-    its worst best one, which a better epoch deletes), their dir the new run's (so Lightning restores them all)."""
+    its worst best one, which a better epoch deletes), their dir the new run's (so Lightning restores them all); given
+    several paths, the first three are its best, worst best and last files, and all of them its best ones."""
+    paths = [path] if isinstance(path, str) else path
     content = torch.load(checkpoint, map_location="cpu", weights_only=True)
     for state in content["callbacks"].values():
         if "best_model_path" in state:
             state.update(
                 dirpath=str(run / "checkpoints"),
-                best_model_path=path,
-                kth_best_model_path=path,
-                last_model_path=path,
-                best_k_models={path: torch.tensor(-1.0)},
+                best_model_path=paths[0],
+                kth_best_model_path=paths[1 % len(paths)],
+                last_model_path=paths[2 % len(paths)],
+                best_k_models=dict.fromkeys(paths, torch.tensor(-1.0)),
                 best_model_score=torch.tensor(-1.0),
                 kth_value=torch.tensor(-1.0),
             )
@@ -415,17 +417,15 @@ def own_environment(case: Path, port: int) -> dict[str, str]:
     return ENV | proxied_to(port) | {"HOME": str(case), "TORCH_HOME": str(case / "torch")}
 
 
-def hostile_file(form: str) -> Callable[[Path, Path, int], list[str]]:
-    """`ckpt_path=<the finished run's last.ckpt with the form's path>`, an epoch more."""
-
-    def prepare(case: Path, ckpt: Path, port: int) -> list[str]:
-        lay_victim(case)
-        run = case / "run"
-        plant_link(case, run)
-        hostile = with_hostile_paths(ckpt, case / "hostile.ckpt", HOSTILE_PATHS[form](case, run, port), run)
-        return [f"hydra.run.dir={run}", f"ckpt_path={hostile}", "trainer.max_epochs=4"]
-
-    return prepare
+def every_hostile_path(case: Path, ckpt: Path, port: int) -> list[str]:
+    """`ckpt_path=<the finished run's last.ckpt naming every form of HOSTILE_PATHS>`, an epoch more (each form alone:
+    `test_a_resume_drops_each_path_outside_the_run_before_a_callback_takes_it`, in this process)."""
+    lay_victim(case)
+    run = case / "run"
+    plant_link(case, run)
+    paths = [form(case, run, port) for form in HOSTILE_PATHS.values()]
+    hostile = with_hostile_paths(ckpt, case / "hostile.ckpt", paths, run)
+    return [f"hydra.run.dir={run}", f"ckpt_path={hostile}", "trainer.max_epochs=4"]
 
 
 def planted_under_outputs(case: Path, ckpt: Path, port: int) -> list[str]:
@@ -470,7 +470,7 @@ def sweep_of_unreadable_results(case: Path, ckpt: Path, port: int) -> list[str]:
 
 
 HOSTILE_ROADS: dict[str, Callable[[Path, Path, int], list[str]]] = {
-    **{f"ckpt_path-{form}": hostile_file(form) for form in HOSTILE_PATHS},
+    "ckpt_path-naming-every-form": every_hostile_path,
     "ckpt_path-last-planted-under-outputs": planted_under_outputs,
     "carried-on-sweep-job": carried_on_sweep,
     "results_from-best-of-a-url": best_of_nothing_trained,
