@@ -243,17 +243,22 @@ def test_each_hostile_callable_does_its_harm_past_hydras_own_blocklist(
 
 def opening_refuses(checkpoint: Path, outputs: Path, run_dir: Path, match: str) -> None:
     """Each opening of `checkpoint`, as the entry points do it, ends in an `UntrustedConfig` matching `match`:
-    rebuilding the run (evaluate, predict), resuming the file, and `ckpt_path=last` finding it as the newest run's."""
+    rebuilding the run (evaluate; predict rebuilds it the same way, and opens a hostile file end to end below),
+    resuming the file, and `ckpt_path=last` finding it as the newest run's."""
     plant_as_newest_last(checkpoint, outputs)
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        for program, own in (("project.evaluate", []), ("project.predict", [f"run_dir={run_dir}"])):
-            cfg = compose(program.split(".")[1], overrides=[f"ckpt_path={checkpoint}", *own])
-            with pytest.raises(UntrustedConfig, match=match):
-                rebuild_trained(cfg, program)
-        run_config = OmegaConf.to_container(compose("train", overrides=[f"run_dir={run_dir}"]), resolve=True)
+        with pytest.raises(UntrustedConfig, match=match):
+            rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}"]), "project.evaluate")
         for ckpt_path in (str(checkpoint), "last"):
             with pytest.raises(UntrustedConfig, match=match):
-                resume_path(ckpt_path, run_dir, outputs, run_config)
+                resume_path(ckpt_path, run_dir, outputs, train_config())
+
+
+@functools.cache
+def train_config() -> dict:
+    """project.train's resolved config (its run dir unused here), composed once, inside the caller's
+    `initialize_config_dir`."""
+    return OmegaConf.to_container(compose("train", overrides=["run_dir=unused"]), resolve=True)
 
 
 @pytest.mark.parametrize(("name", "placement"), PAIRS)
@@ -888,12 +893,12 @@ def sharded_opening(case_id: str, make_hostile: Callable[[Path, Bait], Path], mo
     return Opening(case_id, module, tuple(args.split()), ("sharded.ckpt is a sharded checkpoint whose",), lay)
 
 
-def mnist_opening(case_id: str, args: str, names: str) -> Opening:
+def mnist_opening(case_id: str, args: str, names: str, fresh: bool = False) -> Opening:
     def lay(case_dir: Path, finished: Path, port: int) -> None:
         Bait(case_dir / "bait").lay()
         mnist_checkpoint(finished, case_dir / "hostile.ckpt", case_dir / "bait" / "data")
 
-    return Opening(case_id, "project.evaluate", tuple(args.split()), tuple(names.split(" | ")), lay, fresh=True)
+    return Opening(case_id, "project.evaluate", tuple(args.split()), tuple(names.split(" | ")), lay, fresh)
 
 
 FILE, NEWEST, NN = "ckpt_path={dir}/hostile.ckpt", "ckpt_path=last", "+trusted_targets.nn=torch.nn.*"
@@ -947,7 +952,6 @@ OPENINGS = [
         "tried to write {dir}/bait/sentinel",
         lambda bait, port: HOSTILE["torch.nn.utils.rnn.bind"](bait),
         "model.network",
-        fresh=True,
     ),
     opening(
         "evaluate-escape-codes-in-a-target",
@@ -957,7 +961,7 @@ OPENINGS = [
         lambda bait, port: {"_target_": "evil\x1b[2J.x"},
         "model.network",
     ),
-    mnist_opening("evaluate-stored-data-dir-outside", FILE, "tried to write {dir}/bait/data"),
+    mnist_opening("evaluate-stored-data-dir-outside", FILE, "tried to write {dir}/bait/data", fresh=True),
     mnist_opening(
         "evaluate-download-not-asked-for", f"{FILE} data.root={{dir}}/yours/data", "tried to connect out (urllib"
     ),
