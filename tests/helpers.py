@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,6 +84,40 @@ def held_port() -> Iterator[int]:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         yield holder.getsockname()[1]
+
+
+@contextmanager
+def watched_port() -> Iterator[tuple[int, list]]:
+    """A port on 127.0.0.1 that notes every connection made to it and closes it at once (the client fails fast)."""
+    connections: list = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.1)
+        stop = threading.Event()
+
+        def accept() -> None:
+            while not stop.is_set():
+                try:
+                    connection, address = listener.accept()
+                except TimeoutError:
+                    continue
+                connections.append(address)
+                connection.close()
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        try:
+            yield listener.getsockname()[1], connections
+        finally:
+            stop.set()
+            thread.join()
+
+
+def proxied_to(port: int) -> dict[str, str]:
+    """An environment that sends any HTTP(S) a process makes, by proxy or not, to the watched `port`."""
+    proxy = f"http://127.0.0.1:{port}"
+    return {name: proxy for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy")}
 
 
 # Whether the running test is marked `fresh` (set by conftest.py's `interpreters` fixture): its processes, and every

@@ -20,10 +20,8 @@ import pickle
 import pkgutil
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import warnings
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator
@@ -61,7 +59,7 @@ from project.example.module import ClassifierModule
 from tests.acting_targets import ACTIONS, ActingNetwork
 from tests.faults import USER_ERROR, assert_ends_in_error_line
 from tests.foreign_modules import FOREIGN_CONF, RegressionData, RegressionModule
-from tests.helpers import CONF_DIR, REPO, run_module, untrained_toy_checkpoint
+from tests.helpers import CONF_DIR, REPO, proxied_to, run_module, untrained_toy_checkpoint, watched_port
 
 
 class TouchWhenUnpickled:
@@ -574,32 +572,6 @@ def test_outside_any_hydra_run_a_config_trusts_only_its_own_targets_and_trusted_
 # catching the error it meets).
 
 
-@contextmanager
-def watched_port() -> Iterator[tuple[int, list]]:
-    """A port on 127.0.0.1 whose connections a thread of the test accepts and records, while this lasts."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.2)
-    accepted: list = []
-    listening = threading.Event()
-    listening.set()
-
-    def accept() -> None:
-        while listening.is_set():
-            with contextlib.suppress(TimeoutError, OSError):
-                connection, peer = server.accept()
-                accepted.append(peer)
-                connection.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1], accepted
-    finally:
-        listening.clear()
-        thread.join(timeout=5)
-        server.close()
-
-
 def acting_checkpoint(checkpoint: Path, written: Path, action: str, where: str) -> Path:
     """`checkpoint` whose network is `tests.acting_targets.ActingNetwork(action, where)`, with weights that fit it."""
     content = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -978,12 +950,10 @@ OPENINGS = [
 
 def own_environment(case_dir: Path, port: int) -> dict[str, str]:
     """A user's environment, but for a home, a torch cache and proxies of the case's own."""
-    proxy = f"http://127.0.0.1:{port}"
-    proxies = {name: proxy for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
     homes = {"HOME": case_dir / "home", "TORCH_HOME": case_dir / "home" / "torch", "MPLCONFIGDIR": case_dir / "mpl"}
     for home in homes.values():
         home.mkdir(parents=True, exist_ok=True)
-    return {**os.environ, **proxies, **{name: str(path) for name, path in homes.items()}, "no_proxy": ""} | {
+    return {**os.environ, **proxied_to(port), **{name: str(path) for name, path in homes.items()}, "no_proxy": ""} | {
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(REPO),
     }

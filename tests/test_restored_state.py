@@ -13,11 +13,9 @@ import os
 import pickle
 import re
 import shutil
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import lightning as L
@@ -33,7 +31,7 @@ from project.engine.run_dir import plain_path_inside
 from project.engine.sweeps import finished_results, job_rows
 from project.engine.upstream import VERSION_BASE
 from tests.faults import ENV, START_TIMEOUT, SWEEP_FAILED, BadInput, assert_nothing_half_written, bad_input_test
-from tests.helpers import CONF_DIR, run_module
+from tests.helpers import CONF_DIR, proxied_to, run_module, watched_port
 
 VICTIM_FILE = "the user's own file"
 
@@ -92,40 +90,6 @@ def with_hostile_paths(checkpoint: Path, written: Path, path: str | list[str], r
     written.parent.mkdir(parents=True, exist_ok=True)
     torch.save(content, written)
     return written
-
-
-@contextmanager
-def watched_port() -> Iterator[tuple[int, list]]:
-    """A port on 127.0.0.1 that notes every connection made to it and closes it at once (the client fails fast)."""
-    connections: list = []
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        listener.settimeout(0.1)
-        stop = threading.Event()
-
-        def accept() -> None:
-            while not stop.is_set():
-                try:
-                    connection, address = listener.accept()
-                except TimeoutError:
-                    continue
-                connections.append(address)
-                connection.close()
-
-        thread = threading.Thread(target=accept, daemon=True)
-        thread.start()
-        try:
-            yield listener.getsockname()[1], connections
-        finally:
-            stop.set()
-            thread.join()
-
-
-def proxied_to(port: int) -> dict[str, str]:
-    """An environment that sends any HTTP(S) a process makes, by proxy or not, to the watched `port`."""
-    proxy = f"http://127.0.0.1:{port}"
-    return {name: proxy for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy")}
 
 
 # The rule.

@@ -12,8 +12,9 @@ from project.engine.build import build
 from project.engine.errors import UserError
 from project.optional.fsdp.checkpoints import new_version_dir, publish
 from project.optional.fsdp.strategy import HydraFSDPStrategy
+from tests.helpers import watched_port
 from tests.test_config import compose_train
-from tests.test_restored_state import TouchWhenUnpickled, assert_victim_untouched, lay_victim, watched_port
+from tests.test_restored_state import TouchWhenUnpickled, assert_victim_untouched, lay_victim
 
 
 def strategy_of_a_run(run: Path) -> HydraFSDPStrategy:
