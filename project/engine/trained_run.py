@@ -66,7 +66,7 @@ def confinement_of(cfg: DictConfig) -> Confinement:
     return Confinement(
         source=f"ckpt_path={cfg.ckpt_path}",
         writable=tuple(Path(os.path.realpath(path)) for path in [run_dir, *named] if path),
-        network=given.get("download") is True,
+        may_connect=given.get("download") is True,
         fix=(
             "where its data is to be written (unpacked, downloaded), give that dir as data.root=<dir>, and "
             "data.download=true to let it download; otherwise use a checkpoint you trust"

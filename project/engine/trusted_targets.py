@@ -287,17 +287,17 @@ class ActedOutsideTheRun(UntrustedConfig):
 @dataclass
 class Confinement:
     """While what a config read from disk describes is built (and its data prepared), this process writes only below
-    `writable` (the run's dir, and the dirs the user's own command line names), connects out only where `network` (the
-    user asked for a download), starts no program and unpickles nothing: each operation Python audits is judged before
-    it happens, and the first refused ends the build in one line (`ActedOutsideTheRun`), even where the code that tried
-    caught the error.
+    `writable` (the run's dir, and the dirs the user's own command line names), connects out only where `may_connect`
+    (the user asked for a download), starts no program and unpickles nothing: each operation Python audits is judged
+    before it happens, and the first refused ends the build in one line (`ActedOutsideTheRun`), even where the code
+    that tried caught the error.
 
     A net under the exact names, not a sandbox: what a target does in C (torch's file writer) is not audited, nor what
     the rebuilt module does later, in its own steps (the user's code)."""
 
     source: str
     writable: tuple[Path, ...]
-    network: bool
+    may_connect: bool
     fix: str
     refusal: ActedOutsideTheRun | None = None
     entered: list[tuple["Confinement | None", bool]] = field(default_factory=list)
@@ -341,7 +341,7 @@ class Confinement:
             if event == "sqlite3.connect" and str(arguments[0]) in ("", ":memory:"):
                 return None
             return next(filter(None, (self.outside(arguments[at], dir_fd) for at in CHANGES_PATHS[event])), None)
-        if event in CONNECTS and not self.network:
+        if event in CONNECTS and not self.may_connect:
             return f"connect out ({event} {shown_arguments(arguments)})"
         if event in STARTS_PROGRAMS:
             return f"start a program ({event} {shown_arguments(arguments)})"

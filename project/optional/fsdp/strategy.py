@@ -99,7 +99,7 @@ def through_forward(module: nn.Module, call: Callable[..., Any], *args: Any, **k
 
 def name_the_root(module: nn.Module) -> None:
     """Make `module`'s unit the root now. FSDP2 names as root the first unit whose forward runs, and a module's hook
-    may call a network before its first step does (ClassifierModule.on_fit_start checks its network's outputs):
+    may call a network before its first step does (the worked example checks its network's outputs on_fit_start):
     that network would become a root, and the module's unit could not. So the root's forward runs once, empty, as
     the module is sharded; what it gathered is put back in its shards."""
     with torch.no_grad():
