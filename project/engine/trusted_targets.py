@@ -355,9 +355,7 @@ class Confinement:
         if isinstance(path, int):
             return None
         resolved = self.resolved(path, dir_fd)
-        if resolved is not None and any(
-            resolved == str(root) or resolved.startswith(f"{root}{os.sep}") for root in self.writable
-        ):
+        if resolved is not None and any(Path(resolved).is_relative_to(root) for root in self.writable):
             return None
         where = ", ".join(str(root) for root in self.writable) or "none"
         return f"write {shown_arguments((path,))} (outside the dirs this run may write: {where})"
@@ -366,7 +364,7 @@ class Confinement:
         """Whether making `directory` changes nothing (it exists) or makes a dir above one this run may write."""
         if directory is None:
             return False
-        return os.path.isdir(directory) or any(str(root).startswith(f"{directory}{os.sep}") for root in self.writable)
+        return os.path.isdir(directory) or any(root.is_relative_to(directory) for root in self.writable)
 
     @staticmethod
     def resolved(path: Any, dir_fd: int | None) -> str | None:
