@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-fast test-hydra1.4 coverage bench lint lock tensorboard remove-part system-deps data-fashion-mnist clean
+.PHONY: train test test-fast test-hydra1.4 coverage mutants bench lint lock tensorboard remove-part system-deps data-fashion-mnist clean
 
 # The versions a green CI run installed, for this Python (`make lock` writes them): installed where they exist, so a
 # fresh machine gets what CI tested; another Python resolves pyproject.toml's ranges afresh.
@@ -52,6 +52,11 @@ test-hydra1.4: $(NEXT_STAMP)  ## the in-process tests again on Hydra 1.4 (its re
 coverage: $(STAMP)  ## the whole suite and its Hydra 1.4 pass, as .ci/run runs them, measuring what they run of project/ (their processes too): outputs/coverage/index.html
 	$(BIN)/python -m pytest --cov --cov-report= $(ARGS)
 	$(MAKE) test-hydra1.4 ARGS="--cov --cov-append --cov-report=term --cov-report=html $(ARGS)"
+
+# Not part of `make test`: the mutation tool is installed here, when asked, and a whole run takes hours.
+mutants: $(STAMP)  ## the engine's mutation score: each module's mutants against its guard tests (SAMPLE=N per module, SEED=S)
+	$(BIN)/python -m pip install --quiet "cosmic-ray==8.7.0" $(if $(CONSTRAINTS),--constraint $(CONSTRAINTS))
+	$(BIN)/python scripts/mutants.py $(if $(SAMPLE),--sample $(SAMPLE)) $(if $(SEED),--seed $(SEED)) $(ARGS)
 
 bench: $(STAMP)  ## the benchmark suite: one table, bench/results/<date>.json and PNGs (ARGS=--quick: a smoke run)
 	$(BIN)/python -m bench $(ARGS)

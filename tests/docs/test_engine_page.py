@@ -4,6 +4,7 @@ order project/engine/__init__.py lists, and every definition of upstream.py name
 import ast
 import re
 
+from scripts.mutants import guards_lines, route_table_guards
 from tests.helpers import REPO
 
 ENGINE = REPO / "project" / "engine"
@@ -55,3 +56,15 @@ def test_the_page_names_every_definition_of_upstream_py():
     text = PAGE.read_text()
     unnamed = sorted(name for name in upstream_definitions() if f"`{name}`" not in text)
     assert not unnamed, f"docs/engine.md's upstream table lacks {unnamed}"
+
+
+def test_the_route_table_and_the_guards_lines_name_one_list_of_test_files_per_module():
+    """`make mutants` runs each module's mutants against the route table's files: the text must not name others."""
+    table, sections = route_table_guards(), guards_lines()
+    assert set(table) == engine_modules()
+    differing = {
+        module: (table[module], sections.get(module)) for module in table if table[module] != sections.get(module)
+    }
+    assert not differing, f"route table vs Guards lines of docs/engine.md: {differing}"
+    missing = sorted(name for files in table.values() for name in files if not (REPO / "tests" / name).exists())
+    assert not missing, missing
