@@ -156,3 +156,32 @@ def test_a_bug_in_a_sweeps_job_fails_that_job_alone(sweep_job: Path, log_file: P
     assert (sweep_job / ERROR_FILE).read_text() == "error: KeyError: 'weights'\n"
     log = log_file.read_text()
     assert "in buggy_job" in log and log.rstrip().endswith("error: KeyError: 'weights'")
+
+
+def raise_while_cleaning_up_after(error: BaseException) -> None:
+    """A clean-up that fails inside an `except` block without `from`: `error` is only its implicit `__context__`."""
+    try:
+        raise error
+    except BaseException:
+        raise RuntimeError("the clean-up failed too")
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/a/full/disk/last.ckpt"),
+            "error: could not write /a/full/disk/",
+        ),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), "error: out of memory (2.00 GiB asked for): "),
+        (UserError("data.root=/nowhere: no such dir"), "error: data.root=/nowhere: no such dir"),
+    ],
+    ids=["full-disk", "out-of-memory", "user-error"],
+)
+def test_a_user_error_behind_a_failed_clean_up_ends_in_its_line_not_a_traceback(error, line, capsys):
+    entry_point = exit_on_user_error(raise_while_cleaning_up_after)
+    with pytest.raises(SystemExit) as ended:
+        entry_point(error)
+    assert ended.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.splitlines()[-1].startswith(line) and "Traceback" not in stderr
