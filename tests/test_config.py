@@ -279,3 +279,29 @@ def test_optimizer_arguments_need_no_plus_and_a_swapped_optimizer_gets_only_thos
         HydraConfig.instance().cfg = None
     adamw = instantiate(cfg.model.optimizer)(parameters)
     assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["weight_decay"] == 0.1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="float16 autocast is refused only where there is no CUDA GPU")
+@pytest.mark.parametrize("precision", ["16", "16-mixed"])
+def test_float16_autocast_without_a_gpu_is_refused_not_trained_in_bf16(tmp_path: Path, precision: str):
+    cfg = compose_train(tmp_path, f"trainer.precision={precision}")
+    with pytest.raises(UserError) as raised:
+        check_config(cfg)
+    assert error_line(raised.value) == (
+        f"error: trainer.precision={precision} is float16 autocast, which needs a CUDA GPU (Lightning would quietly "
+        "train in bf16-mixed instead): on this machine use trainer.precision=bf16-mixed or 32-true"
+    )
+
+
+def test_a_recipes_hint_never_overwrites_a_value_typed_on_the_command_line(tmp_path: Path):
+    """`hints:` completes what the user left out: a typed `num_classes` stays, an untyped `in_channels` is given."""
+    overrides = ["model=cnn", "model.network.num_classes=3", "+hints.model.network.num_classes=7"]
+    overrides += ["+hints.model.network.in_channels=5"]
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=[*overrides, *kept_in(tmp_path)], return_hydra_config=True)
+    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
+    try:
+        give_hints(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    assert (cfg.model.network.num_classes, cfg.model.network.in_channels) == (3, 5)
