@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from project.engine.reports import ProgressLines
+from project.engine.reports import ProgressLines, format_results_table
 from tests.faults import USER_ERROR
 from tests.helpers import environment, python
 
@@ -113,3 +113,12 @@ def test_progress_lines_switched_off_print_nothing_until_switched_on_again(capsy
     lines.step_line("epoch 0", 4, 4, trainer, BoringModel())
     lines.on_validation_end(trainer, BoringModel())
     assert capsys.readouterr().out.splitlines() == ["epoch 0 step 4/4", "epoch 0 validated"]
+
+
+def test_a_metric_named_with_a_prefix_that_is_no_stage_has_its_own_line_in_the_results_table():
+    """LearningRateMonitor's `lr-Adam/pg1`, a GAN's `gan/d_loss`: not a row of `-` under train, val and test."""
+    run = {"epochs": 1, "world_size": 1, "fit_seconds": 1.0, "samples_per_second": 10.0, "run_dir": "/runs/0"}
+    table = format_results_table({"val/acc": 0.75, "lr-Adam/pg1": 0.01, "gan/d_loss": 0.5, **run})
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if line[:1] not in ("-", " ")}
+    assert (rows["acc"], rows["lr-Adam/pg1"], rows["gan/d_loss"]) == (["-", "0.7500", "-"], ["0.0100"], ["0.5000"])
+    assert "pg1" not in rows and "d_loss" not in rows
