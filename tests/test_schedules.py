@@ -2,13 +2,21 @@
 cannot be built or stepped as configured (both paths train with these: tests/optional/reference/test_compare.py)."""
 
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from project.engine.errors import UserError, error_line
-from project.engine.schedules import RUN_EPOCHS, RUN_STEPS, build_schedule, check_resumable, register_resolvers
+from project.engine.schedules import (
+    RUN_EPOCHS,
+    RUN_STEPS,
+    ScheduleLengthCheck,
+    build_schedule,
+    check_resumable,
+    register_resolvers,
+)
 
 lr_scheduler = torch.optim.lr_scheduler
 
@@ -98,3 +106,16 @@ def test_a_fraction_of_the_run_is_rounded_and_never_less_than_one_step():
     with pytest.raises(Exception) as raised:
         OmegaConf.to_container(OmegaConf.create({"warmup": "${run_steps:2}"}), resolve=True)
     assert error_line(raised.value) == "error: model.scheduler: ${run_steps:2} takes a fraction > 0 and <= 1"
+
+
+@pytest.mark.parametrize(("stepped", "refused"), [(12, False), (13, True)])
+def test_a_fixed_length_schedule_as_long_as_the_run_trains_and_one_step_short_is_refused(stepped, refused):
+    """OneCycleLR of 12 steps: a run of 12 optimizer steps steps it exactly to its end; torch fails at a 13th."""
+    schedule = lr_scheduler.OneCycleLR(optimizer(), max_lr=0.1, total_steps=12)
+    config = SimpleNamespace(scheduler=schedule, interval="step", frequency=1)
+    trainer = SimpleNamespace(lr_scheduler_configs=[config], estimated_stepping_batches=stepped, ckpt_path=None)
+    if not refused:
+        ScheduleLengthCheck().on_train_start(trainer, None)
+        return
+    with pytest.raises(UserError, match="OneCycleLR ends after 12 steps, and this run steps it 13 times"):
+        ScheduleLengthCheck().on_train_start(trainer, None)
