@@ -11,8 +11,9 @@ import pytest
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from project.engine.checkpoints import AtomicCheckpointIO
+from project.engine.checkpoints import AtomicCheckpointIO, resume_path
 from project.engine.errors import UserError
+from tests.helpers import untrained_toy_checkpoint
 
 
 def test_checkpoint_write_interrupted_midway_leaves_the_previous_file_whole(tmp_path: Path, monkeypatch):
@@ -121,3 +122,21 @@ def test_a_disk_that_turns_read_only_between_the_write_and_the_rename_is_the_wri
         "make it writable, or write the run elsewhere (hydra.run.dir); kept: last.ckpt"
     )
     assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"epoch": 0}
+
+
+def test_ckpt_path_last_resumes_the_newest_earlier_run_of_the_same_model_and_data(tmp_path: Path):
+    """Three earlier runs of the toy, written in another order than their names sort, and a newer one of another
+    network: `ckpt_path=last` takes the toy's newest, by the time its last.ckpt was written."""
+    toy = untrained_toy_checkpoint(tmp_path)
+    (tmp_path / "other").mkdir()
+    other = untrained_toy_checkpoint(tmp_path / "other", "model.network.num_outputs=3")
+    outputs = tmp_path / "outputs"
+    written = {"12-00-00": (toy, 100), "13-00-00": (toy, 300), "14-00-00": (toy, 200), "15-00-00": (other, 400)}
+    for name, (checkpoint, seconds) in written.items():
+        last = outputs / "2026-12-06" / name / "checkpoints" / "last.ckpt"
+        last.parent.mkdir(parents=True)
+        shutil.copy(checkpoint, last)
+        os.utime(last, (seconds, seconds))
+    run_config = torch.load(toy, weights_only=True)["config"]
+    resumed = resume_path("last", outputs / "2026-12-06" / "16-00-00", outputs, run_config)
+    assert resumed == str(outputs / "2026-12-06" / "13-00-00" / "checkpoints" / "last.ckpt")
