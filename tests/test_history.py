@@ -4,11 +4,19 @@ the speed it reports when a batch's size cannot be read (project/engine/history.
 import dataclasses
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from project.engine.history import TrainingHistory, batch_size_of, summarise_history, training_loss
+from project.engine.history import (
+    Diverged,
+    DivergenceGuard,
+    TrainingHistory,
+    batch_size_of,
+    summarise_history,
+    training_loss,
+)
 
 
 @dataclasses.dataclass
@@ -73,3 +81,38 @@ def test_a_saved_history_loads_back_equal(tmp_path: Path):
     history.end_epoch([torch.tensor(0.25)], samples=4)
     assert TrainingHistory.load(history.save(tmp_path)) == history
     assert (tmp_path / "history.rank1.json").is_file()
+
+
+def trainer_logging_every(steps: int) -> SimpleNamespace:
+    """What `DivergenceGuard` reads of Lightning's trainer: the step, the logging interval, an optimizer's rate."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    return SimpleNamespace(global_step=0, log_every_n_steps=steps, optimizers=[optimizer], precision_plugin=None)
+
+
+def steps_taken(guard: DivergenceGuard, trainer: SimpleNamespace, losses: list[float], inputs: list[float]) -> None:
+    """Optimizer steps 1, 2, ... with these losses, each on a batch of one input of the value given."""
+    for loss, value in zip(losses, inputs, strict=True):
+        trainer.global_step += 1
+        batch = (torch.tensor([[value]]), torch.tensor([0]))
+        guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, batch, trainer.global_step - 1)
+
+
+def test_a_divergence_between_two_checks_names_its_first_bad_step_and_that_steps_inputs():
+    """Checked every 4th step: step 2's loss is inf on finite inputs, step 3's NaN on NaN inputs, step 4's finite.
+    The line at step 4 names step 2, its loss, and the learning rate, not step 3's data."""
+    guard, trainer = DivergenceGuard(), trainer_logging_every(4)
+    steps_taken(guard, trainer, losses=[0.5, math.inf], inputs=[1.0, 1.0])
+    steps_taken(guard, trainer, losses=[math.nan], inputs=[math.nan])
+    with pytest.raises(Diverged) as raised:
+        steps_taken(guard, trainer, losses=[0.3], inputs=[1.0])
+    assert str(raised.value).startswith(
+        "training diverged at step 2 (loss inf): lower the learning rate (now 0.1), or clip the gradients"
+    )
+
+
+def test_a_checkpoint_written_between_two_checks_after_a_bad_step_is_refused_so_the_last_finite_one_stays():
+    """Checked every 50th step: at step 3 a checkpoint's write asks first, and the run stops before it stores NaN."""
+    guard, trainer = DivergenceGuard(), trainer_logging_every(50)
+    steps_taken(guard, trainer, losses=[0.5, 0.4, math.nan], inputs=[1.0, 1.0, 1.0])
+    with pytest.raises(Diverged, match="training diverged at step 3 "):
+        guard.on_save_checkpoint(trainer, None, {})
