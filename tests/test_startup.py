@@ -150,6 +150,7 @@ def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(m
         (["python", "-m", "pytest", "project.train"], False),
         (["python", "-m", "pytest", "project/train.py"], False),
         (["python", "-c", "import project", "-m", "project.train"], False),
+        (["python", "-c", "project.train"], False),  # code that names the module runs no module
         (["python", "-X", "-m", "project/train.py"], True),  # -X takes the next argument, "-m", as its value
         (["python", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"], False),
         (["python", "--check-hash-based-pycs", "always", "-m", "project.train"], True),  # the one long option's value
