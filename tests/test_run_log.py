@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from project.engine.run_log import DISK_ERRORS, LIBRARY_LOGGERS, ClosableConsole, capture_logs
+from project.engine.run_log import DISK_ERRORS, LIBRARY_LOGGERS, ClosableConsole, capture_logs, started_by_rank_zero
 from tests.helpers import check_ok, run_module
 
 
@@ -94,3 +94,22 @@ def test_a_console_whose_reader_is_gone_at_a_flush_writes_to_dev_null_from_then_
     line = f"stdout was closed by its reader: the run goes on; its output is in {log}"
     assert capsys.readouterr().err == line + "\n"
     assert log.read_text() == line + "\n"
+
+
+@pytest.mark.parametrize(
+    ("environment", "reported_by_rank_zero"),
+    [
+        ({}, False),  # rank 0 itself reports
+        ({"RANK": "1", "LOCAL_RANK": "1"}, True),  # a rank Lightning's launcher started
+        ({"RANK": "1", "SLURM_PROCID": "1"}, False),  # srun started it: it reports itself
+        ({"RANK": "1", "TORCHELASTIC_RUN_ID": "job"}, False),  # torchrun started it
+    ],
+)
+def test_only_a_rank_that_rank_zero_started_leaves_its_lines_to_rank_zero(
+    monkeypatch, environment, reported_by_rank_zero
+):
+    for variable in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    assert started_by_rank_zero() is reported_by_rank_zero
