@@ -2,9 +2,12 @@
 module, project/engine/upstream.py, each with the upstream issue that would remove it (docs/engine.md lists them)."""
 
 import ast
+import json.decoder
 from pathlib import Path
 
 import pytest
+
+from project.engine import upstream
 
 PROJECT = Path(__file__).resolve().parents[1] / "project"
 UPSTREAM = PROJECT / "engine" / "upstream.py"
@@ -79,3 +82,10 @@ def test_upstream_py_names_an_issue_or_a_version_for_each_private_name_it_holds(
         assert any(mark in said + above for mark in ("#", "Lightning 2", "Hydra 1", "torch 2", "OmegaConf 2")), (
             f"upstream.py line {node.lineno}: say which upstream issue or version removes it"
         )
+
+
+def test_a_dotted_name_is_located_as_hydra_finds_a_target_and_one_naming_nothing_is_none():
+    """Hydra 1.4's whitelist adds each target's defined name: a name whose module does not import names nothing."""
+    assert upstream.located("json.decoder.JSONDecoder") is json.decoder.JSONDecoder
+    assert upstream.located("json.no_such_module.Decoder") is None
+    assert upstream.located("no_such_package.Decoder") is None
