@@ -7,11 +7,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from torch.multiprocessing.spawn import ProcessRaisedException
 
-from project.engine.errors import ERROR_FILE, UserError, error_line, exit_on_user_error, find_user_error, unwritable
+from project.engine.errors import (
+    ERROR_FILE,
+    UserError,
+    error_line,
+    exit_on_user_error,
+    find_user_error,
+    quoted,
+    unwritable,
+)
 from project.engine.upstream import VERSION_BASE
 from tests.helpers import CONF_DIR
 
@@ -185,3 +194,17 @@ def test_a_user_error_behind_a_failed_clean_up_ends_in_its_line_not_a_traceback(
     assert ended.value.code == 2
     stderr = capsys.readouterr().err
     assert stderr.splitlines()[-1].startswith(line) and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        (torch.zeros(2, 3), "a tensor of shape [2, 3]"),
+        ({"lr": 0.1}, "a mapping"),
+        ([1, 2], "a list of 2"),
+        ("x\x1b[2J", "'x\\x1b[2J'"),
+        ("a" * 100, "'" + "a" * 66 + "..."),
+    ],
+)
+def test_a_value_read_from_a_file_is_quoted_escaped_cut_or_named_by_its_kind(value, line):
+    assert quoted(value, longest=70) == line

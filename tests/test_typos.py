@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigKeyError
 
-from project.engine.errors import dotted_keys, nearest_keys, typo_message
+from project.engine.errors import dotted_keys, nearest_keys, run_hydra_app, typo_message
 from project.engine.upstream import VERSION_BASE
 from tests.helpers import CONF_DIR
 
@@ -76,3 +76,18 @@ def test_hydras_words_without_the_errors_it_names_them_from_get_no_message():
     assert typo_message(error) is None
     error.__cause__ = ConfigKeyError("Key 'max_epoch' is not in struct")  # made by hand: no parent node
     assert typo_message(error) is None
+
+
+def test_an_entry_point_ends_a_misspelt_override_in_its_one_line_and_status_2(capsys, monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # which run_hydra_app sets: unset again after the test
+
+    def main() -> None:
+        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+            compose("train", overrides=["trainer=ddpp"])
+
+    with pytest.raises(SystemExit) as ended:
+        run_hydra_app(main)
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "error: trainer=ddpp is not an option of trainer: did you mean trainer=ddp?"
+    )
