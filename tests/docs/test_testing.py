@@ -4,6 +4,10 @@ from tests.docs_commands import DocsPage, docs_page_tests
 from tests.helpers import REPO
 
 THIS_SUITE = "this suite itself, which CI runs from a fresh clone"
+MUTANTS = (
+    "a maintainer's measure of hours, not CI's: tests/docs/test_engine_page.py checks the route table it reads, "
+    "and its sampled run is recorded on the page"
+)
 PAGE = DocsPage(
     REPO / "docs" / "testing.md",
     not_run_here={
@@ -11,6 +15,8 @@ PAGE = DocsPage(
         "make test": THIS_SUITE,
         "make coverage": THIS_SUITE + " (under coverage)",
         "make test-hydra1.4": THIS_SUITE + " (its in-process part on Hydra 1.4: .ci/run runs it after make test)",
+        "make mutants SAMPLE=2 SEED=1": MUTANTS,
+        "make mutants ARGS=checkpoints": MUTANTS,
     },
 )
 
