@@ -305,3 +305,15 @@ def test_a_recipes_hint_never_overwrites_a_value_typed_on_the_command_line(tmp_p
     finally:
         HydraConfig.instance().cfg = None
     assert (cfg.model.network.num_classes, cfg.model.network.in_channels) == (3, 5)
+
+
+@pytest.mark.parametrize(("max_epochs", "refused"), [(-1, False), (1, False), (0, True), (-2, True)])
+def test_max_epochs_is_a_positive_count_or_minus_one_for_no_limit(tmp_path: Path, max_epochs: int, refused: bool):
+    cfg = compose_train(tmp_path, f"trainer.max_epochs={max_epochs}")
+    if not refused:
+        check_config(cfg)
+        return
+    with pytest.raises(
+        UserError, match=f"trainer.max_epochs must be an integer >= 1 \\(or -1 for no limit\\), got {max_epochs}"
+    ):
+        check_config(cfg)
