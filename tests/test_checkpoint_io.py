@@ -125,13 +125,16 @@ def test_a_disk_that_turns_read_only_between_the_write_and_the_rename_is_the_wri
 
 
 def test_ckpt_path_last_resumes_the_newest_earlier_run_of_the_same_model_and_data(tmp_path: Path):
-    """Three earlier runs of the toy, written in another order than their names sort, and a newer one of another
-    network: `ckpt_path=last` takes the toy's newest, by the time its last.ckpt was written."""
+    """Three earlier runs of the toy, written in another order than their names sort, then one of another network
+    and a file that is no checkpoint: `ckpt_path=last` takes the toy's newest, by the time its last.ckpt was written."""
     toy = untrained_toy_checkpoint(tmp_path)
     (tmp_path / "other").mkdir()
     other = untrained_toy_checkpoint(tmp_path / "other", "model.network.num_outputs=3")
     outputs = tmp_path / "outputs"
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint")
     written = {"12-00-00": (toy, 100), "13-00-00": (toy, 300), "14-00-00": (toy, 200), "15-00-00": (other, 400)}
+    written["15-30-00"] = (junk, 500)
     for name, (checkpoint, seconds) in written.items():
         last = outputs / "2026-12-06" / name / "checkpoints" / "last.ckpt"
         last.parent.mkdir(parents=True)

@@ -9,9 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from project.engine import history
 from project.engine.history import (
     Diverged,
     DivergenceGuard,
+    DivergenceWatch,
     TrainingHistory,
     batch_size_of,
     summarise_history,
@@ -116,3 +118,20 @@ def test_a_checkpoint_written_between_two_checks_after_a_bad_step_is_refused_so_
     steps_taken(guard, trainer, losses=[0.5, 0.4, math.nan], inputs=[1.0, 1.0, 1.0])
     with pytest.raises(Diverged, match="training diverged at step 3 "):
         guard.on_save_checkpoint(trainer, None, {})
+
+
+def test_of_two_ranks_one_that_saw_only_finite_steps_stops_with_the_other_at_its_first_bad_step(monkeypatch):
+    """Rank 1 diverged at step 5; rank 0, all finite, raises the same line at the same check (one all-gather)."""
+    monkeypatch.setattr(history.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(history.dist, "get_world_size", lambda: 2)
+
+    def all_gather_object(everyone: list, mine: tuple) -> None:
+        everyone[:] = [mine, (5, math.inf, False)]
+
+    monkeypatch.setattr(history.dist, "all_gather_object", all_gather_object)
+    watch = DivergenceWatch()
+    watch.observe_step(1, torch.tensor(0.5), (torch.ones(1, 1),))
+    with pytest.raises(
+        Diverged, match=r"^training diverged at step 5 \(loss inf\): lower the learning rate \(now 0.1\)"
+    ):
+        watch.check(0.1)
