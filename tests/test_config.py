@@ -1,6 +1,7 @@
 """Every option of every config group composes and builds as `project.train` builds it (no training), and the
 files say what they hold."""
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -317,3 +318,13 @@ def test_max_epochs_is_a_positive_count_or_minus_one_for_no_limit(tmp_path: Path
         UserError, match=f"trainer.max_epochs must be an integer >= 1 \\(or -1 for no limit\\), got {max_epochs}"
     ):
         check_config(cfg)
+
+
+def test_a_run_seeds_its_loader_workers_and_with_logger_none_has_no_logger(tmp_path: Path, monkeypatch):
+    """`seed=` reaches DataLoader workers too (Lightning's PL_SEED_WORKERS); `logger=none` is no logger at all, not
+    Lightning's default TensorBoard one."""
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # build sets them: restored after the test
+        monkeypatch.setenv(name, "0")
+    setup = build(compose_train(tmp_path, "logger=none", *kept_in(tmp_path)[1:]), tmp_path / "outputs")
+    assert os.environ["PL_SEED_WORKERS"] == "1"
+    assert setup.trainer.loggers == []
