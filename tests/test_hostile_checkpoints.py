@@ -46,6 +46,7 @@ from project.engine.errors import UserError
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import (
     ActedOutsideTheRun,
+    Confinement,
     TrustedTargets,
     UntrustedConfig,
     check_stored_config,
@@ -1013,3 +1014,23 @@ def test_opening_a_hostile_file_ends_in_one_line_changing_nothing_outside_the_ru
     assert before == after, f"changed outside the run: {sorted(set(before.items()) ^ set(after.items()))[:5]}"
     Bait(case_dir / "bait").assert_untouched()
     assert accepted == [], f"connections made: {accepted}"
+
+
+def test_a_relative_path_is_judged_from_the_dir_it_is_relative_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A plain relative path from the working dir (the run's here), one given with a `dir_fd` from that dir."""
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    for folder in (run, outside):
+        folder.mkdir()
+        (folder / "file").write_text("")
+    monkeypatch.chdir(run)
+    outside_fd = os.open(outside, os.O_RDONLY)
+    try:
+        with pytest.raises(ActedOutsideTheRun) as raised, Confinement("ckpt_path=x", (run,), False, "fix"):
+            os.mkdir("made")
+            os.chmod("file", 0o600)
+            with contextlib.suppress(ActedOutsideTheRun):
+                os.chmod("file", 0o600, dir_fd=outside_fd)
+    finally:
+        os.close(outside_fd)
+    assert (run / "made").is_dir() and (run / "file").stat().st_mode & 0o777 == 0o600
+    assert f"tried to write file (outside the dirs this run may write: {run})" in str(raised.value)
