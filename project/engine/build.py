@@ -1,6 +1,7 @@
 """What a run is made of (`build`): its config checked, then its data module, module, callbacks, loggers and Trainer
 built; with the checks that a stage has data to run on, and `compile=true`: `torch.compile` of the module's networks."""
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchmetrics import Metric
 
-from project.engine.checkpoints import PartWayResumeCheck, RestoredStateCheck, check_checkpoint_dirs, resume_path
+from project.engine.checkpoints import RestoredStateCheck, TrainingOrder, check_checkpoint_dirs, resume_path
 from project.engine.config import (
     RunConfigCallback,
     check_config,
@@ -28,6 +29,7 @@ from project.engine.config import (
     overridden_key,
     switched_on,
 )
+from project.engine.ddp import evaluated_once
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
 from project.engine.history import DivergenceGuard
 from project.engine.job import TrainingStarts
@@ -116,6 +118,29 @@ def check_data_for(
     )
 
 
+def serve_through_the_engine(data: Any, order: TrainingOrder) -> None:
+    """Have `data` (the data module, or the module under `data=none`) serve its loaders through the engine: the
+    training loader in the seeded order a resume continues (`TrainingOrder.training_loader`), the validation and
+    test loaders with every sample counted once however many processes share them (`ddp.evaluated_once`).
+
+    Lightning asks for loaders through the hook methods and offers no hook after them, so the hooks are wrapped on
+    this instance (its class is untouched).
+    """
+    for stage in ("train", "val", "test"):
+        hook = getattr(data, f"{stage}_dataloader", None)
+        if hook is None or getattr(hook, "served_by_the_engine", False):
+            continue
+
+        def served(hook: Any = hook, stage: str = stage) -> Any:
+            if stage == "train":
+                return order.training_loader(data, hook())
+            return evaluated_once(hook(), data.trainer, "validation" if stage == "val" else stage)
+
+        served = functools.wraps(hook)(served)
+        served.served_by_the_engine = True
+        setattr(data, f"{stage}_dataloader", served)
+
+
 def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
     """`instantiate(node)`, where a constructor that rejects a value of the config (a TypeError or ValueError, as the
     Trainer's for `precision`) ends in one line naming the config `group`."""
@@ -182,7 +207,9 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     module: L.LightningModule = instantiate_group("model", cfg.model)
     check_data_for("train", module, datamodule, "project.train")
     callbacks = configured_callbacks(cfg.callbacks)
-    callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), PartWayResumeCheck()]
+    order = TrainingOrder(cfg.seed)
+    serve_through_the_engine(datamodule if datamodule is not None else module, order)
+    callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), order]
     callbacks += [RestoredStateCheck(cfg.ckpt_path), TrainingStarts()]
     callbacks += extra_callbacks
     if cfg.get("compile"):

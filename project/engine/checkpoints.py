@@ -4,6 +4,7 @@ and resumes the data cannot carry on; what a resumed one restores, checked befor
 
 import contextlib
 import io
+import itertools
 import math
 import os
 import pickle
@@ -11,7 +12,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -32,13 +33,22 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.nn.parameter import is_lazy
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+)
 
 from project.engine.errors import UserError, disk_refuses, nearest_existing, quoted, unwritable
 from project.engine.run_dir import names_a_url, plain_path_inside
 from project.engine.run_log import printable, report
 from project.engine.sweeps import in_a_search
 from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, check_stored_config
-from project.engine.upstream import SHARDS_INDEX_CLASSES, TopKCheckpoint
+from project.engine.upstream import SHARDS_INDEX_CLASSES, TopKCheckpoint, with_sampler
 
 LAST = "<run dir>/checkpoints/last.ckpt"
 # In a sharded checkpoint's directory (trainer=fsdp), beside DCP's files: all but the tensors, as Lightning names it.
@@ -345,40 +355,279 @@ def resume_path(
     return str(path)
 
 
-def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
-    """Refuse, in one line, a resume from inside an epoch where the data module, or the module serving its own batches
-    (`data=none`), cannot restore the epoch's place."""
-    if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches):
+class SeededOrder(DistributedSampler):
+    """This process's share of an order drawn from `seed + epoch` alone (shuffled or not), which can start part-way.
+
+    The order depends on the epoch number only (not on a generator that advances as iterators are made), so a
+    resumed run sees the order it would have seen, and a loop that stops after the last batch (Lightning) and one that
+    runs into `StopIteration` (a `for` loop) agree. With one process it is the global order the ranks of a DDP run
+    share out (rank r takes samples r, r + N, ...). Being a `DistributedSampler`, Lightning leaves it in place under
+    DDP instead of putting its own there; Lightning and the reference loop call `set_epoch`.
+    """
+
+    def __init__(self, dataset: Any, seed: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.skip = 0  # samples of this epoch's share already trained (a checkpoint resumed part-way)
+
+    def start_part_way(self, epoch: int, samples_done: int) -> None:
+        """Begin epoch `epoch` after the first `samples_done` samples of this process's share; later epochs whole.
+
+        The length stays the whole share's: Lightning counts the batches already done towards the epoch's end.
+        """
+        self.epoch, self.skip = epoch, samples_done
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.skip = 0
+        super().set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+
+def batches_done(trainer: L.Trainer) -> int:
+    """Batches of the current epoch trained so far (their optimizer step included)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def orderable(loader: object) -> bool:
+    """Whether `loader` draws its order from a sampler the engine can put a `SeededOrder` in place of: a plain
+    `DataLoader` over a map-style dataset whose sampler is torch's random one (`shuffle=True`, each sample once) or
+    sequential one, batched by torch's own `BatchSampler`."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        return False
+    sampler = loader.sampler
+    plain_random = type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
+    return (plain_random or type(sampler) is SequentialSampler) and type(loader.batch_sampler) is BatchSampler
+
+
+def class_names_of(data: object, dataset: object) -> list[str] | None:
+    """The names of the classes `data` (a data module) or its training `dataset` says it has (`classes` or
+    `class_names`, as torchvision's datasets and the example's data modules name them), if either does."""
+    while isinstance(dataset, Subset):  # `random_split`'s parts
+        dataset = dataset.dataset
+    for holder in (data, dataset):
+        for name in ("classes", "class_names"):
+            names = getattr(holder, name, None)
+            if isinstance(names, (list, tuple)) and names:
+                return [str(item) for item in names]
+    return None
+
+
+# What fixes the order a part-way position lies in, as the user sets it.
+WHAT_FIXES_THE_ORDER = {
+    "batch_size": "data.batch_size",
+    "processes": "processes (trainer.devices × trainer.num_nodes)",
+    "seed": "seed",
+    "train_samples": "training samples",
+}
+
+
+class TrainingOrder(Callback):
+    """Every run's training batches in an order a resume can continue exactly, and the data it trained on, checked.
+
+    A data module written the plain way (`DataLoader(..., shuffle=True)`) draws each epoch's order from the global
+    random state as its iterator is made, so a resumed run, whose random state is not the stopped run's, trains other
+    batches; and Lightning can resume inside an epoch only where the loader can skip what was trained. So the engine
+    puts a `SeededOrder` (`seed`, epoch) in place of torch's random or sequential sampler in the training loader
+    (`training_loader`, through which `build.serve_through_the_engine` has the data serve it), and keeps where
+    training stands in it in every checkpoint (this callback's state): a checkpoint from inside an epoch
+    (`trainer.max_steps`, `trainer.max_time`, a SIGTERM, a mid-epoch one) resumes at the next batch.
+    A data module that saves its own state (`state_dict`) and a sampler of its own keep their order themselves.
+
+    The state also names the training data (its sample count and class names, where it says them), so a checkpoint
+    resumed with other data (another data module of other classes, other class order or size) is refused in one line
+    before training, whatever the data modules are called (Lightning keeps a data module's state under its class
+    name, and gives none to another class).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.sampler: SeededOrder | None = None  # the training loader's, once the engine has put it there
+        self.batch_size = 0  # the training loader's
+        self.data: dict | None = None  # the training data's size and class names, once its loader is made
+        self.resumed: dict | None = None  # the state of the checkpoint this run resumes from
+        self.trainer: L.Trainer | None = None
+
+    def training_loader(self, data: Any, loader: Any) -> Any:
+        """`loader` in the seeded order (when `orderable`), from where a resumed checkpoint left it; the resumed
+        checkpoint's data compared with this run's first."""
+        trainer = data.trainer
+        self.check_same_data(data, loader)
+        if keeps_its_own_place(data) or not orderable(loader):
+            self.sampler = None
+            return loader
+        share = trainer.distributed_sampler_kwargs or {"num_replicas": 1, "rank": 0}
+        shuffled = type(loader.sampler) is RandomSampler
+        self.sampler = SeededOrder(loader.dataset, self.seed, share["num_replicas"], share["rank"], shuffled)
+        self.batch_size = loader.batch_size
+        position = (self.resumed or {}).get("position")
+        if position and position["batches_done"]:
+            self.check_resumable(position, self.position(position["epoch"], position["batches_done"]))
+            self.sampler.start_part_way(position["epoch"], position["batches_done"] * loader.batch_size)
+        return with_sampler(loader, self.sampler)
+
+    def position(self, epoch: int, batches_done: int) -> dict[str, int]:
+        sampler = self.sampler
+        return {
+            "epoch": epoch,
+            "batches_done": batches_done,
+            "batch_size": self.batch_size,
+            "processes": sampler.num_replicas,
+            "seed": self.seed,
+            "train_samples": len(sampler.dataset),
+        }
+
+    def check_resumable(self, stored: dict, now: dict) -> None:
+        """Refuse to resume a part-way position in an order this run would not follow: "batch 40 of epoch 2" names
+        other samples with another batch size, process count, seed or data, so some would train twice, others never."""
+        changed = [
+            f"{what} {stored[key]} (this run: {now[key]})"
+            for key, what in WHAT_FIXES_THE_ORDER.items()
+            if stored[key] != now[key]
+        ]
+        if changed:
+            raise UserError(
+                f"ckpt_path: the checkpoint stopped part-way through epoch {stored['epoch']} (after batch "
+                f"{stored['batches_done']}) of a training order this run would not follow: its "
+                f"{'; its '.join(changed)}. "
+                "Resume it with its own data, data.batch_size, seed and number of processes, or resume from an "
+                "epoch-end checkpoint"
+            )
+
+    def check_same_data(self, data: Any, loader: Any) -> None:
+        """Refuse, before training, a checkpoint resumed with training data of another size or other classes (or
+        classes in another order: labels are positions in that list)."""
+        self.data = {"train_samples": len(loader.dataset) if is_sized(loader) else None}
+        self.data["classes"] = class_names_of(data, getattr(loader, "dataset", None))
+        stored = (self.resumed or {}).get("data")
+        if not stored:
+            return
+        differs = [
+            f"its training samples {stored['train_samples']} (this data: {self.data['train_samples']})"
+            if stored["train_samples"] not in (None, self.data["train_samples"])
+            else None,
+            classes_unlike(stored["classes"], self.data["classes"]),
+        ]
+        if any(differs):
+            raise UserError(
+                f"ckpt_path={data.trainer.ckpt_path} trained on other data than {type(data).__name__} gives: "
+                f"{'; '.join(filter(None, differs))}. Resume with the data it trained on; to train these data from its "
+                "weights, start a new run (without ckpt_path)"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training data's size and classes, and where training stands in the seeded order (when the engine put
+        it there): Lightning's count of the batches trained in this epoch, not the loader's (it fetches one ahead)."""
+        state: dict[str, Any] = {"data": self.data}
+        trainer = self.trainer
+        if self.sampler is not None and trainer is not None and trainer.state.fn == "fit":
+            epoch, done = trainer.current_epoch, batches_done(trainer)
+            if done >= trainer.num_training_batches:  # the epoch is over: the next one starts from its beginning
+                epoch, done = epoch + 1, 0
+            state["position"] = self.position(epoch, done)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.resumed = checked_order_state(state_dict)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.trainer = trainer
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Mark an epoch that stopped before its last batch as under way: Lightning ends the epoch when
+        `trainer.max_steps` is reached (or a stop asked for inside it), then saves it as if it had ended, and the
+        resumed run would skip the rest of its batches."""
+        loops = checkpoint.get("loops", {}).get("fit_loop")
+        if trainer.state.fn != "fit" or loops is None or math.isinf(trainer.num_training_batches):
+            return
+        epochs = loops["epoch_progress"]
+        ended = epochs["current"]["processed"] == epochs["current"]["started"] > epochs["current"]["completed"]
+        if ended and batches_done(trainer) < trainer.num_training_batches:
+            for counts in (epochs["current"], epochs["total"]):
+                counts["processed"] -= 1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        refuse_a_resume_the_data_cannot_continue(trainer, self.sampler is not None)
+
+
+def classes_unlike(stored: list[str] | None, now: list[str] | None) -> str | None:
+    """How the class names a checkpoint trained on differ from this data's, if both name theirs and they do."""
+    if stored is None or now is None or stored == now:
+        return None
+    if len(stored) != len(now):
+        return f"its {len(stored)} classes (this data: {len(now)})"
+    label = next(label for label, (there, here) in enumerate(zip(stored, now, strict=True)) if there != here)
+    return f"its class {label} is {quoted(stored[label])} (in this data: {quoted(now[label])})"
+
+
+def keeps_its_own_place(data: object) -> bool:
+    """Whether `data` (a data module; None, or the module, under `data=none`) saves and restores where its epoch
+    stands itself."""
+    return isinstance(data, L.LightningDataModule) and all(
+        is_overridden(hook, data, L.LightningDataModule) for hook in ("state_dict", "load_state_dict")
+    )
+
+
+def is_sized(loader: Any) -> bool:
+    try:
+        len(loader.dataset)
+    except TypeError:
+        return False
+    return True
+
+
+def checked_order_state(state: object) -> dict:
+    """A checkpoint's `TrainingOrder` state, refused in one line where it is not one this engine wrote: a checkpoint
+    is data, and may hold anything there."""
+    counts = set(WHAT_FIXES_THE_ORDER) | {"epoch", "batches_done"}
+    data, position = (state.get("data"), state.get("position")) if isinstance(state, dict) else (None, None)
+    problem = None
+    if not isinstance(state, dict) or set(state) - {"data", "position"}:
+        problem = f"holds {quoted(state)}"
+    elif data is not None and not (
+        isinstance(data, dict)
+        and set(data) == {"train_samples", "classes"}
+        and (data["train_samples"] is None or type(data["train_samples"]) is int)
+        and (data["classes"] is None or (isinstance(data["classes"], list) and all(map(is_text, data["classes"]))))
+    ):
+        problem = f"names its data as {quoted(data)}"
+    elif position is not None and not (
+        isinstance(position, dict)
+        and set(position) == counts
+        and all(type(value) is int and value >= 0 for value in position.values())
+    ):
+        problem = f"holds the position {quoted(position)}"
+    if problem:
+        raise UserError(
+            f"ckpt_path: the checkpoint's training order (its TrainingOrder state) {problem}, which is not one "
+            "project.train wrote: resume from a checkpoint project.train wrote, or train afresh (without ckpt_path)"
+        )
+    return state
+
+
+def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer, ordered_by_the_engine: bool) -> None:
+    """Refuse, in one line, a resume from inside an epoch where neither the engine (`TrainingOrder`) nor the data
+    module, or the module serving its own batches (`data=none`), can restore the epoch's place."""
+    if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches) or ordered_by_the_engine:
         return
     steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
     data = trainer.datamodule
-    keeps_its_position = all(
-        is_overridden(hook, data, L.LightningDataModule) for hook in ("state_dict", "load_state_dict")
-    )
-    if trainer.global_step % steps_per_epoch == 0 or keeps_its_position:  # None (data=none) overrides nothing
+    if trainer.global_step % steps_per_epoch == 0 or keeps_its_own_place(data):
         return
-    if data is None:
-        why = f"{type(trainer.lightning_module).__name__} serves its own batches (data=none), which keep no place"
-        fix = "serve the data from a data module with state_dict and load_state_dict"
-    else:
-        why = (
-            f"{type(data).__name__} cannot say where in an epoch its data stood (it defines no "
-            "state_dict/load_state_dict)"
-        )
-        fix = "give the data module state_dict and load_state_dict"
+    owner = type(trainer.lightning_module if data is None else data).__name__
+    why = (
+        f"{owner}'s training loader has a sampler of its own (or an iterable dataset), which keeps no place in an epoch"
+    )
+    fix = (
+        "serve the training batches with torch's own samplers (DataLoader(..., shuffle=True or False)), whose order "
+        "the engine keeps, or from a data module with state_dict and load_state_dict that restore where its epoch "
+        "stood (see the classifier's project/example/data/classification.py)"
+    )
     raise UserError(
         f"ckpt_path={trainer.ckpt_path} was written inside an epoch (step {trainer.global_step}), and {why}, so the "
-        f"epoch would restart its batches: resume from a checkpoint written at an epoch's end, or {fix} (see the "
-        "classifier's project/example/data/classification.py)"
+        f"epoch would restart its batches: resume from a checkpoint written at an epoch's end, or {fix}"
     )
-
-
-class PartWayResumeCheck(Callback):
-    """Refuses, before the first step, a resume from inside an epoch whose data cannot restore where the epoch stood:
-    it would start the epoch's batches again while Lightning counts on from the saved step."""
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        refuse_a_resume_the_data_cannot_continue(trainer)
 
 
 def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
@@ -737,8 +986,8 @@ def drop_foreign_paths(checkpoint: dict, trainer: L.Trainer) -> list[str]:
 
     for callback in trainer.callbacks:
         state = states.get(callback.state_key)
-        if not state:
-            continue  # Lightning restores none
+        if not state or isinstance(callback, TrainingOrder):
+            continue  # Lightning restores none; the training order's names no file (its classes' names may read as one)
         if isinstance(callback, ModelCheckpoint):
             problem = checkpoint_state_unlike(state, f"callbacks[{type(callback).__name__}]")
             if problem:
