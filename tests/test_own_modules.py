@@ -86,14 +86,17 @@ def test_predicting_with_a_module_whose_forward_does_not_take_the_batch_asks_for
 
 @pytest.mark.slow
 def test_a_resume_inside_an_epoch_is_refused_where_the_data_cannot_say_where_it_stood(user_dir: Path, tmp_path: Path):
-    """RegressionData keeps no position: its epoch would restart its batches, so only an epoch's end resumes."""
-    check_ok(train_own(user_dir, *REGRESSION, "trainer.max_steps=3", "logger=none", f"hydra.run.dir={tmp_path}/a"))
+    """RegressionData drawing its points with a sampler of its own keeps no position, and the engine cannot put its
+    seeded order there: its epoch would restart its batches, so only an epoch's end resumes."""
+    weighted = [*REGRESSION, "+data.weighted=true", "logger=none"]
+    check_ok(train_own(user_dir, *weighted, "trainer.max_steps=3", f"hydra.run.dir={tmp_path}/a"))
     stopped = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert torch.load(stopped, weights_only=True)["global_step"] == 3, "6 steps an epoch: inside the first"
-    result = train_own(user_dir, *REGRESSION, f"ckpt_path={stopped}", "logger=none", f"hydra.run.dir={tmp_path}/b")
+    result = train_own(user_dir, *weighted, f"ckpt_path={stopped}", f"hydra.run.dir={tmp_path}/b")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert error_lines(result.stderr)[-1].startswith(
-        f"error: ckpt_path={stopped} was written inside an epoch (step 3), and RegressionData cannot say where"
+        f"error: ckpt_path={stopped} was written inside an epoch (step 3), and RegressionData's training loader has a "
+        "sampler of its own"
     )
     assert not (tmp_path / "b" / "checkpoints").exists(), "refused before the first step"
 
