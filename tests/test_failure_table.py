@@ -80,6 +80,14 @@ ROWS = [
         ],
     ),
     (
+        "`init_from` cannot start the run from weights",
+        "2",
+        [
+            "tests/test_init_from.py::test_what_cannot_start_a_run_from_weights_is_one_line",
+            "tests/test_init_from.py::test_a_file_of_pickled_objects_is_one_line_and_nothing_of_it_runs",
+        ],
+    ),
+    (
         "a checkpoint's stored config holds anything but plain data",
         "2",
         [

@@ -18,7 +18,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchmetrics import Metric
 
-from project.engine.checkpoints import RestoredStateCheck, TrainingOrder, check_checkpoint_dirs, resume_path
+from project.engine.checkpoints import (
+    RestoredStateCheck,
+    TrainingOrder,
+    check_checkpoint_dirs,
+    freeze_parameters,
+    refuse_two_starts,
+    resume_path,
+    start_from_weights,
+)
 from project.engine.config import (
     RunConfigCallback,
     check_config,
@@ -198,6 +206,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     `cfg.ckpt_path` becomes the file itself. The benchmarks and tests add their probes as `extra_callbacks`."""
     check_config(cfg)
     give_hints(cfg)
+    refuse_two_starts(cfg.ckpt_path, cfg.get("init_from"))
     run_config = OmegaConf.to_container(cfg, resolve=True)
     sweep_dir = Path(HydraConfig.get().sweep.dir) if in_sweep_job() else None
     cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, run_config, sweep_dir)
@@ -205,6 +214,8 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate_group("data", cfg.data) if cfg.data else None  # data=none: an empty config
     module: L.LightningModule = instantiate_group("model", cfg.model)
+    start_from_weights(module, cfg.get("init_from"), cfg.get("init_into"), resumes=cfg.ckpt_path)
+    freeze_parameters(module, cfg.get("freeze"))  # before the optimizer is made, in fit
     check_data_for("train", module, datamodule, "project.train")
     callbacks = configured_callbacks(cfg.callbacks)
     order = TrainingOrder(cfg.seed)

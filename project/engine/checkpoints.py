@@ -1,6 +1,7 @@
 """Checkpoints: which one a run resumes from; refusing files that are not Lightning checkpoints, weights that do not fit
 and resumes the data cannot carry on; what a resumed one restores, checked before Lightning uses it
-(`RestoredStateCheck`); writing them whole; and keeping the best one (`BestCheckpoint`)."""
+(`RestoredStateCheck`); writing them whole; keeping the best one (`BestCheckpoint`); and a new run started from a
+file's weights, parts of it frozen (`start_from_weights`, `freeze_parameters`: fine-tuning)."""
 
 import contextlib
 import io
@@ -13,6 +14,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -21,6 +23,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from packaging.version import InvalidVersion, Version
 from torch import Tensor
@@ -119,15 +122,15 @@ def index_unlike_dcps(index: Metadata) -> str | None:
     return None
 
 
-def check_shards(path: str | Path) -> None:
+def check_shards(path: str | Path, key: str = "ckpt_path") -> None:
     """Refuse, before DCP reads them (unpickling its index, loading values with `weights_only=False`), a sharded
     checkpoint's files that hold more than tensors and plain values, point outside the checkpoint, or are not of
-    the shape DCP reads."""
+    the shape DCP reads. `key`: the config key that named it, which the line names."""
     root = Path(path).resolve()
 
     def refuse(what: str) -> UserError:
         return UserError(
-            f"ckpt_path={path} is a sharded checkpoint whose {what}: it is not opened (reading it would run code it "
+            f"{key}={path} is a sharded checkpoint whose {what}: it is not opened (reading it would run code it "
             "names, or fail); give a checkpoint project.train wrote"
         )
 
@@ -173,10 +176,10 @@ def optimizer_state_by_index(state: object) -> dict[str, Any]:
     return {"state": {number[name]: value for name, value in per_parameter.items()}, "param_groups": groups}
 
 
-def plain_checkpoint(path: str | Path) -> dict[str, Any]:
+def plain_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     """A sharded checkpoint as the dict of a single-file Lightning checkpoint: `state_dict` with whole tensors,
     `optimizer_states` as `Optimizer.state_dict()` gives them, and the rest from `meta.pt`."""
-    check_shards(path)
+    check_shards(path, key)
     with tempfile.TemporaryDirectory() as scratch:
         whole = Path(scratch) / "whole.pt"
         dcp_to_torch_save(Path(path), whole)
@@ -188,7 +191,7 @@ def plain_checkpoint(path: str | Path) -> dict[str, Any]:
         optimizer_states = [optimizer_state_by_index(tensors[key]) for key in optimizers]
     except ValueError as error:
         raise UserError(
-            f"ckpt_path={path} is a sharded checkpoint whose shards are not a module's weights and optimizer states "
+            f"{key}={path} is a sharded checkpoint whose shards are not a module's weights and optimizer states "
             f"({error}): give a checkpoint project.train wrote"
         ) from None
     return read_metadata(path) | {"state_dict": tensors["state_dict"], "optimizer_states": optimizer_states}
@@ -645,12 +648,12 @@ def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
             )
 
 
-def refuse_a_url(path: str | Path) -> None:
+def refuse_a_url(path: str | Path, key: str = "ckpt_path") -> None:
     """Refuse to read a checkpoint from a URL (Lightning fetches one through torch.hub and unpickles it), which a
-    restored state may name as its best checkpoint."""
+    restored state may name as its best checkpoint; `key` is the config key that named it."""
     if names_a_url(path):
         raise UserError(
-            f"ckpt_path={path} is a URL: checkpoints are read from local files only (a URL's content would be "
+            f"{key}={path} is a URL: checkpoints are read from local files only (a URL's content would be "
             "fetched and unpickled): download it, check it, and give the file"
         )
 
@@ -1057,3 +1060,183 @@ def check_resumed_weights(stored: Mapping, module: L.LightningModule, path: str)
         else "give the model= (and model.<key>=) that trained it, or train afresh (without ckpt_path)"
     )
     check_weights_fit(module, stored["state_dict"], path, advice)
+
+
+# Starting a new run from weights (`init_from`, `init_into`, `freeze` in conf/train.yaml): fine-tuning. Only tensors
+# are read, as from any checkpoint (`weights_only=True`, no URL, no stored config used); the run starts at epoch 0,
+# step 0, with the optimizer and schedule its own config makes. The weights are loaded into the module as its
+# constructor built it, on every process that builds it (each reads the same file), before a strategy wraps or shards
+# it; DDP then broadcasts rank 0's. A weight of another shape than the module's is left at its initialisation (a head
+# of another number of classes), and every such choice is said in the run's output.
+
+# Where a weights file may keep its state_dict, the first found: a Lightning checkpoint's, and common `.pth` layouts.
+STATE_DICT_KEYS = ("state_dict", "model")
+# The longest name of a weight a line shows (a file may hold any string).
+LONGEST_NAME = 120
+
+
+def refuse_two_starts(ckpt_path: str | None, init_from: str | None) -> None:
+    """Refuse a run given both a checkpoint to resume and weights to start from: resuming restores the checkpoint's
+    weights over any loaded before, with its optimizer, epoch and step, so one of the two would be ignored."""
+    if ckpt_path is not None and init_from is not None:
+        raise UserError(
+            f"ckpt_path={ckpt_path} resumes a run (its weights, optimizer, schedule, epoch and step) and "
+            f"init_from={init_from} starts a new one from weights: give one of them (ckpt_path to carry a run on, "
+            "init_from to fine-tune from its weights)"
+        )
+
+
+def tensors_in(content: object) -> dict[str, Tensor]:
+    """The tensors by name of the state_dict a loaded weights file holds: under `STATE_DICT_KEYS`, or the file's
+    dict itself (a bare state_dict). What is not a tensor named by a string is left out (a checkpoint's counters)."""
+    if not isinstance(content, Mapping):
+        return {}
+    inner = next((content[key] for key in STATE_DICT_KEYS if isinstance(content.get(key), Mapping)), content)
+    return {name: value for name, value in inner.items() if isinstance(name, str) and isinstance(value, Tensor)}
+
+
+def weights_in_file(path: str) -> dict[str, Tensor]:
+    """The weights `init_from` names, read as data: a checkpoint of this project or of Lightning (its state_dict), a
+    sharded one (assembled, its files checked first), a bare state_dict (`.pth`, `.pt`), or a dict holding one."""
+    refuse_a_url(path, "init_from")
+    where = Path(path)
+    if is_sharded(where):
+        content = plain_checkpoint(where, "init_from")
+    elif where.is_dir():
+        raise UserError(f"init_from={path} is a directory: give a checkpoint (.ckpt) or a state_dict file (.pth, .pt)")
+    elif not where.is_file():
+        raise UserError(f"init_from={path}: no such file")
+    else:
+        try:
+            content = torch.load(where, map_location="cpu", weights_only=True)
+        except Exception:  # torch raises many types for a damaged, foreign or pickled-object file
+            raise UserError(
+                f"init_from={path} is not a file torch.load reads as data (damaged, another kind of file, or one that "
+                "holds pickled objects, which are never loaded): give a checkpoint, or a state_dict saved with "
+                "torch.save(module.state_dict(), path)"
+            ) from None
+    tensors = tensors_in(content)
+    if not tensors:
+        raise UserError(
+            f"init_from={path} holds no tensors by name (a {type(content).__name__}, no state_dict of weights): give a "
+            "checkpoint, or a state_dict saved with torch.save(module.state_dict(), path)"
+        )
+    return tensors
+
+
+def shown(names: Sequence[str], separator: str = ", ") -> str:
+    """The first few of `names` (read from a file), each cut to `LONGEST_NAME` characters, and how many more."""
+    cut = [name if len(name) <= LONGEST_NAME else f"{name[: LONGEST_NAME - 3]}..." for name in names]
+    more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
+    return separator.join(cut[:3]) + more
+
+
+def by_submodule(loaded: Sequence[str], own: Sequence[str]) -> str:
+    """How many of each top-level submodule's tensors were loaded: `backbone 2 of 2, head 0 of 2`."""
+    counts: dict[str, list[int]] = {}
+    taken = set(loaded)
+    for name in own:
+        count = counts.setdefault(name.split(".")[0], [0, 0])
+        count[0] += name in taken
+        count[1] += 1
+    return ", ".join(f"{part} {done} of {total}" for part, (done, total) in counts.items())
+
+
+def prefixed(tensors: dict[str, Tensor], module: torch.nn.Module, into: str | None) -> dict[str, Tensor]:
+    """`tensors` named as `module` names them once they go into its submodule `into` (None: the module itself)."""
+    if into is None:
+        return tensors
+    try:
+        module.get_submodule(into)
+    except AttributeError:
+        children = ", ".join(name for name, _ in module.named_children()) or "none"
+        raise UserError(
+            f"init_into={into} is not a submodule of {type(module).__name__} (its submodules: {children}): give the "
+            "one the file's weights belong in, or init_into=null where the file's names are the module's"
+        ) from None
+    return {f"{into}.{name}": tensor for name, tensor in tensors.items()}
+
+
+def start_from_weights(module: torch.nn.Module, path: str | None, into: str | None, resumes: str | None) -> None:
+    """Load into `module` the weights of the file `path` (`init_from`) that it has under the same name and shape
+    (named `into.<name>` where `into` is given); say what was loaded and what was not. Nothing is loaded where the run
+    resumes a checkpoint of its own (`resumes`: a requeued or restarted run), whose weights Lightning restores."""
+    if path is None:
+        return
+    if resumes is not None:
+        if rank_zero_only.rank == 0:
+            report(f"init_from={path}: not loaded, this run resumes its own checkpoint {resumes} (its weights)")
+        return
+    offered = prefixed(weights_in_file(str(path)), module, into)
+    own = module.state_dict()
+
+    def fits(name: str) -> bool:
+        value = own[name]
+        return isinstance(value, Tensor) and (is_lazy(value) or value.shape == offered[name].shape)
+
+    loaded = [name for name in offered if name in own and fits(name)]
+    if not loaded:
+        raise UserError(
+            f"init_from={path}: none of its {len(offered)} tensors ({shown(list(offered))}) is one of "
+            f"{type(module).__name__}'s ({shown(list(own))}) by name and shape: give a file of this module's weights, "
+            "or init_into=<submodule> where the file's names lack the submodule's (a backbone's .pth)"
+        )
+    module.load_state_dict({name: offered[name] for name in loaded}, strict=False)
+    if rank_zero_only.rank == 0:
+        report_weights_loaded(path, module, offered, own, loaded)
+
+
+def report_weights_loaded(
+    path: str, module: torch.nn.Module, offered: Mapping[str, Tensor], own: Mapping[str, Any], loaded: list[str]
+) -> None:
+    """Say what `init_from` loaded (by submodule), and, where there are any, what it left at initialisation (of
+    another shape, or not in the file) and what of the file the module did not use."""
+    taken = set(loaded)
+    reshaped = [
+        f"{name}: file {list(offered[name].shape)}, here {list(own[name].shape)}"
+        for name in offered
+        if name in own and name not in taken
+    ]
+    missing = [name for name in own if name not in offered]
+    unused = [name for name in offered if name not in own]
+    report(
+        f"init_from={path}: loaded {len(loaded)} of {type(module).__name__}'s {len(own)} tensors "
+        f"({by_submodule(loaded, list(own))}); epoch 0, step 0, a fresh optimizer and schedule"
+    )
+    for what, names in (
+        ("of another shape, left at initialisation", reshaped),
+        ("not in the file, left at initialisation", missing),
+        ("in the file, not used", unused),
+    ):
+        if names:
+            report(f"init_from: {what}: {shown(names, '; ')}")
+
+
+def freeze_parameters(module: torch.nn.Module, patterns: Sequence[str] | str | None) -> None:
+    """Stop training the parameters of `module` whose names match a pattern of `patterns` (fnmatch's: `backbone.*`)
+    before its optimizer is made, and say how many; a pattern that matches none, or patterns that leave nothing to
+    train, are refused."""
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
+    if not patterns:
+        return
+    names = [name for name, _ in module.named_parameters()]
+    for pattern in patterns:
+        if not (isinstance(pattern, str) and any(fnmatchcase(name, pattern) for name in names)):
+            raise UserError(
+                f"freeze={pattern} matches none of {type(module).__name__}'s {len(names)} parameters "
+                f"({first_few(names)}): give patterns of their names, such as {names[0].split('.')[0]}.*"
+                if names
+                else f"freeze={pattern}: {type(module).__name__} has no parameters to freeze: drop freeze"
+            )
+    frozen = [name for name in names if any(fnmatchcase(name, pattern) for pattern in patterns)]
+    if len(frozen) == len(names):
+        raise UserError(
+            f"freeze={list(patterns)} freezes all {len(names)} parameters of {type(module).__name__}: nothing would "
+            "train; leave out the ones to train (freeze=[backbone.*] freezes only backbone's)"
+        )
+    for name, parameter in module.named_parameters():
+        if name in frozen:
+            parameter.requires_grad_(False)
+    if rank_zero_only.rank == 0:
+        trained = len(names) - len(frozen)
+        report(f"freeze: {len(frozen)} of {len(names)} parameters frozen ({shown(frozen)}), {trained} train")
