@@ -764,6 +764,9 @@ class RestoredStateCheck(Callback):
         self.configured: list | None = None
         self.stored_state: object = None
         self.resuming = False
+        # This run's schedules as built, and the checkpoint's states of them, compared once Lightning has restored.
+        self.schedules: list[tuple[str, object]] = []
+        self.stored_schedules: object = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         path = self.ckpt_path
@@ -796,17 +799,19 @@ class RestoredStateCheck(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """This run's optimizers and schedules exist, the checkpoint's are restored after this (a sharding strategy's
         `restore_checkpoint_after_setup`: the whole checkpoint)."""
-        self.configured = configured_hyperparameters(trainer.optimizers)
+        self.configured, self.schedules = configured_hyperparameters(trainer.optimizers), built_schedules(trainer)
         self.resuming = self.resumed is not None
         if self.resumed is not None:
             check_training_state(self.resumed, trainer)
-            refuse_a_changed_schedule(self.resumed, trainer)
+            self.stored_schedules = self.resumed.get("lr_schedulers")
         self.resumed = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The checkpoint's optimizer state is restored: this run's own configured hyperparameters go back in."""
+        """The checkpoint's optimizer and schedule states are restored, no step taken: a changed schedule is refused
+        (after `ScheduleLengthCheck`, whose line says how long it is), this run's own hyperparameters go back in."""
         if not self.resuming:
             return
+        refuse_a_changed_schedule(trainer, self.stored_schedules, self.schedules)
         changed = apply_configured_hyperparameters(
             trainer, self.configured, stored_configured(self.stored_state, self.configured)
         )
@@ -943,22 +948,25 @@ def schedule_settings(state: object) -> object:
     return plain(state)
 
 
-def changed_schedule(stored_states: object, trainer: L.Trainer) -> str | None:
-    """How this run's schedules, as built, differ from the checkpoint's, which Lightning would load into them as they
-    are (another class's attributes too): another count, class, or argument."""
-    schedules = [config.scheduler for config in trainer.lr_scheduler_configs]
+def built_schedules(trainer: L.Trainer) -> list[tuple[str, object]]:
+    """Each of this run's schedules as built, before Lightning loads the checkpoint's state into it: its class's
+    name and its settings."""
+    return [
+        (type(c.scheduler).__name__, schedule_settings(c.scheduler.state_dict())) for c in trainer.lr_scheduler_configs
+    ]
+
+
+def changed_schedule(stored_states: object, built: list[tuple[str, object]]) -> str | None:
+    """How this run's schedules, as built, differ from the checkpoint's, which Lightning loads into them as they are
+    (another class's attributes too): another count, class, or argument (its own before what it derives from them)."""
     stored_states = stored_states if isinstance(stored_states, list) else []
-    if len(stored_states) != len(schedules):
-        return f"the checkpoint's run had {len(stored_states)} learning-rate schedule(s), this run has {len(schedules)}"
-    for index, (stored, schedule) in enumerate(zip(stored_states, schedules, strict=True)):
-        name, fresh, stored = (
-            type(schedule).__name__,
-            schedule_settings(schedule.state_dict()),
-            schedule_settings(stored),
-        )
+    if len(stored_states) != len(built):
+        return f"the checkpoint's run had {len(stored_states)} learning-rate schedule(s), this run has {len(built)}"
+    for index, (stored, (name, fresh)) in enumerate(zip(stored_states, built, strict=True)):
+        stored = schedule_settings(stored)
         if not isinstance(stored, Mapping) or set(stored) != set(fresh):
             return f"the checkpoint's learning-rate schedule {index} is not a {name}, as this run's is"
-        for key in sorted(key for key in fresh if stored[key] != fresh[key]):
+        for key in sorted((key for key in fresh if stored[key] != fresh[key]), key=lambda key: (key[0] == "_", key)):
             return (
                 f"the checkpoint's learning-rate schedule {index} ({name}) was built with {key}={shown(stored[key])}, "
                 f"this run's with {key}={shown(fresh[key])}"
@@ -966,11 +974,11 @@ def changed_schedule(stored_states: object, trainer: L.Trainer) -> str | None:
     return None
 
 
-def refuse_a_changed_schedule(checkpoint: Mapping, trainer: L.Trainer) -> None:
-    problem = changed_schedule(checkpoint.get("lr_schedulers"), trainer)
+def refuse_a_changed_schedule(trainer: L.Trainer, stored_states: object, built: list[tuple[str, object]]) -> None:
+    problem = changed_schedule(stored_states, built)
     if problem:
         raise UserError(
-            f"ckpt_path={trainer.ckpt_path}: {problem}, and Lightning would load the checkpoint's schedule into this "
+            f"ckpt_path={trainer.ckpt_path}: {problem}, and Lightning has loaded the checkpoint's schedule into this "
             "run's as it is (its settings over this run's): resume with the checkpoint's schedule, or start a new run "
             "without ckpt_path"
         )
