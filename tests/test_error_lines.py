@@ -6,13 +6,16 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import lightning as L
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.errors import ERROR_FILE, UserError, error_line, exit_on_user_error, find_user_error, unwritable
 from project.engine.upstream import VERSION_BASE
+from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import CONF_DIR
 
 
@@ -156,3 +159,18 @@ def test_a_bug_in_a_sweeps_job_fails_that_job_alone(sweep_job: Path, log_file: P
     assert (sweep_job / ERROR_FILE).read_text() == "error: KeyError: 'weights'\n"
     log = log_file.read_text()
     assert "in buggy_job" in log and log.rstrip().endswith("error: KeyError: 'weights'")
+
+
+@pytest.mark.parametrize("name", ["EarlyStopping", "ModelCheckpoint"])
+def test_a_callback_monitoring_a_metric_not_logged_names_those_logged(name: str, tmp_path: Path):
+    """Lightning's own failure (a RuntimeError, a MisconfigurationException), as it meets it at the first
+    validation, said as the best checkpoint says it for optimized_metric."""
+    callback = EarlyStopping("val/msx") if name == "EarlyStopping" else ModelCheckpoint(tmp_path, monitor="val/msx")
+    trainer = L.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_progress_bar=False)
+    with pytest.raises(Exception) as failed:  # noqa: PT011
+        trainer.fit(RegressionModule(), datamodule=RegressionData())
+    assert error_line(find_user_error(failed.value)) == (
+        f"error: the {name} callback's monitor=val/msx is not logged by the module (it logs: val/mse, train/mse): "
+        "set its monitor (callbacks.<its name>.monitor in the config) to one of those, or log val/msx with self.log "
+        "in the module"
+    )

@@ -154,6 +154,35 @@ ROWS = [
         ],
     ),
     (
+        "a resume changes a setting of the optimizer or its schedule",
+        "0 or 2",
+        [
+            "tests/test_resume_settings.py::test_a_hyperparameter_no_schedule_drives_is_the_one_this_run_configures",
+            "tests/test_resume_settings.py::test_a_changed_lr_under_a_schedule_or_a_changed_schedule_is_refused_before_a_step",
+            "tests/test_resume_settings.py::test_a_resume_with_another_lr_trains_at_it_and_records_it",
+        ],
+    ),
+    (
+        "a file a checkpoint's stored config reads has moved",
+        "2",
+        [
+            "tests/test_stored_model_keys.py::test_a_checkpoint_whose_backbone_file_moved_names_the_key_and_opens_with_it",
+            "tests/test_stored_model_keys.py::test_a_model_key_given_replaces_the_stored_one_and_a_key_it_lacks_is_refused",
+        ],
+    ),
+    (
+        "a callback's `monitor` names a metric the module does not log",
+        "2",
+        ["tests/test_error_lines.py::test_a_callback_monitoring_a_metric_not_logged_names_those_logged"],
+    ),
+    (
+        "the example classifier (`model=toy`, `mnist_mlp`, `cnn`) on a data module of yours without a `train_set`",
+        "2",
+        [
+            "tests/test_own_modules.py::test_the_example_classifier_refuses_a_data_module_without_a_train_set_before_a_step"
+        ],
+    ),
+    (
         "the module does not log `optimized_metric`",
         "0 or 2",
         [

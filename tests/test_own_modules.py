@@ -5,6 +5,7 @@ The modules are tests/foreign_modules.py (a regression, one with dict batches) a
 YAML files (tests/foreign_conf/) sit in a directory of the user's, on Hydra's search path.
 """
 
+import functools
 import math
 import re
 from pathlib import Path
@@ -19,6 +20,8 @@ from project.engine.checkpoints import RestoredStateCheck, resume_path
 from project.engine.errors import UserError
 from project.engine.reports import format_value
 from project.engine.upstream import VERSION_BASE
+from project.example.module import ClassifierModule
+from project.example.networks import NeuralNetwork
 from tests.docs_commands import follow_steps, section_blocks
 from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import (
@@ -285,3 +288,19 @@ def test_a_module_that_makes_its_layers_in_configure_model_resumes_its_own_check
     resumed.fit(module, datamodule=RegressionData(), ckpt_path=path)
     assert resumed.global_step == first.global_step > 0, "resumed at the end of its epoch, nothing more to train"
     assert all(torch.equal(module.state_dict()[name], weights) for name, weights in trained.items())
+
+
+def test_the_example_classifier_refuses_a_data_module_without_a_train_set_before_a_step():
+    """RegressionData keeps its splits in a dict, not in the `train_set` the classifier reads (docs/your-code.md):
+    one line naming what is missing and what to give, not an AttributeError."""
+    module = ClassifierModule(NeuralNetwork(num_inputs=1, num_outputs=2), functools.partial(torch.optim.SGD, lr=0.1))
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(UserError) as refused:
+        trainer.fit(module, datamodule=RegressionData())
+    assert str(refused.value) == (
+        "the example classifier (ClassifierModule) reads its data module's train_set, a dataset of (inputs, label) "
+        "samples, and RegressionData has none after setup: give RegressionData a train_set (its training samples, "
+        "set in setup), or train a module of your own on it (model=<yours>); docs/your-code.md lists what the "
+        "example classifier asks of a data module"
+    )
+    assert trainer.global_step == 0

@@ -1011,6 +1011,14 @@ class RestoredStateCheck(Callback):
         self.ckpt_path = ckpt_path  # what `fit` resumes from (Lightning sets `trainer.ckpt_path` after `setup`)
         # The resumed checkpoint (its tensors mapped from disk), until this run's optimizers exist to compare with.
         self.resumed: Mapping | None = None
+        # This run's optimizers' hyperparameters as configured (stored in its checkpoints), and the state of this
+        # callback a resumed checkpoint stored: the hyperparameters its run configured.
+        self.configured: list | None = None
+        self.stored_state: object = None
+        self.resuming = False
+        # This run's schedules as built, and the checkpoint's states of them, compared once Lightning has restored.
+        self.schedules: list[tuple[str, object]] = []
+        self.stored_schedules: object = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         path = self.ckpt_path
@@ -1043,9 +1051,32 @@ class RestoredStateCheck(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """This run's optimizers and schedules exist, the checkpoint's are restored after this (a sharding strategy's
         `restore_checkpoint_after_setup`: the whole checkpoint)."""
+        self.configured, self.schedules = configured_hyperparameters(trainer.optimizers), built_schedules(trainer)
+        self.resuming = self.resumed is not None
         if self.resumed is not None:
             check_training_state(self.resumed, trainer)
+            self.stored_schedules = self.resumed.get("lr_schedulers")
         self.resumed = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The checkpoint's optimizer and schedule states are restored, no step taken: a changed schedule is refused
+        (after `ScheduleLengthCheck`, whose line says how long it is), this run's own hyperparameters go back in."""
+        if not self.resuming:
+            return
+        refuse_a_changed_schedule(trainer, self.stored_schedules, self.schedules)
+        changed = apply_configured_hyperparameters(
+            trainer, self.configured, stored_configured(self.stored_state, self.configured)
+        )
+        if changed and trainer.is_global_zero:
+            report(
+                f"ckpt_path={trainer.ckpt_path}: resumed with {'; '.join(changed)}, as this run configures", sys.stderr
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"configured": self.configured} if self.configured is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.stored_state = state_dict
 
 
 def check_resumed_weights(stored: Mapping, module: L.LightningModule, path: str) -> None:
@@ -1240,3 +1271,161 @@ def freeze_parameters(module: torch.nn.Module, patterns: Sequence[str] | str | N
     if rank_zero_only.rank == 0:
         trained = len(names) - len(frozen)
         report(f"freeze: {len(frozen)} of {len(names)} parameters frozen ({shown(frozen)}), {trained} train")
+
+
+# A setting changed on resume (docs/checkpoints.md, "Changing a setting on resume"). Lightning restores each optimizer's
+# param_groups as they were, so an lr given on the command line of a resume would be stored in the run's config and
+# trained at the checkpoint's value. `RestoredStateCheck` records each group's hyperparameters as this run configured
+# them (before the restore), stores them in the checkpoints it writes, and once Lightning has restored the checkpoint
+# compares the two runs' configured values: one no schedule drives is applied (one line), one a schedule drives, or the
+# schedule itself changed, is refused in one line before the first step.
+
+# What a learning-rate schedule's state holds as it steps, not as it was built; and its `base_lrs`, the groups'
+# `initial_lr`, which the param groups' comparison names as the lr the user configured.
+SCHEDULE_PROGRESS = frozenset(
+    ("last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "best", "num_bad_epochs")
+    + ("cooldown_counter", "base_lrs")
+)
+# The param group keys a schedule writes each step: the lr, and the momentum (or Adam's first beta) that OneCycleLR
+# and CyclicLR cycle where their groups hold `max_momentum`.
+CYCLED_WITH_MOMENTUM = ("momentum", "betas")
+
+
+def plain(value: object) -> object:
+    """A param group's value as it compares and is stored: a tensor as its number(s), a tuple as a list."""
+    if isinstance(value, Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def configured_hyperparameters(optimizers: Sequence[torch.optim.Optimizer]) -> list[list[dict[str, Any]]]:
+    """Each optimizer's param groups as this run configured them (all but their parameters), plain."""
+    return [[{k: plain(v) for k, v in group.items() if k != "params"} for group in o.param_groups] for o in optimizers]
+
+
+def scheduled(trainer: L.Trainer) -> dict[int, str]:
+    """The name of the schedule driving each optimizer that has one, by the optimizer's index."""
+    names = {}
+    for config in trainer.lr_scheduler_configs:
+        for index, optimizer in enumerate(trainer.optimizers):
+            if getattr(config.scheduler, "optimizer", None) is optimizer:
+                names[index] = type(config.scheduler).__name__
+    return names
+
+
+def driven_by_schedule(key: str, group: Mapping, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a schedule (one drives `optimizer`) sets `key` of `group`: the lr and the initial lr it starts from,
+    the keys it adds of its own (`max_lr`, `base_momentum`, ...) and a cycled momentum."""
+    if key in ("lr", "initial_lr") or key not in optimizer.defaults:
+        return True
+    return key in CYCLED_WITH_MOMENTUM and "max_momentum" in group
+
+
+def where(optimizer_index: int, group_index: int, optimizers: int) -> str:
+    own = f"optimizer {optimizer_index}'s " if optimizers > 1 else ""
+    return f"{own}param group {group_index}"
+
+
+def like(value: object, current: object) -> object:
+    """A plain configured `value` as the kind of object the group holds now (a tensor, a tuple of betas)."""
+    if isinstance(current, Tensor):
+        return torch.as_tensor(value).to(current)
+    return tuple(value) if isinstance(current, tuple) else value
+
+
+def shown_value(value: object) -> str:
+    """A hyperparameter's value as a line shows it (read from a checkpoint: quoted)."""
+    if isinstance(value, list) and all(is_number(item) for item in value):
+        return f"({', '.join(quoted(item) for item in value)})"
+    return quoted(value)
+
+
+def apply_configured_hyperparameters(trainer: L.Trainer, now: list, then: list | None) -> list[str]:
+    """Set, after Lightning's restore, each hyperparameter this run configures otherwise than the checkpoint's run
+    (`then`: its configured values, or None where its checkpoint stores none: then the restored ones, less what a
+    schedule moves) to this run's value; what was changed, said. A changed one that a schedule drives is refused."""
+    optimizers, schedules, changed = trainer.optimizers, scheduled(trainer), []
+    for o, optimizer in enumerate(optimizers):
+        for g, group in enumerate(optimizer.param_groups):
+            stored = then[o][g] if then is not None else {k: plain(v) for k, v in group.items() if k != "params"}
+            # initial_lr first: under a schedule it is the lr as configured, which `lr` is not once stepped.
+            for key in sorted(now[o][g], key=lambda name: name != "initial_lr"):
+                value = now[o][g][key]
+                if not isinstance(stored, Mapping) or key not in stored or stored[key] == value:
+                    continue
+                driven = o in schedules and driven_by_schedule(key, group, optimizer)
+                if driven and then is None and key in ("lr", *CYCLED_WITH_MOMENTUM):
+                    continue  # moved by the schedule as it ran: without the configured value, nothing to compare
+                place, name = where(o, g, len(optimizers)), "lr" if key == "initial_lr" else key
+                if driven:
+                    raise UserError(
+                        f"ckpt_path={trainer.ckpt_path}: this run configures {name} {shown_value(value)} for {place}, "
+                        f"the checkpoint's run {shown_value(stored[key])}, and its learning-rate schedule "
+                        f"({schedules[o]}) "
+                        f"drives {name} from there: a schedule cannot start again from another {name} midway (its "
+                        f"steps so far were taken from the old one); resume with the checkpoint's {name}, or start a "
+                        "new run without ckpt_path"
+                    )
+                trained_at = shown_value(group[key])
+                changed.append(f"{name} {shown_value(value)} for {place} (the checkpoint trained at {trained_at})")
+                group[key] = like(value, group[key])
+    return changed
+
+
+def schedule_settings(state: object) -> object:
+    """A schedule's state without what changes as it steps, at any depth (SequentialLR holds its parts' states)."""
+    if isinstance(state, Mapping):
+        return {key: schedule_settings(value) for key, value in state.items() if key not in SCHEDULE_PROGRESS}
+    if isinstance(state, (list, tuple)):
+        return [schedule_settings(item) for item in state]
+    return plain(state)
+
+
+def built_schedules(trainer: L.Trainer) -> list[tuple[str, object]]:
+    """Each of this run's schedules as built, before Lightning loads the checkpoint's state into it: its class's
+    name and its settings."""
+    return [
+        (type(c.scheduler).__name__, schedule_settings(c.scheduler.state_dict())) for c in trainer.lr_scheduler_configs
+    ]
+
+
+def changed_schedule(stored_states: object, built: list[tuple[str, object]]) -> str | None:
+    """How this run's schedules, as built, differ from the checkpoint's, which Lightning loads into them as they are
+    (another class's attributes too): another count, class, or argument (its own before what it derives from them)."""
+    stored_states = stored_states if isinstance(stored_states, list) else []
+    if len(stored_states) != len(built):
+        return f"the checkpoint's run had {len(stored_states)} learning-rate schedule(s), this run has {len(built)}"
+    for index, (stored, (name, fresh)) in enumerate(zip(stored_states, built, strict=True)):
+        stored = schedule_settings(stored)
+        if not isinstance(stored, Mapping) or set(stored) != set(fresh):
+            return f"the checkpoint's learning-rate schedule {index} is not a {name}, as this run's is"
+        for key in sorted((key for key in fresh if stored[key] != fresh[key]), key=lambda key: (key[0] == "_", key)):
+            return (
+                f"the checkpoint's learning-rate schedule {index} ({name}) was built with "
+                f"{key}={shown_value(stored[key])}, this run's with {key}={shown_value(fresh[key])}"
+            )
+    return None
+
+
+def refuse_a_changed_schedule(trainer: L.Trainer, stored_states: object, built: list[tuple[str, object]]) -> None:
+    problem = changed_schedule(stored_states, built)
+    if problem:
+        raise UserError(
+            f"ckpt_path={trainer.ckpt_path}: {problem}, and Lightning has loaded the checkpoint's schedule into this "
+            "run's as it is (its settings over this run's): resume with the checkpoint's schedule, or start a new run "
+            "without ckpt_path"
+        )
+
+
+def stored_configured(state: object, now: list) -> list | None:
+    """The checkpoint's run's configured hyperparameters from this callback's stored state, where they are of this
+    run's optimizers and groups (a checkpoint is data); None where there are none to compare."""
+    configured = state.get("configured") if isinstance(state, Mapping) else None
+    if not (isinstance(configured, list) and len(configured) == len(now)):
+        return None
+    for stored, fresh in zip(configured, now, strict=True):
+        if not (isinstance(stored, list) and len(stored) == len(fresh) and all(isinstance(g, Mapping) for g in stored)):
+            return None
+    return [[{key: plain(value) for key, value in group.items()} for group in groups] for groups in configured]
