@@ -137,11 +137,12 @@ ROWS = [
     ),
     ("memory runs out", "2", [f"{FAULTS}::test_running_out_of_memory_is_one_line_naming_where"]),
     (
-        "a checkpoint from inside an epoch (`trainer.max_steps`, a mid-epoch one) resumed with a data module",
+        "a checkpoint from inside an epoch (`trainer.max_steps`, `trainer.max_time`, a mid-epoch one) resumed with a "
+        "training loader",
         "2",
         [
             "tests/test_own_modules.py::test_a_resume_inside_an_epoch_is_refused_where_the_data_cannot_say_where_it_stood",
-            "tests/test_data_sources.py::test_a_resume_inside_an_epoch_of_batches_a_module_serves_itself_is_refused",
+            "tests/test_data_sources.py::test_a_resume_inside_an_epoch_of_batches_the_engine_cannot_order_is_refused",
         ],
     ),
     (

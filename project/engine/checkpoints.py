@@ -51,7 +51,7 @@ from project.engine.run_dir import names_a_url, plain_path_inside
 from project.engine.run_log import printable, report
 from project.engine.sweeps import in_a_search
 from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, check_stored_config
-from project.engine.upstream import SHARDS_INDEX_CLASSES, TopKCheckpoint, with_sampler
+from project.engine.upstream import SCHEDULE_PROGRESS, SHARDS_INDEX_CLASSES, TopKCheckpoint, with_sampler
 
 LAST = "<run dir>/checkpoints/last.ckpt"
 # In a sharded checkpoint's directory (trainer=fsdp), beside DCP's files: all but the tensors, as Lightning names it.
@@ -400,7 +400,7 @@ def orderable(loader: object) -> bool:
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
         return False
     sampler = loader.sampler
-    plain_random = type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
+    plain_random = type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(sampler)
     return (plain_random or type(sampler) is SequentialSampler) and type(loader.batch_sampler) is BatchSampler
 
 
@@ -1280,12 +1280,6 @@ def freeze_parameters(module: torch.nn.Module, patterns: Sequence[str] | str | N
 # compares the two runs' configured values: one no schedule drives is applied (one line), one a schedule drives, or the
 # schedule itself changed, is refused in one line before the first step.
 
-# What a learning-rate schedule's state holds as it steps, not as it was built; and its `base_lrs`, the groups'
-# `initial_lr`, which the param groups' comparison names as the lr the user configured.
-SCHEDULE_PROGRESS = frozenset(
-    ("last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "best", "num_bad_epochs")
-    + ("cooldown_counter", "base_lrs")
-)
 # The param group keys a schedule writes each step: the lr, and the momentum (or Adam's first beta) that OneCycleLR
 # and CyclicLR cycle where their groups hold `max_momentum`.
 CYCLED_WITH_MOMENTUM = ("momentum", "betas")

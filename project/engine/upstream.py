@@ -73,6 +73,12 @@ STAGE_FUNCTIONS = {
     "_test_impl": "while testing",
     "_predict_impl": "while predicting",
 }
+# What a torch 2.14 learning-rate schedule's `state_dict` holds as it steps (some of it private attributes), not as it
+# was built, and its `base_lrs` (the groups' `initial_lr`): what a schedule changed on resume is compared without.
+SCHEDULE_PROGRESS = frozenset(
+    ("last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "best", "num_bad_epochs")
+    + ("cooldown_counter", "base_lrs")
+)
 # Hydra's default (grid) sweeper; a sweep under any other is a search. Its class path in Hydra 1.3 and 1.4.
 GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # The classes torch 2.14 DCP's index of shards (`.metadata`) pickles, which `checkpoints.ShardsIndexUnpickler` allows.
@@ -224,12 +230,13 @@ def mean_of_samples(metric: _ResultMetric) -> Any:
     return LIGHTNINGS_COMPUTE(metric)
 
 
+# Lightning 2.6's own `_ResultMetric.compute`, for what `mean_of_samples` leaves to it (#21859).
 LIGHTNINGS_COMPUTE = _ResultMetric.compute
 
 
 def count_samples_exactly() -> None:
     """Have Lightning's logged metrics use `mean_of_samples` (`project` calls this once, as it is imported; each
-    metric wraps the method when it is made)."""
+    metric wraps the method when it is made): Lightning 2.6, until Lightning-AI/pytorch-lightning#21859 is fixed."""
     _ResultMetric.compute = mean_of_samples
 
 
