@@ -46,7 +46,6 @@ def best_of(run_dir: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.fresh
 def test_a_two_class_run_starts_from_a_three_class_runs_best_weights_with_its_backbone_frozen(
     tmp_path: Path, three_class_run: Path
 ):

@@ -1,7 +1,6 @@
 """What a run is made of (`build`): its config checked, then its data module, module, callbacks, loggers and Trainer
 built; with the checks that a stage has data to run on, and `compile=true`: `torch.compile` of the module's networks."""
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,27 +125,35 @@ def check_data_for(
     )
 
 
-def serve_through_the_engine(data: Any, order: TrainingOrder) -> None:
-    """Have `data` (the data module, or the module under `data=none`) serve its loaders through the engine: the
-    training loader in the seeded order a resume continues (`TrainingOrder.training_loader`), the validation and
-    test loaders with every sample counted once however many processes share them (`ddp.evaluated_once`).
+class ServedByTheEngine:
+    """A data hook (`train_dataloader`, `val_dataloader`, `test_dataloader`) of one data module (or module), its
+    loader served through the engine: the training loader in the seeded order a resume continues
+    (`TrainingOrder.training_loader`), the validation and test loaders with every sample counted once however many
+    processes share them (`ddp.evaluated_once`).
 
-    Lightning asks for loaders through the hook methods and offers no hook after them, so the hooks are wrapped on
-    this instance (its class is untouched).
+    An object rather than a closure, so that `trainer=ddp_spawn` can pickle the data module that holds it; it calls
+    the class's own hook (`__wrapped__`, which Lightning's `is_overridden` reads).
     """
+
+    def __init__(self, data: Any, stage: str, order: TrainingOrder) -> None:
+        self.data, self.stage, self.order = data, stage, order
+        self.__wrapped__ = getattr(type(data), f"{stage}_dataloader")
+
+    def __call__(self) -> Any:
+        loader = self.__wrapped__(self.data)
+        if self.stage == "train":
+            return self.order.training_loader(self.data, loader)
+        return evaluated_once(loader, self.data.trainer, "validation" if self.stage == "val" else self.stage)
+
+
+def serve_through_the_engine(data: Any, order: TrainingOrder) -> None:
+    """Have `data` (the data module, or the module under `data=none`) serve its loaders through the engine
+    (`ServedByTheEngine`). Lightning asks for loaders through the hook methods and offers no hook after them, so the
+    hooks are wrapped on this instance (its class is untouched)."""
     for stage in ("train", "val", "test"):
-        hook = getattr(data, f"{stage}_dataloader", None)
-        if hook is None or getattr(hook, "served_by_the_engine", False):
-            continue
-
-        def served(hook: Any = hook, stage: str = stage) -> Any:
-            if stage == "train":
-                return order.training_loader(data, hook())
-            return evaluated_once(hook(), data.trainer, "validation" if stage == "val" else stage)
-
-        served = functools.wraps(hook)(served)
-        served.served_by_the_engine = True
-        setattr(data, f"{stage}_dataloader", served)
+        hook = getattr(type(data), f"{stage}_dataloader", None)
+        if hook is not None and not isinstance(getattr(data, f"{stage}_dataloader"), ServedByTheEngine):
+            setattr(data, f"{stage}_dataloader", ServedByTheEngine(data, stage, order))
 
 
 def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
