@@ -67,7 +67,7 @@ lint: $(STAMP)
 
 lock: $(STAMP)  ## after a green `make test`: write the venv's versions to constraints-py<version>.txt, which `make` installs
 	{ echo "# pip freeze of a venv whose make test passed ($$(date -u +%Y-%m-%d)); make lock writes it"; \
-	  $(BIN)/python -m pip freeze --exclude-editable; } > constraints-py$(PYTHON_VERSION).txt
+	  $(BIN)/python -m pip freeze --exclude-editable --exclude cosmic-ray; } > constraints-py$(PYTHON_VERSION).txt
 
 tensorboard: $(STAMP)  ## serve every run under outputs/ on http://127.0.0.1:6006
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port 6006

@@ -26,9 +26,9 @@ from bench.report import Row, ratio_cell
 from bench.settings import Settings
 from bench.timing import paired_ratio
 from bench.training_runs import compose_config, load_datamodule, train_step
+from project.engine.checkpoints import SeededOrder
 from project.engine.ddp import reserved_port
 from project.example.data.in_memory import keep_batch
-from project.example.data.training_order import EpochShuffleSampler
 
 WARMUP_STEPS = 5
 
@@ -78,7 +78,7 @@ def run(settings: Settings, recipe: list[str], scratch: Path) -> dict:
     samples = len(datamodule.train_set)
     one, two = [], {"same global batch": [], "same per-rank batch": []}
     for repeat in range(settings.repeats):
-        sampler = EpochShuffleSampler(datamodule.train_set, cfg.seed)
+        sampler = SeededOrder(datamodule.train_set, cfg.seed)
         one.append([timed_epoch(cfg, datamodule, datamodule.batch_size, sampler, False)])
         out = scratch / f"ddp-{repeat}.json"
         threads = os.environ.get("OMP_NUM_THREADS")

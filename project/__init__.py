@@ -8,7 +8,7 @@ if startup.launched_as_training():
     startup.arm()
 
 from project.engine import config, run_dir, schedules  # noqa: E402
-from project.engine.upstream import silence_upstream_noise  # noqa: E402
+from project.engine.upstream import count_samples_exactly, silence_upstream_noise  # noqa: E402
 
 # Every entry point composes conf/, whose run directory uses `${launch_dir:}`, schedules `${run_steps:}` and recipes
 # `${subfolders:<dir>}`.
@@ -17,3 +17,5 @@ schedules.register_resolvers()
 config.register_resolvers()
 # Every entry point's first run shows what the user can act on (project/engine/upstream.py lists what it hides).
 silence_upstream_noise()
+# Metrics logged across processes that counted different numbers of samples come out right (engine/upstream.py).
+count_samples_exactly()

@@ -99,3 +99,15 @@ class HoldAtEpochEnd(L.Callback):
         deadline = time.monotonic() + self.patience
         while not self.go.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+class HoldAtStep(L.Callback):
+    """Sleeps `seconds` once optimizer step `step` has finished: a `trainer.max_time` shorter than that ends the run
+    there, part-way through an epoch, as a time limit does."""
+
+    def __init__(self, step: int, seconds: float) -> None:
+        self.step, self.seconds = step, seconds
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        if trainer.global_step == self.step:
+            time.sleep(self.seconds)

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.demos.transformer import WikiText2
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, WeightedRandomSampler
 
 # Their YAML files (model/, data/, hparams_search/), to put on Hydra's search path.
 FOREIGN_CONF = Path(__file__).parent / "foreign_conf"
@@ -32,11 +32,20 @@ def line_points(count: int, generator: torch.Generator) -> TensorDataset:
 
 class RegressionData(L.LightningDataModule):
     """`nan_at`: the index of a training point whose input is NaN (data gone bad), if any; `num_workers`: the
-    training loader's worker processes."""
+    training loader's worker processes; `weighted`: draw the training points with a sampler of its own (torch's
+    `WeightedRandomSampler`, with replacement), whose place in an epoch the engine cannot keep."""
 
-    def __init__(self, batch_size: int = 8, seed: int = 0, nan_at: int | None = None, num_workers: int = 0) -> None:
+    def __init__(
+        self,
+        batch_size: int = 8,
+        seed: int = 0,
+        nan_at: int | None = None,
+        num_workers: int = 0,
+        weighted: bool = False,
+    ) -> None:
         super().__init__()
         self.batch_size, self.seed, self.nan_at, self.num_workers = batch_size, seed, nan_at, num_workers
+        self.weighted = weighted
 
     def setup(self, stage: str) -> None:
         generator = torch.Generator().manual_seed(self.seed)
@@ -47,10 +56,13 @@ class RegressionData(L.LightningDataModule):
             self.splits["train"].tensors[0][self.nan_at] = float("nan")
 
     def train_dataloader(self) -> DataLoader:
+        points = self.splits["train"]
+        sampler = WeightedRandomSampler(torch.ones(len(points)), len(points)) if self.weighted else None
         return DataLoader(
-            self.splits["train"],
+            points,
             batch_size=self.batch_size,
-            shuffle=True,
+            shuffle=None if self.weighted else True,
+            sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

@@ -5,9 +5,9 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets
 
+from project.engine.checkpoints import SeededOrder
 from project.engine.errors import UserError
 from project.example.data import MNISTDataModule, ToyDataModule
-from project.example.data.training_order import EpochShuffleSampler
 from tests.helpers import check_ok, run_module
 from tests.idx_files import write_idx_dataset
 
@@ -84,7 +84,7 @@ def test_other_mnist_family_datasets_use_their_own_folders(tmp_path: Path, name:
 
 def test_epoch_order_depends_on_seed_and_epoch_only():
     dataset = list(range(10))
-    sampler = EpochShuffleSampler(dataset, seed=7)
+    sampler = SeededOrder(dataset, seed=7)
     first = list(sampler)
     assert list(sampler) == first, "iterating again must not change the order"
     sampler.set_epoch(1)
@@ -97,10 +97,10 @@ def test_epoch_order_depends_on_seed_and_epoch_only():
 @pytest.mark.parametrize(("replicas", "rank"), [(1, 0), (2, 1)])
 def test_a_resumed_epoch_starts_after_the_samples_done_and_later_epochs_are_whole(replicas: int, rank: int):
     dataset = list(range(11))
-    whole = EpochShuffleSampler(dataset, seed=7, num_replicas=replicas, rank=rank)
+    whole = SeededOrder(dataset, seed=7, num_replicas=replicas, rank=rank)
     whole.set_epoch(3)
     epoch_three = list(whole)
-    resumed = EpochShuffleSampler(dataset, seed=7, num_replicas=replicas, rank=rank)
+    resumed = SeededOrder(dataset, seed=7, num_replicas=replicas, rank=rank)
     resumed.start_part_way(3, samples_done=4)
     resumed.set_epoch(3)  # Lightning and the reference loop set the epoch again as it starts
     assert list(resumed) == epoch_three[4:]

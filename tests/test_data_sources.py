@@ -67,8 +67,9 @@ def test_data_none_builds_no_data_module_and_refuses_a_module_without_batches_of
     )
 
 
-def test_a_resume_inside_an_epoch_of_batches_a_module_serves_itself_is_refused():
-    """Its own dataloaders keep no place in their epoch (its state is its weights): the epoch would restart them."""
+def test_a_resume_inside_an_epoch_of_batches_the_engine_cannot_order_is_refused():
+    """A loader with a sampler of its own keeps no place in its epoch (the module's state is its weights), and the
+    engine cannot put its seeded order there: the epoch would restart its batches."""
     trainer = SimpleNamespace(
         ckpt_path="last.ckpt",
         num_training_batches=64,
@@ -78,15 +79,18 @@ def test_a_resume_inside_an_epoch_of_batches_a_module_serves_itself_is_refused()
         lightning_module=BoringModel(),
     )
     with pytest.raises(UserError) as raised:
-        refuse_a_resume_the_data_cannot_continue(trainer)
+        refuse_a_resume_the_data_cannot_continue(trainer, ordered_by_the_engine=False)
     assert error_line(raised.value) == (
-        "error: ckpt_path=last.ckpt was written inside an epoch (step 3), and BoringModel serves its own batches "
-        "(data=none), which keep no place, so the epoch would restart its batches: resume from a checkpoint written "
-        "at an epoch's end, or serve the data from a data module with state_dict and load_state_dict (see the "
-        "classifier's project/example/data/classification.py)"
+        "error: ckpt_path=last.ckpt was written inside an epoch (step 3), and BoringModel's training loader has a "
+        "sampler of its own (or an iterable dataset), which keeps no place in an epoch, so the epoch would restart "
+        "its batches: resume from a checkpoint written at an epoch's end, or serve the training batches with torch's "
+        "own samplers (DataLoader(..., shuffle=True or False)), whose order the engine keeps, or from a data module "
+        "with state_dict and load_state_dict that restore where its epoch stood (see the classifier's "
+        "project/example/data/classification.py)"
     )
+    refuse_a_resume_the_data_cannot_continue(trainer, ordered_by_the_engine=True)  # the engine keeps its place
     trainer.global_step = 64
-    refuse_a_resume_the_data_cannot_continue(trainer)  # an epoch's end: nothing to restore
+    refuse_a_resume_the_data_cannot_continue(trainer, ordered_by_the_engine=False)  # an epoch's end: nothing to do
 
 
 @pytest.mark.parametrize(("step", "refused"), [(3, False), (6, False), (4, True), (5, True)])

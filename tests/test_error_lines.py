@@ -6,10 +6,12 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.errors import (
@@ -22,6 +24,7 @@ from project.engine.errors import (
     unwritable,
 )
 from project.engine.upstream import VERSION_BASE
+from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import CONF_DIR
 
 
@@ -208,3 +211,18 @@ def test_a_user_error_behind_a_failed_clean_up_ends_in_its_line_not_a_traceback(
 )
 def test_a_value_read_from_a_file_is_quoted_escaped_cut_or_named_by_its_kind(value, line):
     assert quoted(value, longest=70) == line
+
+
+@pytest.mark.parametrize("name", ["EarlyStopping", "ModelCheckpoint"])
+def test_a_callback_monitoring_a_metric_not_logged_names_those_logged(name: str, tmp_path: Path):
+    """Lightning's own failure (a RuntimeError, a MisconfigurationException), as it meets it at the first
+    validation, said as the best checkpoint says it for optimized_metric."""
+    callback = EarlyStopping("val/msx") if name == "EarlyStopping" else ModelCheckpoint(tmp_path, monitor="val/msx")
+    trainer = L.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_progress_bar=False)
+    with pytest.raises(Exception) as failed:  # noqa: PT011
+        trainer.fit(RegressionModule(), datamodule=RegressionData())
+    assert error_line(find_user_error(failed.value)) == (
+        f"error: the {name} callback's monitor=val/msx is not logged by the module (it logs: val/mse, train/mse): "
+        "set its monitor (callbacks.<its name>.monitor in the config) to one of those, or log val/msx with self.log "
+        "in the module"
+    )

@@ -80,6 +80,14 @@ ROWS = [
         ],
     ),
     (
+        "`init_from` cannot start the run from weights",
+        "2",
+        [
+            "tests/test_init_from.py::test_what_cannot_start_a_run_from_weights_is_one_line",
+            "tests/test_init_from.py::test_a_file_of_pickled_objects_is_one_line_and_nothing_of_it_runs",
+        ],
+    ),
+    (
         "a checkpoint's stored config holds anything but plain data",
         "2",
         [
@@ -129,11 +137,12 @@ ROWS = [
     ),
     ("memory runs out", "2", [f"{FAULTS}::test_running_out_of_memory_is_one_line_naming_where"]),
     (
-        "a checkpoint from inside an epoch (`trainer.max_steps`, a mid-epoch one) resumed with a data module",
+        "a checkpoint from inside an epoch (`trainer.max_steps`, `trainer.max_time`, a mid-epoch one) resumed with a "
+        "training loader",
         "2",
         [
             "tests/test_own_modules.py::test_a_resume_inside_an_epoch_is_refused_where_the_data_cannot_say_where_it_stood",
-            "tests/test_data_sources.py::test_a_resume_inside_an_epoch_of_batches_a_module_serves_itself_is_refused",
+            "tests/test_data_sources.py::test_a_resume_inside_an_epoch_of_batches_the_engine_cannot_order_is_refused",
         ],
     ),
     (
@@ -143,6 +152,35 @@ ROWS = [
             "tests/test_data_sources.py::test_a_stage_without_its_step_or_dataloader_is_one_line_naming_what_to_define",
             "tests/test_data_sources.py::test_data_none_builds_no_data_module_and_refuses_a_module_without_batches_of_its_own",
             "tests/test_zoo.py::test_a_chained_cell_works_or_is_refused_in_one_line",
+        ],
+    ),
+    (
+        "a resume changes a setting of the optimizer or its schedule",
+        "0 or 2",
+        [
+            "tests/test_resume_settings.py::test_a_hyperparameter_no_schedule_drives_is_the_one_this_run_configures",
+            "tests/test_resume_settings.py::test_a_changed_lr_under_a_schedule_or_a_changed_schedule_is_refused_before_a_step",
+            "tests/test_resume_settings.py::test_a_resume_with_another_lr_trains_at_it_and_records_it",
+        ],
+    ),
+    (
+        "a file a checkpoint's stored config reads has moved",
+        "2",
+        [
+            "tests/test_stored_model_keys.py::test_a_checkpoint_whose_backbone_file_moved_names_the_key_and_opens_with_it",
+            "tests/test_stored_model_keys.py::test_a_model_key_given_replaces_the_stored_one_and_a_key_it_lacks_is_refused",
+        ],
+    ),
+    (
+        "a callback's `monitor` names a metric the module does not log",
+        "2",
+        ["tests/test_error_lines.py::test_a_callback_monitoring_a_metric_not_logged_names_those_logged"],
+    ),
+    (
+        "the example classifier (`model=toy`, `mnist_mlp`, `cnn`) on a data module of yours without a `train_set`",
+        "2",
+        [
+            "tests/test_own_modules.py::test_the_example_classifier_refuses_a_data_module_without_a_train_set_before_a_step"
         ],
     ),
     (

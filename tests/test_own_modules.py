@@ -5,6 +5,7 @@ The modules are tests/foreign_modules.py (a regression, one with dict batches) a
 YAML files (tests/foreign_conf/) sit in a directory of the user's, on Hydra's search path.
 """
 
+import functools
 import math
 import re
 from pathlib import Path
@@ -19,6 +20,8 @@ from project.engine.checkpoints import RestoredStateCheck, resume_path
 from project.engine.errors import UserError
 from project.engine.reports import format_value
 from project.engine.upstream import VERSION_BASE
+from project.example.module import ClassifierModule
+from project.example.networks import NeuralNetwork
 from tests.docs_commands import follow_steps, section_blocks
 from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import (
@@ -86,14 +89,17 @@ def test_predicting_with_a_module_whose_forward_does_not_take_the_batch_asks_for
 
 @pytest.mark.slow
 def test_a_resume_inside_an_epoch_is_refused_where_the_data_cannot_say_where_it_stood(user_dir: Path, tmp_path: Path):
-    """RegressionData keeps no position: its epoch would restart its batches, so only an epoch's end resumes."""
-    check_ok(train_own(user_dir, *REGRESSION, "trainer.max_steps=3", "logger=none", f"hydra.run.dir={tmp_path}/a"))
+    """RegressionData drawing its points with a sampler of its own keeps no position, and the engine cannot put its
+    seeded order there: its epoch would restart its batches, so only an epoch's end resumes."""
+    weighted = [*REGRESSION, "+data.weighted=true", "logger=none"]
+    check_ok(train_own(user_dir, *weighted, "trainer.max_steps=3", f"hydra.run.dir={tmp_path}/a"))
     stopped = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert torch.load(stopped, weights_only=True)["global_step"] == 3, "6 steps an epoch: inside the first"
-    result = train_own(user_dir, *REGRESSION, f"ckpt_path={stopped}", "logger=none", f"hydra.run.dir={tmp_path}/b")
+    result = train_own(user_dir, *weighted, f"ckpt_path={stopped}", f"hydra.run.dir={tmp_path}/b")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert error_lines(result.stderr)[-1].startswith(
-        f"error: ckpt_path={stopped} was written inside an epoch (step 3), and RegressionData cannot say where"
+        f"error: ckpt_path={stopped} was written inside an epoch (step 3), and RegressionData's training loader has a "
+        "sampler of its own"
     )
     assert not (tmp_path / "b" / "checkpoints").exists(), "refused before the first step"
 
@@ -282,3 +288,19 @@ def test_a_module_that_makes_its_layers_in_configure_model_resumes_its_own_check
     resumed.fit(module, datamodule=RegressionData(), ckpt_path=path)
     assert resumed.global_step == first.global_step > 0, "resumed at the end of its epoch, nothing more to train"
     assert all(torch.equal(module.state_dict()[name], weights) for name, weights in trained.items())
+
+
+def test_the_example_classifier_refuses_a_data_module_without_a_train_set_before_a_step():
+    """RegressionData keeps its splits in a dict, not in the `train_set` the classifier reads (docs/your-code.md):
+    one line naming what is missing and what to give, not an AttributeError."""
+    module = ClassifierModule(NeuralNetwork(num_inputs=1, num_outputs=2), functools.partial(torch.optim.SGD, lr=0.1))
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(UserError) as refused:
+        trainer.fit(module, datamodule=RegressionData())
+    assert str(refused.value) == (
+        "the example classifier (ClassifierModule) reads its data module's train_set, a dataset of (inputs, label) "
+        "samples, and RegressionData has none after setup: give RegressionData a train_set (its training samples, "
+        "set in setup), or train a module of your own on it (model=<yours>); docs/your-code.md lists what the "
+        "example classifier asks of a data module"
+    )
+    assert trainer.global_step == 0

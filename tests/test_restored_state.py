@@ -173,7 +173,7 @@ def moved_run(source: Path, run: Path) -> dict:
     shutil.copytree(source, run)
     last = run / "checkpoints" / "last.ckpt"
     content = torch.load(last, weights_only=True)
-    for state in content["callbacks"].values():
+    for state in [state for state in content["callbacks"].values() if "best_model_path" in state]:
         for key in ("dirpath", "best_model_path", "kth_best_model_path", "last_model_path"):
             state[key] = state[key] and state[key].replace(str(source), str(run))
         state["best_k_models"] = {path.replace(str(source), str(run)): s for path, s in state["best_k_models"].items()}

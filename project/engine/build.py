@@ -17,7 +17,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchmetrics import Metric
 
-from project.engine.checkpoints import PartWayResumeCheck, RestoredStateCheck, check_checkpoint_dirs, resume_path
+from project.engine.checkpoints import (
+    RestoredStateCheck,
+    TrainingOrder,
+    check_checkpoint_dirs,
+    freeze_parameters,
+    refuse_two_starts,
+    resume_path,
+    start_from_weights,
+)
 from project.engine.config import (
     RunConfigCallback,
     check_config,
@@ -28,6 +36,7 @@ from project.engine.config import (
     overridden_key,
     switched_on,
 )
+from project.engine.ddp import evaluated_once
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error, in_sweep_job
 from project.engine.history import DivergenceGuard
 from project.engine.job import TrainingStarts
@@ -116,6 +125,37 @@ def check_data_for(
     )
 
 
+class ServedByTheEngine:
+    """A data hook (`train_dataloader`, `val_dataloader`, `test_dataloader`) of one data module (or module), its
+    loader served through the engine: the training loader in the seeded order a resume continues
+    (`TrainingOrder.training_loader`), the validation and test loaders with every sample counted once however many
+    processes share them (`ddp.evaluated_once`).
+
+    An object rather than a closure, so that `trainer=ddp_spawn` can pickle the data module that holds it; it calls
+    the class's own hook (`__wrapped__`, which Lightning's `is_overridden` reads).
+    """
+
+    def __init__(self, data: Any, stage: str, order: TrainingOrder) -> None:
+        self.data, self.stage, self.order = data, stage, order
+        self.__wrapped__ = getattr(type(data), f"{stage}_dataloader")
+
+    def __call__(self) -> Any:
+        loader = self.__wrapped__(self.data)
+        if self.stage == "train":
+            return self.order.training_loader(self.data, loader)
+        return evaluated_once(loader, self.data.trainer, "validation" if self.stage == "val" else self.stage)
+
+
+def serve_through_the_engine(data: Any, order: TrainingOrder) -> None:
+    """Have `data` (the data module, or the module under `data=none`) serve its loaders through the engine
+    (`ServedByTheEngine`). Lightning asks for loaders through the hook methods and offers no hook after them, so the
+    hooks are wrapped on this instance (its class is untouched)."""
+    for stage in ("train", "val", "test"):
+        hook = getattr(type(data), f"{stage}_dataloader", None)
+        if hook is not None and not isinstance(getattr(data, f"{stage}_dataloader"), ServedByTheEngine):
+            setattr(data, f"{stage}_dataloader", ServedByTheEngine(data, stage, order))
+
+
 def instantiate_group(group: str, node: DictConfig, **kwargs: Any) -> Any:
     """`instantiate(node)`, where a constructor that rejects a value of the config (a TypeError or ValueError, as the
     Trainer's for `precision`) ends in one line naming the config `group`."""
@@ -173,6 +213,7 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     `cfg.ckpt_path` becomes the file itself. The benchmarks and tests add their probes as `extra_callbacks`."""
     check_config(cfg)
     give_hints(cfg)
+    refuse_two_starts(cfg.ckpt_path, cfg.get("init_from"))
     run_config = OmegaConf.to_container(cfg, resolve=True)
     sweep_dir = Path(HydraConfig.get().sweep.dir) if in_sweep_job() else None
     cfg.ckpt_path = resume_path(cfg.ckpt_path, Path(cfg.run_dir), outputs_dir, run_config, sweep_dir)
@@ -180,9 +221,13 @@ def build(cfg: DictConfig, outputs_dir: Path, extra_callbacks: Sequence[L.Callba
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate_group("data", cfg.data) if cfg.data else None  # data=none: an empty config
     module: L.LightningModule = instantiate_group("model", cfg.model)
+    start_from_weights(module, cfg.get("init_from"), cfg.get("init_into"), resumes=cfg.ckpt_path)
+    freeze_parameters(module, cfg.get("freeze"))  # before the optimizer is made, in fit
     check_data_for("train", module, datamodule, "project.train")
     callbacks = configured_callbacks(cfg.callbacks)
-    callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), PartWayResumeCheck()]
+    order = TrainingOrder(cfg.seed)
+    serve_through_the_engine(datamodule if datamodule is not None else module, order)
+    callbacks += [RunConfigCallback(run_config), ScheduleLengthCheck(), order]
     callbacks += [RestoredStateCheck(cfg.ckpt_path), TrainingStarts()]
     callbacks += extra_callbacks
     if cfg.get("compile"):

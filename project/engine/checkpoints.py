@@ -1,9 +1,11 @@
 """Checkpoints: which one a run resumes from; refusing files that are not Lightning checkpoints, weights that do not fit
 and resumes the data cannot carry on; what a resumed one restores, checked before Lightning uses it
-(`RestoredStateCheck`); writing them whole; and keeping the best one (`BestCheckpoint`)."""
+(`RestoredStateCheck`); writing them whole; keeping the best one (`BestCheckpoint`); and a new run started from a
+file's weights, parts of it frozen (`start_from_weights`, `freeze_parameters`: fine-tuning)."""
 
 import contextlib
 import io
+import itertools
 import math
 import os
 import pickle
@@ -11,7 +13,8 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -20,6 +23,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from packaging.version import InvalidVersion, Version
 from torch import Tensor
@@ -32,13 +36,22 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.nn.parameter import is_lazy
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+)
 
 from project.engine.errors import UserError, disk_refuses, nearest_existing, quoted, unwritable
 from project.engine.run_dir import names_a_url, plain_path_inside
 from project.engine.run_log import printable, report
 from project.engine.sweeps import in_a_search
 from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, check_stored_config
-from project.engine.upstream import SHARDS_INDEX_CLASSES, TopKCheckpoint
+from project.engine.upstream import SCHEDULE_PROGRESS, SHARDS_INDEX_CLASSES, TopKCheckpoint, with_sampler
 
 LAST = "<run dir>/checkpoints/last.ckpt"
 # In a sharded checkpoint's directory (trainer=fsdp), beside DCP's files: all but the tensors, as Lightning names it.
@@ -109,15 +122,15 @@ def index_unlike_dcps(index: Metadata) -> str | None:
     return None
 
 
-def check_shards(path: str | Path) -> None:
+def check_shards(path: str | Path, key: str = "ckpt_path") -> None:
     """Refuse, before DCP reads them (unpickling its index, loading values with `weights_only=False`), a sharded
     checkpoint's files that hold more than tensors and plain values, point outside the checkpoint, or are not of
-    the shape DCP reads."""
+    the shape DCP reads. `key`: the config key that named it, which the line names."""
     root = Path(path).resolve()
 
     def refuse(what: str) -> UserError:
         return UserError(
-            f"ckpt_path={path} is a sharded checkpoint whose {what}: it is not opened (reading it would run code it "
+            f"{key}={path} is a sharded checkpoint whose {what}: it is not opened (reading it would run code it "
             "names, or fail); give a checkpoint project.train wrote"
         )
 
@@ -163,10 +176,10 @@ def optimizer_state_by_index(state: object) -> dict[str, Any]:
     return {"state": {number[name]: value for name, value in per_parameter.items()}, "param_groups": groups}
 
 
-def plain_checkpoint(path: str | Path) -> dict[str, Any]:
+def plain_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     """A sharded checkpoint as the dict of a single-file Lightning checkpoint: `state_dict` with whole tensors,
     `optimizer_states` as `Optimizer.state_dict()` gives them, and the rest from `meta.pt`."""
-    check_shards(path)
+    check_shards(path, key)
     with tempfile.TemporaryDirectory() as scratch:
         whole = Path(scratch) / "whole.pt"
         dcp_to_torch_save(Path(path), whole)
@@ -178,7 +191,7 @@ def plain_checkpoint(path: str | Path) -> dict[str, Any]:
         optimizer_states = [optimizer_state_by_index(tensors[key]) for key in optimizers]
     except ValueError as error:
         raise UserError(
-            f"ckpt_path={path} is a sharded checkpoint whose shards are not a module's weights and optimizer states "
+            f"{key}={path} is a sharded checkpoint whose shards are not a module's weights and optimizer states "
             f"({error}): give a checkpoint project.train wrote"
         ) from None
     return read_metadata(path) | {"state_dict": tensors["state_dict"], "optimizer_states": optimizer_states}
@@ -345,40 +358,279 @@ def resume_path(
     return str(path)
 
 
-def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer) -> None:
-    """Refuse, in one line, a resume from inside an epoch where the data module, or the module serving its own batches
-    (`data=none`), cannot restore the epoch's place."""
-    if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches):
+class SeededOrder(DistributedSampler):
+    """This process's share of an order drawn from `seed + epoch` alone (shuffled or not), which can start part-way.
+
+    The order depends on the epoch number only (not on a generator that advances as iterators are made), so a
+    resumed run sees the order it would have seen, and a loop that stops after the last batch (Lightning) and one that
+    runs into `StopIteration` (a `for` loop) agree. With one process it is the global order the ranks of a DDP run
+    share out (rank r takes samples r, r + N, ...). Being a `DistributedSampler`, Lightning leaves it in place under
+    DDP instead of putting its own there; Lightning and the reference loop call `set_epoch`.
+    """
+
+    def __init__(self, dataset: Any, seed: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.skip = 0  # samples of this epoch's share already trained (a checkpoint resumed part-way)
+
+    def start_part_way(self, epoch: int, samples_done: int) -> None:
+        """Begin epoch `epoch` after the first `samples_done` samples of this process's share; later epochs whole.
+
+        The length stays the whole share's: Lightning counts the batches already done towards the epoch's end.
+        """
+        self.epoch, self.skip = epoch, samples_done
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.skip = 0
+        super().set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+
+def batches_done(trainer: L.Trainer) -> int:
+    """Batches of the current epoch trained so far (their optimizer step included)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def orderable(loader: object) -> bool:
+    """Whether `loader` draws its order from a sampler the engine can put a `SeededOrder` in place of: a plain
+    `DataLoader` over a map-style dataset whose sampler is torch's random one (`shuffle=True`, each sample once) or
+    sequential one, batched by torch's own `BatchSampler`."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        return False
+    sampler = loader.sampler
+    plain_random = type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(sampler)
+    return (plain_random or type(sampler) is SequentialSampler) and type(loader.batch_sampler) is BatchSampler
+
+
+def class_names_of(data: object, dataset: object) -> list[str] | None:
+    """The names of the classes `data` (a data module) or its training `dataset` says it has (`classes` or
+    `class_names`, as torchvision's datasets and the example's data modules name them), if either does."""
+    while isinstance(dataset, Subset):  # `random_split`'s parts
+        dataset = dataset.dataset
+    for holder in (data, dataset):
+        for name in ("classes", "class_names"):
+            names = getattr(holder, name, None)
+            if isinstance(names, (list, tuple)) and names:
+                return [str(item) for item in names]
+    return None
+
+
+# What fixes the order a part-way position lies in, as the user sets it.
+WHAT_FIXES_THE_ORDER = {
+    "batch_size": "data.batch_size",
+    "processes": "processes (trainer.devices × trainer.num_nodes)",
+    "seed": "seed",
+    "train_samples": "training samples",
+}
+
+
+class TrainingOrder(Callback):
+    """Every run's training batches in an order a resume can continue exactly, and the data it trained on, checked.
+
+    A data module written the plain way (`DataLoader(..., shuffle=True)`) draws each epoch's order from the global
+    random state as its iterator is made, so a resumed run, whose random state is not the stopped run's, trains other
+    batches; and Lightning can resume inside an epoch only where the loader can skip what was trained. So the engine
+    puts a `SeededOrder` (`seed`, epoch) in place of torch's random or sequential sampler in the training loader
+    (`training_loader`, through which `build.serve_through_the_engine` has the data serve it), and keeps where
+    training stands in it in every checkpoint (this callback's state): a checkpoint from inside an epoch
+    (`trainer.max_steps`, `trainer.max_time`, a SIGTERM, a mid-epoch one) resumes at the next batch.
+    A data module that saves its own state (`state_dict`) and a sampler of its own keep their order themselves.
+
+    The state also names the training data (its sample count and class names, where it says them), so a checkpoint
+    resumed with other data (another data module of other classes, other class order or size) is refused in one line
+    before training, whatever the data modules are called (Lightning keeps a data module's state under its class
+    name, and gives none to another class).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.sampler: SeededOrder | None = None  # the training loader's, once the engine has put it there
+        self.batch_size = 0  # the training loader's
+        self.data: dict | None = None  # the training data's size and class names, once its loader is made
+        self.resumed: dict | None = None  # the state of the checkpoint this run resumes from
+        self.trainer: L.Trainer | None = None
+
+    def training_loader(self, data: Any, loader: Any) -> Any:
+        """`loader` in the seeded order (when `orderable`), from where a resumed checkpoint left it; the resumed
+        checkpoint's data compared with this run's first."""
+        trainer = data.trainer
+        self.check_same_data(data, loader)
+        if keeps_its_own_place(data) or not orderable(loader):
+            self.sampler = None
+            return loader
+        share = trainer.distributed_sampler_kwargs or {"num_replicas": 1, "rank": 0}
+        shuffled = type(loader.sampler) is RandomSampler
+        self.sampler = SeededOrder(loader.dataset, self.seed, share["num_replicas"], share["rank"], shuffled)
+        self.batch_size = loader.batch_size
+        position = (self.resumed or {}).get("position")
+        if position and position["batches_done"]:
+            self.check_resumable(position, self.position(position["epoch"], position["batches_done"]))
+            self.sampler.start_part_way(position["epoch"], position["batches_done"] * loader.batch_size)
+        return with_sampler(loader, self.sampler)
+
+    def position(self, epoch: int, batches_done: int) -> dict[str, int]:
+        sampler = self.sampler
+        return {
+            "epoch": epoch,
+            "batches_done": batches_done,
+            "batch_size": self.batch_size,
+            "processes": sampler.num_replicas,
+            "seed": self.seed,
+            "train_samples": len(sampler.dataset),
+        }
+
+    def check_resumable(self, stored: dict, now: dict) -> None:
+        """Refuse to resume a part-way position in an order this run would not follow: "batch 40 of epoch 2" names
+        other samples with another batch size, process count, seed or data, so some would train twice, others never."""
+        changed = [
+            f"{what} {stored[key]} (this run: {now[key]})"
+            for key, what in WHAT_FIXES_THE_ORDER.items()
+            if stored[key] != now[key]
+        ]
+        if changed:
+            raise UserError(
+                f"ckpt_path: the checkpoint stopped part-way through epoch {stored['epoch']} (after batch "
+                f"{stored['batches_done']}) of a training order this run would not follow: its "
+                f"{'; its '.join(changed)}. "
+                "Resume it with its own data, data.batch_size, seed and number of processes, or resume from an "
+                "epoch-end checkpoint"
+            )
+
+    def check_same_data(self, data: Any, loader: Any) -> None:
+        """Refuse, before training, a checkpoint resumed with training data of another size or other classes (or
+        classes in another order: labels are positions in that list)."""
+        self.data = {"train_samples": len(loader.dataset) if is_sized(loader) else None}
+        self.data["classes"] = class_names_of(data, getattr(loader, "dataset", None))
+        stored = (self.resumed or {}).get("data")
+        if not stored:
+            return
+        differs = [
+            f"its training samples {stored['train_samples']} (this data: {self.data['train_samples']})"
+            if stored["train_samples"] not in (None, self.data["train_samples"])
+            else None,
+            classes_unlike(stored["classes"], self.data["classes"]),
+        ]
+        if any(differs):
+            raise UserError(
+                f"ckpt_path={data.trainer.ckpt_path} trained on other data than {type(data).__name__} gives: "
+                f"{'; '.join(filter(None, differs))}. Resume with the data it trained on; to train these data from its "
+                "weights, start a new run (without ckpt_path)"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training data's size and classes, and where training stands in the seeded order (when the engine put
+        it there): Lightning's count of the batches trained in this epoch, not the loader's (it fetches one ahead)."""
+        state: dict[str, Any] = {"data": self.data}
+        trainer = self.trainer
+        if self.sampler is not None and trainer is not None and trainer.state.fn == "fit":
+            epoch, done = trainer.current_epoch, batches_done(trainer)
+            if done >= trainer.num_training_batches:  # the epoch is over: the next one starts from its beginning
+                epoch, done = epoch + 1, 0
+            state["position"] = self.position(epoch, done)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.resumed = checked_order_state(state_dict)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.trainer = trainer
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Mark an epoch that stopped before its last batch as under way: Lightning ends the epoch when
+        `trainer.max_steps` is reached (or a stop asked for inside it), then saves it as if it had ended, and the
+        resumed run would skip the rest of its batches."""
+        loops = checkpoint.get("loops", {}).get("fit_loop")
+        if trainer.state.fn != "fit" or loops is None or math.isinf(trainer.num_training_batches):
+            return
+        epochs = loops["epoch_progress"]
+        ended = epochs["current"]["processed"] == epochs["current"]["started"] > epochs["current"]["completed"]
+        if ended and batches_done(trainer) < trainer.num_training_batches:
+            for counts in (epochs["current"], epochs["total"]):
+                counts["processed"] -= 1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        refuse_a_resume_the_data_cannot_continue(trainer, self.sampler is not None)
+
+
+def classes_unlike(stored: list[str] | None, now: list[str] | None) -> str | None:
+    """How the class names a checkpoint trained on differ from this data's, if both name theirs and they do."""
+    if stored is None or now is None or stored == now:
+        return None
+    if len(stored) != len(now):
+        return f"its {len(stored)} classes (this data: {len(now)})"
+    label = next(label for label, (there, here) in enumerate(zip(stored, now, strict=True)) if there != here)
+    return f"its class {label} is {quoted(stored[label])} (in this data: {quoted(now[label])})"
+
+
+def keeps_its_own_place(data: object) -> bool:
+    """Whether `data` (a data module; None, or the module, under `data=none`) saves and restores where its epoch
+    stands itself."""
+    return isinstance(data, L.LightningDataModule) and all(
+        is_overridden(hook, data, L.LightningDataModule) for hook in ("state_dict", "load_state_dict")
+    )
+
+
+def is_sized(loader: Any) -> bool:
+    try:
+        len(loader.dataset)
+    except TypeError:
+        return False
+    return True
+
+
+def checked_order_state(state: object) -> dict:
+    """A checkpoint's `TrainingOrder` state, refused in one line where it is not one this engine wrote: a checkpoint
+    is data, and may hold anything there."""
+    counts = set(WHAT_FIXES_THE_ORDER) | {"epoch", "batches_done"}
+    data, position = (state.get("data"), state.get("position")) if isinstance(state, dict) else (None, None)
+    problem = None
+    if not isinstance(state, dict) or set(state) - {"data", "position"}:
+        problem = f"holds {quoted(state)}"
+    elif data is not None and not (
+        isinstance(data, dict)
+        and set(data) == {"train_samples", "classes"}
+        and (data["train_samples"] is None or type(data["train_samples"]) is int)
+        and (data["classes"] is None or (isinstance(data["classes"], list) and all(map(is_text, data["classes"]))))
+    ):
+        problem = f"names its data as {quoted(data)}"
+    elif position is not None and not (
+        isinstance(position, dict)
+        and set(position) == counts
+        and all(type(value) is int and value >= 0 for value in position.values())
+    ):
+        problem = f"holds the position {quoted(position)}"
+    if problem:
+        raise UserError(
+            f"ckpt_path: the checkpoint's training order (its TrainingOrder state) {problem}, which is not one "
+            "project.train wrote: resume from a checkpoint project.train wrote, or train afresh (without ckpt_path)"
+        )
+    return state
+
+
+def refuse_a_resume_the_data_cannot_continue(trainer: L.Trainer, ordered_by_the_engine: bool) -> None:
+    """Refuse, in one line, a resume from inside an epoch where neither the engine (`TrainingOrder`) nor the data
+    module, or the module serving its own batches (`data=none`), can restore the epoch's place."""
+    if trainer.ckpt_path is None or math.isinf(trainer.num_training_batches) or ordered_by_the_engine:
         return
     steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
     data = trainer.datamodule
-    keeps_its_position = all(
-        is_overridden(hook, data, L.LightningDataModule) for hook in ("state_dict", "load_state_dict")
-    )
-    if trainer.global_step % steps_per_epoch == 0 or keeps_its_position:  # None (data=none) overrides nothing
+    if trainer.global_step % steps_per_epoch == 0 or keeps_its_own_place(data):
         return
-    if data is None:
-        why = f"{type(trainer.lightning_module).__name__} serves its own batches (data=none), which keep no place"
-        fix = "serve the data from a data module with state_dict and load_state_dict"
-    else:
-        why = (
-            f"{type(data).__name__} cannot say where in an epoch its data stood (it defines no "
-            "state_dict/load_state_dict)"
-        )
-        fix = "give the data module state_dict and load_state_dict"
+    owner = type(trainer.lightning_module if data is None else data).__name__
+    why = (
+        f"{owner}'s training loader has a sampler of its own (or an iterable dataset), which keeps no place in an epoch"
+    )
+    fix = (
+        "serve the training batches with torch's own samplers (DataLoader(..., shuffle=True or False)), whose order "
+        "the engine keeps, or from a data module with state_dict and load_state_dict that restore where its epoch "
+        "stood (see the classifier's project/example/data/classification.py)"
+    )
     raise UserError(
         f"ckpt_path={trainer.ckpt_path} was written inside an epoch (step {trainer.global_step}), and {why}, so the "
-        f"epoch would restart its batches: resume from a checkpoint written at an epoch's end, or {fix} (see the "
-        "classifier's project/example/data/classification.py)"
+        f"epoch would restart its batches: resume from a checkpoint written at an epoch's end, or {fix}"
     )
-
-
-class PartWayResumeCheck(Callback):
-    """Refuses, before the first step, a resume from inside an epoch whose data cannot restore where the epoch stood:
-    it would start the epoch's batches again while Lightning counts on from the saved step."""
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        refuse_a_resume_the_data_cannot_continue(trainer)
 
 
 def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
@@ -396,12 +648,12 @@ def check_checkpoint_dirs(callbacks: Sequence[Callback]) -> None:
             )
 
 
-def refuse_a_url(path: str | Path) -> None:
+def refuse_a_url(path: str | Path, key: str = "ckpt_path") -> None:
     """Refuse to read a checkpoint from a URL (Lightning fetches one through torch.hub and unpickles it), which a
-    restored state may name as its best checkpoint."""
+    restored state may name as its best checkpoint; `key` is the config key that named it."""
     if names_a_url(path):
         raise UserError(
-            f"ckpt_path={path} is a URL: checkpoints are read from local files only (a URL's content would be "
+            f"{key}={path} is a URL: checkpoints are read from local files only (a URL's content would be "
             "fetched and unpickled): download it, check it, and give the file"
         )
 
@@ -737,8 +989,8 @@ def drop_foreign_paths(checkpoint: dict, trainer: L.Trainer) -> list[str]:
 
     for callback in trainer.callbacks:
         state = states.get(callback.state_key)
-        if not state:
-            continue  # Lightning restores none
+        if not state or isinstance(callback, TrainingOrder):
+            continue  # Lightning restores none; the training order's names no file (its classes' names may read as one)
         if isinstance(callback, ModelCheckpoint):
             problem = checkpoint_state_unlike(state, f"callbacks[{type(callback).__name__}]")
             if problem:
@@ -759,6 +1011,14 @@ class RestoredStateCheck(Callback):
         self.ckpt_path = ckpt_path  # what `fit` resumes from (Lightning sets `trainer.ckpt_path` after `setup`)
         # The resumed checkpoint (its tensors mapped from disk), until this run's optimizers exist to compare with.
         self.resumed: Mapping | None = None
+        # This run's optimizers' hyperparameters as configured (stored in its checkpoints), and the state of this
+        # callback a resumed checkpoint stored: the hyperparameters its run configured.
+        self.configured: list | None = None
+        self.stored_state: object = None
+        self.resuming = False
+        # This run's schedules as built, and the checkpoint's states of them, compared once Lightning has restored.
+        self.schedules: list[tuple[str, object]] = []
+        self.stored_schedules: object = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         path = self.ckpt_path
@@ -791,9 +1051,32 @@ class RestoredStateCheck(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """This run's optimizers and schedules exist, the checkpoint's are restored after this (a sharding strategy's
         `restore_checkpoint_after_setup`: the whole checkpoint)."""
+        self.configured, self.schedules = configured_hyperparameters(trainer.optimizers), built_schedules(trainer)
+        self.resuming = self.resumed is not None
         if self.resumed is not None:
             check_training_state(self.resumed, trainer)
+            self.stored_schedules = self.resumed.get("lr_schedulers")
         self.resumed = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The checkpoint's optimizer and schedule states are restored, no step taken: a changed schedule is refused
+        (after `ScheduleLengthCheck`, whose line says how long it is), this run's own hyperparameters go back in."""
+        if not self.resuming:
+            return
+        refuse_a_changed_schedule(trainer, self.stored_schedules, self.schedules)
+        changed = apply_configured_hyperparameters(
+            trainer, self.configured, stored_configured(self.stored_state, self.configured)
+        )
+        if changed and trainer.is_global_zero:
+            report(
+                f"ckpt_path={trainer.ckpt_path}: resumed with {'; '.join(changed)}, as this run configures", sys.stderr
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"configured": self.configured} if self.configured is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.stored_state = state_dict
 
 
 def check_resumed_weights(stored: Mapping, module: L.LightningModule, path: str) -> None:
@@ -808,3 +1091,335 @@ def check_resumed_weights(stored: Mapping, module: L.LightningModule, path: str)
         else "give the model= (and model.<key>=) that trained it, or train afresh (without ckpt_path)"
     )
     check_weights_fit(module, stored["state_dict"], path, advice)
+
+
+# Starting a new run from weights (`init_from`, `init_into`, `freeze` in conf/train.yaml): fine-tuning. Only tensors
+# are read, as from any checkpoint (`weights_only=True`, no URL, no stored config used); the run starts at epoch 0,
+# step 0, with the optimizer and schedule its own config makes. The weights are loaded into the module as its
+# constructor built it, on every process that builds it (each reads the same file), before a strategy wraps or shards
+# it; DDP then broadcasts rank 0's. A weight of another shape than the module's is left at its initialisation (a head
+# of another number of classes), and every such choice is said in the run's output.
+
+# Where a weights file may keep its state_dict, the first found: a Lightning checkpoint's, and common `.pth` layouts.
+STATE_DICT_KEYS = ("state_dict", "model")
+# The longest name of a weight a line shows (a file may hold any string).
+LONGEST_NAME = 120
+
+
+def refuse_two_starts(ckpt_path: str | None, init_from: str | None) -> None:
+    """Refuse a run given both a checkpoint to resume and weights to start from: resuming restores the checkpoint's
+    weights over any loaded before, with its optimizer, epoch and step, so one of the two would be ignored."""
+    if ckpt_path is not None and init_from is not None:
+        raise UserError(
+            f"ckpt_path={ckpt_path} resumes a run (its weights, optimizer, schedule, epoch and step) and "
+            f"init_from={init_from} starts a new one from weights: give one of them (ckpt_path to carry a run on, "
+            "init_from to fine-tune from its weights)"
+        )
+
+
+def tensors_in(content: object) -> dict[str, Tensor]:
+    """The tensors by name of the state_dict a loaded weights file holds: under `STATE_DICT_KEYS`, or the file's
+    dict itself (a bare state_dict). What is not a tensor named by a string is left out (a checkpoint's counters)."""
+    if not isinstance(content, Mapping):
+        return {}
+    inner = next((content[key] for key in STATE_DICT_KEYS if isinstance(content.get(key), Mapping)), content)
+    return {name: value for name, value in inner.items() if isinstance(name, str) and isinstance(value, Tensor)}
+
+
+def weights_in_file(path: str) -> dict[str, Tensor]:
+    """The weights `init_from` names, read as data: a checkpoint of this project or of Lightning (its state_dict), a
+    sharded one (assembled, its files checked first), a bare state_dict (`.pth`, `.pt`), or a dict holding one."""
+    refuse_a_url(path, "init_from")
+    where = Path(path)
+    if is_sharded(where):
+        content = plain_checkpoint(where, "init_from")
+    elif where.is_dir():
+        raise UserError(f"init_from={path} is a directory: give a checkpoint (.ckpt) or a state_dict file (.pth, .pt)")
+    elif not where.is_file():
+        raise UserError(f"init_from={path}: no such file")
+    else:
+        try:
+            content = torch.load(where, map_location="cpu", weights_only=True)
+        except Exception:  # torch raises many types for a damaged, foreign or pickled-object file
+            raise UserError(
+                f"init_from={path} is not a file torch.load reads as data (damaged, another kind of file, or one that "
+                "holds pickled objects, which are never loaded): give a checkpoint, or a state_dict saved with "
+                "torch.save(module.state_dict(), path)"
+            ) from None
+    tensors = tensors_in(content)
+    if not tensors:
+        raise UserError(
+            f"init_from={path} holds no tensors by name (a {type(content).__name__}, no state_dict of weights): give a "
+            "checkpoint, or a state_dict saved with torch.save(module.state_dict(), path)"
+        )
+    return tensors
+
+
+def shown(names: Sequence[str], separator: str = ", ") -> str:
+    """The first few of `names` (read from a file), each cut to `LONGEST_NAME` characters, and how many more."""
+    cut = [name if len(name) <= LONGEST_NAME else f"{name[: LONGEST_NAME - 3]}..." for name in names]
+    more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
+    return separator.join(cut[:3]) + more
+
+
+def by_submodule(loaded: Sequence[str], own: Sequence[str]) -> str:
+    """How many of each top-level submodule's tensors were loaded: `backbone 2 of 2, head 0 of 2`."""
+    counts: dict[str, list[int]] = {}
+    taken = set(loaded)
+    for name in own:
+        count = counts.setdefault(name.split(".")[0], [0, 0])
+        count[0] += name in taken
+        count[1] += 1
+    return ", ".join(f"{part} {done} of {total}" for part, (done, total) in counts.items())
+
+
+def prefixed(tensors: dict[str, Tensor], module: torch.nn.Module, into: str | None) -> dict[str, Tensor]:
+    """`tensors` named as `module` names them once they go into its submodule `into` (None: the module itself)."""
+    if into is None:
+        return tensors
+    try:
+        module.get_submodule(into)
+    except AttributeError:
+        children = ", ".join(name for name, _ in module.named_children()) or "none"
+        raise UserError(
+            f"init_into={into} is not a submodule of {type(module).__name__} (its submodules: {children}): give the "
+            "one the file's weights belong in, or init_into=null where the file's names are the module's"
+        ) from None
+    return {f"{into}.{name}": tensor for name, tensor in tensors.items()}
+
+
+def start_from_weights(module: torch.nn.Module, path: str | None, into: str | None, resumes: str | None) -> None:
+    """Load into `module` the weights of the file `path` (`init_from`) that it has under the same name and shape
+    (named `into.<name>` where `into` is given); say what was loaded and what was not. Nothing is loaded where the run
+    resumes a checkpoint of its own (`resumes`: a requeued or restarted run), whose weights Lightning restores."""
+    if path is None:
+        return
+    if resumes is not None:
+        if rank_zero_only.rank == 0:
+            report(f"init_from={path}: not loaded, this run resumes its own checkpoint {resumes} (its weights)")
+        return
+    offered = prefixed(weights_in_file(str(path)), module, into)
+    own = module.state_dict()
+
+    def fits(name: str) -> bool:
+        value = own[name]
+        return isinstance(value, Tensor) and (is_lazy(value) or value.shape == offered[name].shape)
+
+    loaded = [name for name in offered if name in own and fits(name)]
+    if not loaded:
+        raise UserError(
+            f"init_from={path}: none of its {len(offered)} tensors ({shown(list(offered))}) is one of "
+            f"{type(module).__name__}'s ({shown(list(own))}) by name and shape: give a file of this module's weights, "
+            "or init_into=<submodule> where the file's names lack the submodule's (a backbone's .pth)"
+        )
+    module.load_state_dict({name: offered[name] for name in loaded}, strict=False)
+    if rank_zero_only.rank == 0:
+        report_weights_loaded(path, module, offered, own, loaded)
+
+
+def report_weights_loaded(
+    path: str, module: torch.nn.Module, offered: Mapping[str, Tensor], own: Mapping[str, Any], loaded: list[str]
+) -> None:
+    """Say what `init_from` loaded (by submodule), and, where there are any, what it left at initialisation (of
+    another shape, or not in the file) and what of the file the module did not use."""
+    taken = set(loaded)
+    reshaped = [
+        f"{name}: file {list(offered[name].shape)}, here {list(own[name].shape)}"
+        for name in offered
+        if name in own and name not in taken
+    ]
+    missing = [name for name in own if name not in offered]
+    unused = [name for name in offered if name not in own]
+    report(
+        f"init_from={path}: loaded {len(loaded)} of {type(module).__name__}'s {len(own)} tensors "
+        f"({by_submodule(loaded, list(own))}); epoch 0, step 0, a fresh optimizer and schedule"
+    )
+    for what, names in (
+        ("of another shape, left at initialisation", reshaped),
+        ("not in the file, left at initialisation", missing),
+        ("in the file, not used", unused),
+    ):
+        if names:
+            report(f"init_from: {what}: {shown(names, '; ')}")
+
+
+def freeze_parameters(module: torch.nn.Module, patterns: Sequence[str] | str | None) -> None:
+    """Stop training the parameters of `module` whose names match a pattern of `patterns` (fnmatch's: `backbone.*`)
+    before its optimizer is made, and say how many; a pattern that matches none, or patterns that leave nothing to
+    train, are refused."""
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
+    if not patterns:
+        return
+    names = [name for name, _ in module.named_parameters()]
+    for pattern in patterns:
+        if not (isinstance(pattern, str) and any(fnmatchcase(name, pattern) for name in names)):
+            raise UserError(
+                f"freeze={pattern} matches none of {type(module).__name__}'s {len(names)} parameters "
+                f"({first_few(names)}): give patterns of their names, such as {names[0].split('.')[0]}.*"
+                if names
+                else f"freeze={pattern}: {type(module).__name__} has no parameters to freeze: drop freeze"
+            )
+    frozen = [name for name in names if any(fnmatchcase(name, pattern) for pattern in patterns)]
+    if len(frozen) == len(names):
+        raise UserError(
+            f"freeze={list(patterns)} freezes all {len(names)} parameters of {type(module).__name__}: nothing would "
+            "train; leave out the ones to train (freeze=[backbone.*] freezes only backbone's)"
+        )
+    for name, parameter in module.named_parameters():
+        if name in frozen:
+            parameter.requires_grad_(False)
+    if rank_zero_only.rank == 0:
+        trained = len(names) - len(frozen)
+        report(f"freeze: {len(frozen)} of {len(names)} parameters frozen ({shown(frozen)}), {trained} train")
+
+
+# A setting changed on resume (docs/checkpoints.md, "Changing a setting on resume"). Lightning restores each optimizer's
+# param_groups as they were, so an lr given on the command line of a resume would be stored in the run's config and
+# trained at the checkpoint's value. `RestoredStateCheck` records each group's hyperparameters as this run configured
+# them (before the restore), stores them in the checkpoints it writes, and once Lightning has restored the checkpoint
+# compares the two runs' configured values: one no schedule drives is applied (one line), one a schedule drives, or the
+# schedule itself changed, is refused in one line before the first step.
+
+# The param group keys a schedule writes each step: the lr, and the momentum (or Adam's first beta) that OneCycleLR
+# and CyclicLR cycle where their groups hold `max_momentum`.
+CYCLED_WITH_MOMENTUM = ("momentum", "betas")
+
+
+def plain(value: object) -> object:
+    """A param group's value as it compares and is stored: a tensor as its number(s), a tuple as a list."""
+    if isinstance(value, Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def configured_hyperparameters(optimizers: Sequence[torch.optim.Optimizer]) -> list[list[dict[str, Any]]]:
+    """Each optimizer's param groups as this run configured them (all but their parameters), plain."""
+    return [[{k: plain(v) for k, v in group.items() if k != "params"} for group in o.param_groups] for o in optimizers]
+
+
+def scheduled(trainer: L.Trainer) -> dict[int, str]:
+    """The name of the schedule driving each optimizer that has one, by the optimizer's index."""
+    names = {}
+    for config in trainer.lr_scheduler_configs:
+        for index, optimizer in enumerate(trainer.optimizers):
+            if getattr(config.scheduler, "optimizer", None) is optimizer:
+                names[index] = type(config.scheduler).__name__
+    return names
+
+
+def driven_by_schedule(key: str, group: Mapping, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a schedule (one drives `optimizer`) sets `key` of `group`: the lr and the initial lr it starts from,
+    the keys it adds of its own (`max_lr`, `base_momentum`, ...) and a cycled momentum."""
+    if key in ("lr", "initial_lr") or key not in optimizer.defaults:
+        return True
+    return key in CYCLED_WITH_MOMENTUM and "max_momentum" in group
+
+
+def where(optimizer_index: int, group_index: int, optimizers: int) -> str:
+    own = f"optimizer {optimizer_index}'s " if optimizers > 1 else ""
+    return f"{own}param group {group_index}"
+
+
+def like(value: object, current: object) -> object:
+    """A plain configured `value` as the kind of object the group holds now (a tensor, a tuple of betas)."""
+    if isinstance(current, Tensor):
+        return torch.as_tensor(value).to(current)
+    return tuple(value) if isinstance(current, tuple) else value
+
+
+def shown_value(value: object) -> str:
+    """A hyperparameter's value as a line shows it (read from a checkpoint: quoted)."""
+    if isinstance(value, list) and all(is_number(item) for item in value):
+        return f"({', '.join(quoted(item) for item in value)})"
+    return quoted(value)
+
+
+def apply_configured_hyperparameters(trainer: L.Trainer, now: list, then: list | None) -> list[str]:
+    """Set, after Lightning's restore, each hyperparameter this run configures otherwise than the checkpoint's run
+    (`then`: its configured values, or None where its checkpoint stores none: then the restored ones, less what a
+    schedule moves) to this run's value; what was changed, said. A changed one that a schedule drives is refused."""
+    optimizers, schedules, changed = trainer.optimizers, scheduled(trainer), []
+    for o, optimizer in enumerate(optimizers):
+        for g, group in enumerate(optimizer.param_groups):
+            stored = then[o][g] if then is not None else {k: plain(v) for k, v in group.items() if k != "params"}
+            # initial_lr first: under a schedule it is the lr as configured, which `lr` is not once stepped.
+            for key in sorted(now[o][g], key=lambda name: name != "initial_lr"):
+                value = now[o][g][key]
+                if not isinstance(stored, Mapping) or key not in stored or stored[key] == value:
+                    continue
+                driven = o in schedules and driven_by_schedule(key, group, optimizer)
+                if driven and then is None and key in ("lr", *CYCLED_WITH_MOMENTUM):
+                    continue  # moved by the schedule as it ran: without the configured value, nothing to compare
+                place, name = where(o, g, len(optimizers)), "lr" if key == "initial_lr" else key
+                if driven:
+                    raise UserError(
+                        f"ckpt_path={trainer.ckpt_path}: this run configures {name} {shown_value(value)} for {place}, "
+                        f"the checkpoint's run {shown_value(stored[key])}, and its learning-rate schedule "
+                        f"({schedules[o]}) "
+                        f"drives {name} from there: a schedule cannot start again from another {name} midway (its "
+                        f"steps so far were taken from the old one); resume with the checkpoint's {name}, or start a "
+                        "new run without ckpt_path"
+                    )
+                trained_at = shown_value(group[key])
+                changed.append(f"{name} {shown_value(value)} for {place} (the checkpoint trained at {trained_at})")
+                group[key] = like(value, group[key])
+    return changed
+
+
+def schedule_settings(state: object) -> object:
+    """A schedule's state without what changes as it steps, at any depth (SequentialLR holds its parts' states)."""
+    if isinstance(state, Mapping):
+        return {key: schedule_settings(value) for key, value in state.items() if key not in SCHEDULE_PROGRESS}
+    if isinstance(state, (list, tuple)):
+        return [schedule_settings(item) for item in state]
+    return plain(state)
+
+
+def built_schedules(trainer: L.Trainer) -> list[tuple[str, object]]:
+    """Each of this run's schedules as built, before Lightning loads the checkpoint's state into it: its class's
+    name and its settings."""
+    return [
+        (type(c.scheduler).__name__, schedule_settings(c.scheduler.state_dict())) for c in trainer.lr_scheduler_configs
+    ]
+
+
+def changed_schedule(stored_states: object, built: list[tuple[str, object]]) -> str | None:
+    """How this run's schedules, as built, differ from the checkpoint's, which Lightning loads into them as they are
+    (another class's attributes too): another count, class, or argument (its own before what it derives from them)."""
+    stored_states = stored_states if isinstance(stored_states, list) else []
+    if len(stored_states) != len(built):
+        return f"the checkpoint's run had {len(stored_states)} learning-rate schedule(s), this run has {len(built)}"
+    for index, (stored, (name, fresh)) in enumerate(zip(stored_states, built, strict=True)):
+        stored = schedule_settings(stored)
+        if not isinstance(stored, Mapping) or set(stored) != set(fresh):
+            return f"the checkpoint's learning-rate schedule {index} is not a {name}, as this run's is"
+        for key in sorted((key for key in fresh if stored[key] != fresh[key]), key=lambda key: (key[0] == "_", key)):
+            return (
+                f"the checkpoint's learning-rate schedule {index} ({name}) was built with "
+                f"{key}={shown_value(stored[key])}, this run's with {key}={shown_value(fresh[key])}"
+            )
+    return None
+
+
+def refuse_a_changed_schedule(trainer: L.Trainer, stored_states: object, built: list[tuple[str, object]]) -> None:
+    problem = changed_schedule(stored_states, built)
+    if problem:
+        raise UserError(
+            f"ckpt_path={trainer.ckpt_path}: {problem}, and Lightning has loaded the checkpoint's schedule into this "
+            "run's as it is (its settings over this run's): resume with the checkpoint's schedule, or start a new run "
+            "without ckpt_path"
+        )
+
+
+def stored_configured(state: object, now: list) -> list | None:
+    """The checkpoint's run's configured hyperparameters from this callback's stored state, where they are of this
+    run's optimizers and groups (a checkpoint is data); None where there are none to compare."""
+    configured = state.get("configured") if isinstance(state, Mapping) else None
+    if not (isinstance(configured, list) and len(configured) == len(now)):
+        return None
+    for stored, fresh in zip(configured, now, strict=True):
+        if not (isinstance(stored, list) and len(stored) == len(fresh) and all(isinstance(g, Mapping) for g in stored)):
+            return None
+    return [[{key: plain(value) for key, value in group.items()} for group in groups] for groups in configured]

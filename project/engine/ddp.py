@@ -1,5 +1,6 @@
 """The processes of a multi-process run: started as one Hydra job (`HydraJobLauncher`, `HydraDDPStrategy`), meeting,
-agreeing on their config and on SIGTERM (`DeferredAgreement`), and every wait on each other ending in one line."""
+agreeing on their config and on SIGTERM (`DeferredAgreement`), every wait on each other ending in one line, and
+sharing out the samples they evaluate with none counted twice (`evaluated_once`)."""
 
 import ctypes
 import inspect
@@ -21,8 +22,10 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from omegaconf import OmegaConf
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 import __main__
 from project.engine.config import command_line_overrides, config_source_arguments, run_config_of
@@ -35,6 +38,7 @@ from project.engine.upstream import (
     set_num_threads_if_needed,
     skip_lightning_sigterm_broadcast,
     strategy_timeout,
+    with_sampler,
 )
 
 log = logging.getLogger(__name__)
@@ -391,3 +395,48 @@ class HydraJobRanks(OwnScriptLauncher):
 
 class HydraDDPStrategy(HydraJobRanks, DDPStrategy):
     """Lightning's DDP, its ranks started and stopped as `HydraJobRanks` says."""
+
+
+def evaluated_once(loader: Any, trainer: L.Trainer, stage: str) -> Any:
+    """`loader` (validation or test) sharing its samples out among the processes with none of them twice.
+
+    Lightning gives each process a `DistributedSampler`, which repeats samples to even out the shares: a set the
+    processes cannot split evenly counts some samples twice in every metric and in results.json, and the numbers
+    differ from `project.evaluate`'s on one process. `UnrepeatedDistributedSampler` gives process r the samples
+    r, r + N, r + 2N, ... and nothing twice (Lightning leaves a `DistributedSampler` it finds in place); the shares
+    may differ by a sample, and a metric logged with `sync_dist=True` (mean over the processes of each one's sum and
+    its count) is then the mean over the samples. A loader with a sampler of its own, or an iterable dataset, is left
+    as it is.
+    """
+    if trainer.world_size == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    plain = type(loader.sampler) in (SequentialSampler, RandomSampler) and type(loader.batch_sampler) is BatchSampler
+    if not plain or loader.batch_size is None:
+        return loader
+    samples, processes = len(loader.dataset), trainer.world_size
+    if samples < processes:
+        # A process without a sample would skip the epoch's sum over processes and leave the others waiting.
+        raise UserError(
+            f"the {stage} set has {samples} samples, fewer than the {processes} processes: run on fewer devices or "
+            "use a larger set"
+        )
+    check_even_batches(samples, processes, loader.batch_size, trainer, stage)
+    sampler = UnrepeatedDistributedSampler(
+        loader.dataset, num_replicas=processes, rank=trainer.global_rank, shuffle=False
+    )
+    return with_sampler(loader, sampler)
+
+
+def check_even_batches(samples: int, processes: int, batch_size: int, trainer: L.Trainer, stage: str) -> None:
+    """Refuse shares of different batch counts where every batch is a collective (a sharded model gathers its
+    parameters for each forward): the process with one batch more would wait for the others forever."""
+    if not isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy)):
+        return
+    largest, smallest = -(-samples // processes), samples // processes
+    if -(-largest // batch_size) != -(-smallest // batch_size):
+        raise UserError(
+            f"the {stage} set's {samples} samples split into shares of {largest} and {smallest} among {processes} "
+            f"processes, {-(-largest // batch_size)} and {-(-smallest // batch_size)} batches of {batch_size}, and a "
+            "sharded model's processes must run the same number of batches (each gathers its parameters): choose a "
+            f"data.batch_size that divides {smallest} (or {largest}), or another number of devices"
+        )

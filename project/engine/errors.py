@@ -67,6 +67,21 @@ GRAPH_CHANGED_LINE = (
     "trainer.strategy.static_graph=false (and trainer.strategy.find_unused_parameters=true where steps leave "
     "parameters out of the loss)"
 )
+# Lightning 2.6's words where a callback's `monitor` names a metric the module does not log (EarlyStopping's
+# RuntimeError, ModelCheckpoint's MisconfigurationException), with the names of those it does log.
+MONITOR_NOT_LOGGED = (
+    re.compile(
+        r"Early stopping conditioned on metric `(?P<monitor>[^`]*)` which is not available\."
+        r".*following: (?P<logged>.*)",
+        flags=re.DOTALL,
+    ),
+    re.compile(
+        r"`ModelCheckpoint\(monitor='(?P<monitor>[^']*)'\)` could not find the monitored key in the returned "
+        r"metrics: \[(?P<logged>[^\]]*)\]"
+    ),
+)
+# What Lightning lists among a module's metrics that it logs itself.
+COUNTERS = ("epoch", "step")
 # How torch says a collective timed out.
 TIMEOUT_WORDS = (
     "Timed out waiting",  # gloo, on the rank whose timer ran out
@@ -160,6 +175,9 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
     """The `UserError` (or Lightning misconfiguration) behind `error`, following its causes, or one made of a library
     error that is the user's (a full disk, a `${...}` naming nothing, memory, DDP's unused parameters, ...)."""
     while error is not None:
+        not_logged = monitored_metric_not_logged(error)
+        if not_logged is not None:
+            return not_logged
         if isinstance(error, (UserError, MisconfigurationException)):
             return error
         if isinstance(error, InterpolationResolutionError):
@@ -177,6 +195,26 @@ def find_user_error(error: BaseException | None) -> BaseException | None:
             return raised_in_a_worker(str(error))
         error = error.__cause__ or error.__context__
     return None
+
+
+def monitored_metric_not_logged(error: BaseException) -> UserError | None:
+    """Lightning's failure where a callback (EarlyStopping, a ModelCheckpoint of the user's) monitors a metric the
+    module does not log, said as the best checkpoint says it for `optimized_metric`: the metrics it does log."""
+    for words in MONITOR_NOT_LOGGED:
+        found = words.search(str(error))
+        if found:
+            break
+    else:
+        return None
+    monitor, callback = found["monitor"], "EarlyStopping" if "Early" in words.pattern else "ModelCheckpoint"
+    logged = [name for name in re.findall(r"[`']([^`']+)[`']", found["logged"]) if name not in COUNTERS]
+    said = f"the {callback} callback's monitor={monitor} is not logged by the module"
+    if not logged:
+        return UserError(f"{said}, which logs no metric: log one with self.log in the module and make it its monitor")
+    return UserError(
+        f"{said} (it logs: {', '.join(logged)}): set its monitor (callbacks.<its name>.monitor in the config) to one "
+        f"of those, or log {monitor} with self.log in the module"
+    )
 
 
 def raised_in_a_worker(traceback_text: str) -> UserError | None:

@@ -22,9 +22,12 @@ from torch import Tensor
 from project.engine.build import instantiate_group
 from project.engine.checkpoints import LAST, check_weights_fit, load_lightning_checkpoint
 from project.engine.errors import CONSTRUCTOR_ERRORS, UserError, find_user_error
+from project.engine.run_log import printable
 from project.engine.trusted_targets import Confinement, trusted_instantiation, trusted_targets
 
 Outputs = dict[str, Tensor]
+# What `OmegaConf.select` gives for a key a config lacks (None may be a value).
+MISSING_KEY = object()
 DEFAULT_PREDICT_STEP = L.LightningModule.predict_step.__code__
 # Where torch's `Module.__call__` runs, between the default predict_step and the module's forward.
 MODULE_CALL_FILE = torch.nn.modules.module.__file__
@@ -120,16 +123,62 @@ def rebuild_from_stored_config(cfg: DictConfig, config: dict) -> tuple[Any, Any]
         raise UserError(
             f"data.{unknown[0]}: the checkpoint's data ({trained.data._target_}) has no such key; it has {keys}"
         )
+    trained.model = with_model_given(cfg, trained.model)
     try:
         datamodule = instantiate(trained.data, **data_overrides) if trained.data else None  # None: data=none
         return datamodule, instantiate(trained.model)
     except CONSTRUCTOR_ERRORS as error:
         if find_user_error(error):  # the user's own mistake, already worded (e.g. data that is missing)
             raise
+        moved = missing_file_given_by(error, cfg, OmegaConf.to_container(trained))
+        if moved:
+            raise moved from None
         raise UserError(
             f"{cfg.ckpt_path}: its stored config no longer builds with this version of the project ({error}); "
             f"use it with the version that trained it"
         ) from None
+
+
+def with_model_given(cfg: DictConfig, model: DictConfig) -> DictConfig:
+    """The checkpoint's model config with the `+model.<key>=` values given on the command line (a file its
+    constructor reads that has moved), each a key it has; a `_target_` given there is the user's own name, trusted as
+    any the command line names."""
+    given = OmegaConf.to_container(cfg.model) if isinstance(cfg.get("model"), DictConfig) else {}
+    for key, _ in leaves(given):
+        if OmegaConf.select(model, key, default=MISSING_KEY) is MISSING_KEY:
+            keys = ", ".join(name for name in model if not name.startswith("_"))
+            raise UserError(
+                f"model.{key}: the checkpoint's model ({model.get('_target_')}) has no such key; it has {keys}"
+            )
+    return OmegaConf.merge(model, given) if given else model
+
+
+def leaves(node: object, prefix: str = "") -> list[tuple[str, object]]:
+    """(dotted key, value) of each value of a nested mapping that is not a mapping."""
+    if not isinstance(node, dict):
+        return [(prefix, node)]
+    found = []
+    for key, value in node.items():
+        found += leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    return found
+
+
+def missing_file_given_by(error: BaseException, cfg: DictConfig, config: dict) -> UserError | None:
+    """Where building the stored config failed on a file that is not there, and a key of its model or data holds
+    that path (a file moved since it trained): one line naming the key and how to point it elsewhere."""
+    while error is not None and not (isinstance(error, FileNotFoundError) and error.filename):
+        error = error.__cause__ or error.__context__
+    if error is None:
+        return None
+    for group in ("model", "data"):
+        for key, value in leaves(config.get(group) or {}):
+            if isinstance(value, str) and value == str(error.filename):
+                plus = "" if group == "data" and key in (cfg.get("data") or {}) else "+"
+                return UserError(
+                    f"ckpt_path={cfg.ckpt_path}: its stored {group}.{key}={printable(str(error.filename))}: no such "
+                    f"file (moved, or trained on another machine): give {plus}{group}.{key}=<where it is now>"
+                )
+    return None
 
 
 def build_from_command_line(cfg: DictConfig) -> tuple[Any, Any]:

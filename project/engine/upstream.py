@@ -24,6 +24,8 @@ from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
+from lightning.pytorch.utilities.data import _update_dataloader
 from omegaconf import DictConfig, OmegaConf
 
 # Hydra 1.4's execution whitelist (`instantiate(_execution_whitelist_=...)`, `hydra.main(execution_whitelist=...)`).
@@ -71,6 +73,12 @@ STAGE_FUNCTIONS = {
     "_test_impl": "while testing",
     "_predict_impl": "while predicting",
 }
+# What a torch 2.14 learning-rate schedule's `state_dict` holds as it steps (some of it private attributes), not as it
+# was built, and its `base_lrs` (the groups' `initial_lr`): what a schedule changed on resume is compared without.
+SCHEDULE_PROGRESS = frozenset(
+    ("last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "best", "num_bad_epochs")
+    + ("cooldown_counter", "base_lrs")
+)
 # Hydra's default (grid) sweeper; a sweep under any other is a search. Its class path in Hydra 1.3 and 1.4.
 GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # The classes torch 2.14 DCP's index of shards (`.metadata`) pickles, which `checkpoints.ShardsIndexUnpickler` allows.
@@ -106,6 +114,14 @@ if HAS_EXECUTION_WHITELIST:
     from hydra._internal.execution_policy import _DeferredTarget
 
     copyreg.pickle(_DeferredTarget, plain_partial)
+
+
+def with_sampler(loader: Any, sampler: Any) -> Any:
+    """`loader` made again with `sampler` in place of its own, everything else as its maker gave it (its class, dataset,
+    batch size, collate_fn, workers): Lightning's private `_update_dataloader`, as it puts a `DistributedSampler` in a
+    loader it is handed, from the arguments it records while a data hook runs (Lightning 2.6; no public
+    equivalent)."""
+    return _update_dataloader(loader, sampler)
 
 
 def hydra_main(config_path: str, config_name: str, job_whitelist: Callable[[DictConfig], list[str]]) -> Callable:
@@ -196,6 +212,32 @@ def silence_upstream_noise() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(existing, DropMessages) for existing in logger.filters):
             logger.addFilter(DropMessages([pattern for emitter, pattern, _, _ in LOG_MESSAGES if emitter == name]))
+
+
+def mean_of_samples(metric: _ResultMetric) -> Any:
+    """A logged metric's mean over every process's samples, for `_ResultMetric.compute` (Lightning 2.6).
+
+    Lightning mean-reduces (sums and divides by the process count) a metric logged with `sync_dist=True` and, the
+    same way, its count of samples, which it keeps in an integer tensor: where the processes counted different
+    numbers of samples (a validation set that does not split evenly, served without repeats: `ddp.evaluated_once`),
+    the division floors the count, and every such metric comes out too large (23 samples on 2 processes: 15/22 in
+    place of 15/23). Here the count is reduced as a float, on a copy (Lightning reduces it in place).
+    Lightning-AI/pytorch-lightning#21859 (open), fixed by #21839.
+    """
+    if metric.is_tensor and metric.meta.is_mean_reduction:
+        value = metric.meta.sync(metric.value.clone())
+        return value / metric.meta.sync(metric.cumulated_batch_size.to(value.dtype))
+    return LIGHTNINGS_COMPUTE(metric)
+
+
+# Lightning 2.6's own `_ResultMetric.compute`, for what `mean_of_samples` leaves to it (#21859).
+LIGHTNINGS_COMPUTE = _ResultMetric.compute
+
+
+def count_samples_exactly() -> None:
+    """Have Lightning's logged metrics use `mean_of_samples` (`project` calls this once, as it is imported; each
+    metric wraps the method when it is made): Lightning 2.6, until Lightning-AI/pytorch-lightning#21859 is fixed."""
+    _ResultMetric.compute = mean_of_samples
 
 
 # Lightning 2.6's launchers lower the threads per process this way; a launcher replacing one must too.

@@ -24,6 +24,33 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
 
 
+def first_training_inputs(datamodule: L.LightningDataModule) -> Tensor:
+    """The inputs of the data module's first training sample, which `on_fit_start` puts through the network; refused
+    in one line where it holds no `train_set` of `(inputs, label)` samples, what the classifier asks of a data module
+    beside its loaders (docs/your-code.md), which Lightning does not: a user's own may name its splits otherwise."""
+    name = type(datamodule).__name__
+    fix = (
+        f"give {name} a train_set (its training samples, set in setup), or train a module of your own on it "
+        "(model=<yours>); docs/your-code.md lists what the example classifier asks of a data module"
+    )
+    train_set = getattr(datamodule, "train_set", None)
+    if train_set is None:
+        raise UserError(
+            f"the example classifier (ClassifierModule) reads its data module's train_set, a dataset of "
+            f"(inputs, label) samples, and {name} has none after setup: {fix}"
+        )
+    try:
+        sample = train_set[0]
+    except (TypeError, IndexError, KeyError, NotImplementedError) as error:
+        raise UserError(f"{name}.train_set[0] cannot be read ({type(error).__name__}: {error}): {fix}") from None
+    if not (isinstance(sample, (tuple, list)) and len(sample) == 2 and isinstance(sample[0], Tensor)):
+        raise UserError(
+            f"{name}.train_set[0] is a {type(sample).__name__}, not an (inputs, label) pair of a tensor and its "
+            f"class, which the example classifier trains on: {fix}"
+        )
+    return sample[0]
+
+
 class ClassifierModule(L.LightningModule):
     """Trains `network` on `(inputs, labels)` batches and logs `{train,val,test}/{loss,acc}`."""
 
@@ -66,7 +93,7 @@ class ClassifierModule(L.LightningModule):
         datamodule = self.trainer.datamodule
         if datamodule is None:  # loaders passed to fit directly: nothing to look at in advance
             return
-        inputs = datamodule.train_set[0][0].unsqueeze(0).to(self.device)
+        inputs = first_training_inputs(datamodule).unsqueeze(0).to(self.device)
         training = self.network.training
         self.network.eval()
         try:

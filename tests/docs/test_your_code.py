@@ -12,11 +12,25 @@ MODULE_STEPS = (
 DATA_STEPS = (
     "python -m project.train data=circle model=toy trainer=ddp trainer.devices=2 'hydra.searchpath=[file://my_conf]'"
 )
+SEARCHPATH = "'hydra.searchpath=[file://tests/foreign_conf]' model=backbone_classifier data=csv_images"
+FINE_TUNING = (
+    'python -c "from pathlib import Path; from tests.csv_project import write_png_dataset as w; '
+    "w(Path('three_shapes'), 48); w(Path('two_shapes'), 48, ('circle', 'stripe'))\"",
+    f"python -m project.train {SEARCHPATH} data.root=three_shapes trainer.max_epochs=1",
+    "BEST=$(ls -t outputs/20*/*/checkpoints/best-*.ckpt | head -1)",
+    f"python -m project.train {SEARCHPATH} data.root=two_shapes model.num_classes=2 init_from=$BEST "
+    "'freeze=[backbone.*]'",
+)
 PAGE = DocsPage(
     REPO / "docs" / "your-code.md",
     not_run_here={
         MODULE_STEPS: FOLLOWED + "test_the_docs_steps_train_a_module_of_your_own_under_ddp",
         DATA_STEPS: FOLLOWED + "test_the_docs_steps_add_data_and_train_on_it_under_ddp",
+        **dict.fromkeys(
+            FINE_TUNING,
+            "followed, in the test's own dirs, by tests/test_init_from.py::"
+            "test_a_two_class_run_starts_from_a_three_class_runs_best_weights_with_its_backbone_frozen",
+        ),
     },
 )
 

@@ -10,16 +10,17 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from project.engine.checkpoints import SeededOrder
 from project.engine.errors import UserError, quoted
 from project.example.data.folds import check_fold_choice, fold_split
-from project.example.data.training_order import EpochShuffleSampler, TrainingPosition, labels_checksum
+from project.example.data.training_order import TrainingPosition, labels_checksum
 
 
 class ClassificationDataModule(L.LightningDataModule):
     """Serves `train_set`, `val_set` and `test_set` (set by a subclass's `setup`, each with a `targets` tensor of
     labels) in batches, through the subclass's `loader`.
 
-    The training order comes from `seed` and the epoch (`EpochShuffleSampler`), not from the global RNG, so the
+    The training order comes from `seed` and the epoch (`SeededOrder`), not from the global RNG, so the
     Lightning path and the reference path see the same batches whatever else consumed random numbers. Where training
     stands in it is saved in every checkpoint (`state_dict`), so a mid-epoch checkpoint resumes at the next batch.
     Validation and test count every sample exactly once under every strategy (`evaluation_loader`).
@@ -31,8 +32,8 @@ class ClassificationDataModule(L.LightningDataModule):
     train_set: Dataset
     val_set: Dataset
     test_set: Dataset
-    # The training sampler: an `EpochShuffleSampler` (a subclass may hand its dataset more than the index).
-    train_sampler_class = EpochShuffleSampler
+    # The training sampler: an `SeededOrder` (a subclass may hand its dataset more than the index).
+    train_sampler_class = SeededOrder
     # Each class's name, by label.
     class_names: tuple[str, ...]
 

@@ -1,10 +1,12 @@
-"""The training order: each process's share of a fresh seeded shuffle per epoch, and where a run stands in it.
+"""Where a run stands in the training order: each process's share of a fresh seeded shuffle per epoch (the engine's
+`SeededOrder`, which the classifier's data modules use as any data module's training loader gets it).
 
 A checkpoint written part-way through an epoch (`project.optional.mid_epoch.checkpoint`) must resume with exactly the
 batches an uninterrupted run would have trained next. The order depends on the seed, the epoch, the number of
 processes and the data alone, so the position is two numbers, `epoch` and `batches_done`, saved beside the weights
-(`TrainingPosition`), and `EpochShuffleSampler.start_part_way` starts the resumed epoch after them: both paths do
-this, Lightning through the data module's `state_dict` (saved in every checkpoint), the reference loop by hand.
+(`TrainingPosition`), and `SeededOrder.start_part_way` starts the resumed epoch after them: both paths do this,
+Lightning through the data module's `state_dict` (saved in every checkpoint, with the labels' checksum that tells two
+data sets of one size apart), the reference loop by hand.
 
 Why not the loader's own state (torchdata's `StatefulDataLoader`, which Lightning saves when the train loader has a
 `state_dict`): Lightning fetches one batch ahead of the one it trains (`_PrefetchDataFetcher`), so a loader's count of
@@ -12,45 +14,12 @@ what it has handed out is one batch past what was trained when a checkpoint is w
 batch; the trained-batch count Lightning keeps (its batch progress) is the one that is right, and is what is saved.
 """
 
-import itertools
 import zlib
 from dataclasses import dataclass, fields
 
 from torch import Tensor
-from torch.utils.data import Dataset
-from torch.utils.data.distributed import DistributedSampler
 
 from project.engine.errors import UserError, quoted
-
-
-class EpochShuffleSampler(DistributedSampler):
-    """This process's share of a fresh random order each epoch, drawn from `seed + epoch` alone.
-
-    The order depends on the epoch number only (not on a generator that advances as iterators are exhausted), so a
-    loop that stops after the last batch (Lightning) and one that runs into `StopIteration` (a `for` loop) agree, and
-    a resumed run sees the order it would have seen. With one process it is the global order that the ranks of a
-    DDP run share out (rank r takes samples r, r + N, ...). Being a `DistributedSampler`, Lightning leaves it in place
-    under DDP instead of putting its own there. Lightning and the reference loop call `set_epoch`.
-    """
-
-    def __init__(self, dataset: Dataset, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
-        self.skip = 0  # samples of this epoch's share already trained (a resumed mid-epoch checkpoint)
-
-    def start_part_way(self, epoch: int, samples_done: int) -> None:
-        """Begin epoch `epoch` after the first `samples_done` samples of this process's share; later epochs whole.
-
-        The length stays the whole share's: Lightning counts the batches already done towards the epoch's end.
-        """
-        self.epoch, self.skip = epoch, samples_done
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.skip = 0
-        super().set_epoch(epoch)
-
-    def __iter__(self):
-        return itertools.islice(super().__iter__(), self.skip, None)
 
 
 def labels_checksum(labels: Tensor) -> int:

@@ -35,9 +35,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.transforms import v2
 
+from project.engine.checkpoints import SeededOrder
 from project.engine.errors import UserError
 from project.example.data.classification import ClassificationDataModule
-from project.example.data.training_order import EpochShuffleSampler
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 # PIL's modes of more than 8 bits per grey pixel, which its own conversion to 8 bits clips instead of scaling.
@@ -70,8 +70,8 @@ def normalised(image: Tensor, mean: list[float], std: list[float]) -> Tensor:
     return v2.functional.normalize(v2.functional.to_dtype(image, torch.float32, scale=True), mean, std)
 
 
-class EpochTaggedShuffleSampler(EpochShuffleSampler):
-    """`EpochShuffleSampler` yielding `(epoch, index)`: the dataset seeds an image's augmentation with both."""
+class EpochTaggedShuffleSampler(SeededOrder):
+    """`SeededOrder` yielding `(epoch, index)`: the dataset seeds an image's augmentation with both."""
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         epoch = self.epoch

@@ -13,10 +13,10 @@ DDP the ranks agree on it, `project.engine.ddp`), every rank stops after the sam
 window (`trainer.accumulate_grad_batches`) stops the run at the window's last batch: a checkpoint inside the window
 would leave its accumulated gradients behind, and the resumed run would step on part of them.
 
-Resuming such a checkpoint trains exactly the batches the run would have trained next only where the data module
-saves where its epoch stood (`state_dict`/`load_state_dict`: the classifier's data modules save their training
-order's position); the engine refuses the resume of one that keeps no such state
-(`project.engine.checkpoints.PartWayResumeCheck`).
+Resuming such a checkpoint trains exactly the batches the run would have trained next: the engine keeps where training
+stands in any training loader with torch's own sampler (`project.engine.checkpoints.TrainingOrder`), and a data module
+with a sampler of its own keeps it itself (`state_dict`/`load_state_dict`: the classifier's data modules save their
+training order's position); the resume of one that keeps no such place is refused in one line.
 """
 
 import time
@@ -25,6 +25,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.engine.checkpoints import batches_done
 from project.engine.ddp import DeferredAgreement
 from project.engine.errors import UserError
 
@@ -106,8 +107,3 @@ class MidEpochCheckpoint(L.Callback):
     def _write(self, trainer: L.Trainer) -> None:
         trainer.save_checkpoint(self.path)
         self._last_write = time.monotonic()
-
-
-def batches_done(trainer: L.Trainer) -> int:
-    """Batches of the current epoch trained so far (their optimizer step included)."""
-    return trainer.fit_loop.epoch_loop.batch_progress.current.processed

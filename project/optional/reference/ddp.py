@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=2 -m project.optional.reference.ddp [overrides]
 
 Compared with `single`: join the process group (gloo on CPU, nccl on GPU), give each rank its share of every
-epoch with a `DistributedSampler` (the data module's `EpochShuffleSampler`, one that can also resume part-way
+epoch with a `DistributedSampler` (the data module's `SeededOrder`, one that can also resume part-way
 through an epoch; reshuffled by `set_epoch`), wrap the network in DDP (which averages gradients
 across ranks in `backward`), let rank 0 alone evaluate and write, and leave the process group at the end. (The
 epoch's loss and accuracy need no extra line: the shared metric sums them over ranks when they are computed.)

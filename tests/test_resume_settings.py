@@ -1,0 +1,116 @@
+"""A setting changed on resume is applied, and recorded as the value used, or refused in one line before the first
+step (docs/checkpoints.md, "Changing a setting on resume"): never recorded one way and trained another. Lightning
+restores the optimizers' param groups as the checkpoint holds them; `RestoredStateCheck` puts back what this run
+configures where no schedule drives it, and refuses a changed lr under a schedule, or a changed schedule."""
+
+import functools
+import re
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from project.engine.checkpoints import RestoredStateCheck
+from project.engine.errors import UserError
+from tests.faults import ENV
+from tests.foreign_modules import RegressionData, RegressionModule
+from tests.helpers import check_ok, read_json, run_module
+
+
+class ScheduledRegression(RegressionModule):
+    """The regression with SGD at `lr` and `weight_decay`, stepped down by `gamma` each epoch where `gamma` is set."""
+
+    def __init__(self, lr: float = 0.05, weight_decay: float = 0.0, gamma: float | None = None) -> None:
+        super().__init__(lr=lr)
+        self.weight_decay, self.gamma = weight_decay, gamma
+
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        if self.gamma is None:
+            return optimizer
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=self.gamma)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
+
+
+def fit(module: L.LightningModule, epochs: int, ckpt_path: Path | None = None) -> L.Trainer:
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=[RestoredStateCheck(str(ckpt_path) if ckpt_path else None)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, datamodule=RegressionData(), ckpt_path=ckpt_path)
+    return trainer
+
+
+@functools.cache
+def one_epoch(tmp: Path, **settings: float) -> Path:
+    path = tmp / f"one-epoch-{'-'.join(f'{k}{v}' for k, v in settings.items())}.ckpt"
+    fit(ScheduledRegression(**settings), 1).save_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("resume-settings")
+
+
+def test_a_hyperparameter_no_schedule_drives_is_the_one_this_run_configures(tmp: Path, capsys):
+    """Weight decay changed under a StepLR: applied after the restore, said once; the lr stays the schedule's."""
+    checkpoint = one_epoch(tmp, gamma=0.5)
+    group = fit(ScheduledRegression(weight_decay=0.01, gamma=0.5), 2, checkpoint).optimizers[0].param_groups[0]
+    assert group["weight_decay"] == 0.01
+    assert group["lr"] == pytest.approx(0.05 * 0.5**2), "two epochs of the schedule, from the checkpoint's one"
+    said = re.findall(r"resumed with .*", capsys.readouterr().err)
+    assert said == ["resumed with weight_decay 0.01 for param group 0 (the checkpoint trained at 0.0), as this run "
+                    "configures"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("settings", "line"),
+    [
+        ({"lr": 0.01, "gamma": 0.5}, "this run configures lr 0.01 for param group 0, the checkpoint's run 0.05, and "
+         "its learning-rate schedule (StepLR) drives lr from there"),
+        ({"gamma": 0.9}, "the checkpoint's learning-rate schedule 0 (StepLR) was built with gamma=0.5, this run's "
+         "with gamma=0.9"),
+        ({}, "the checkpoint's run had 1 learning-rate schedule(s), this run has 0"),
+    ],
+    ids=["lr-under-a-schedule", "schedule-argument", "schedule-dropped"],
+)  # fmt: skip
+def test_a_changed_lr_under_a_schedule_or_a_changed_schedule_is_refused_before_a_step(tmp: Path, settings, line):
+    checkpoint = one_epoch(tmp, gamma=0.5)
+    module = ScheduledRegression(**settings)
+    with pytest.raises(UserError, match=re.escape(line)):
+        fit(module, 2, checkpoint)
+    stored = torch.load(checkpoint, weights_only=True)["state_dict"]
+    assert all(torch.equal(value, stored[key]) for key, value in module.state_dict().items()), "no step taken"
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_lr_trains_at_it_and_records_it(tmp_path: Path):
+    """`project.train ckpt_path=<last> model.optimizer.lr=0.05` of the toy run at 0.5: the optimizer steps at 0.05
+    (its state in the checkpoint the resumed run writes, its logged lr), which the stored config records."""
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    check_ok(run_module("project.train", "trainer.max_epochs=1", "logger=none", f"hydra.run.dir={first}",
+                        cwd=tmp_path, env=ENV))  # fmt: skip
+    result = check_ok(
+        run_module(
+            "project.train",
+            f"ckpt_path={first}/checkpoints/last.ckpt",
+            "trainer.max_epochs=2",
+            "model.optimizer.lr=0.05",
+            "logger=none",
+            f"hydra.run.dir={resumed}",
+            cwd=tmp_path,
+            env=ENV,
+        )
+    )
+    assert "resumed with lr 0.05 for param group 0 (the checkpoint trained at 0.5)" in result.stderr
+    written = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    assert written["optimizer_states"][0]["param_groups"][0]["lr"] == 0.05
+    assert written["config"]["model"]["optimizer"]["lr"] == 0.05
+    assert read_json(resumed / "results.json")["train/lr"] == pytest.approx(0.05), "the lr its steps took"
