@@ -4,9 +4,13 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
+from project.engine.ddp import check_even_batches
+from project.engine.errors import UserError
 from tests.faults import alive, descendants
 from tests.helpers import (
     SRUN_TASK_ZERO,
@@ -186,3 +190,20 @@ def test_bad_strategy_input_ends_with_one_clear_line(tmp_path: Path, overrides, 
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and expected in error_lines[0], result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch_size", "refused"), [(15, 8, False), (15, 7, True), (15, 1, True), (16, 1, False)]
+)
+def test_a_sharded_models_evaluation_shares_of_different_batch_counts_are_refused(samples, batch_size, refused):
+    """Under fsdp every batch gathers parameters: 15 samples shared 8 and 7 make 1 batch each of 8, but 2 and 1 of 7,
+    and the process with the extra batch would wait forever; the line names a batch size that fits."""
+    sharded = SimpleNamespace(strategy=ModelParallelStrategy())
+    if not refused:
+        check_even_batches(samples, 2, batch_size, sharded, "test")
+        return
+    with pytest.raises(UserError) as raised:
+        check_even_batches(samples, 2, batch_size, sharded, "test")
+    fitting = int(str(raised.value).split("(such as ")[1].split(")")[0])
+    assert -(-8 // fitting) == -(-7 // fitting), "the batch size it names fits"
+    check_even_batches(samples, 2, batch_size, SimpleNamespace(strategy=DDPStrategy()), "test")  # ddp: no collective

@@ -433,10 +433,11 @@ def check_even_batches(samples: int, processes: int, batch_size: int, trainer: L
     if not isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy)):
         return
     largest, smallest = -(-samples // processes), samples // processes
-    if -(-largest // batch_size) != -(-smallest // batch_size):
+    if -(-largest // batch_size) != -(-smallest // batch_size):  # only where the smaller share fills its batches
+        fitting = next(size for size in range(2, smallest + 2) if smallest % size)
         raise UserError(
             f"the {stage} set's {samples} samples split into shares of {largest} and {smallest} among {processes} "
             f"processes, {-(-largest // batch_size)} and {-(-smallest // batch_size)} batches of {batch_size}, and a "
             "sharded model's processes must run the same number of batches (each gathers its parameters): choose a "
-            f"data.batch_size that divides {smallest} (or {largest}), or another number of devices"
+            f"data.batch_size that does not divide {smallest} (such as {fitting}), or another number of devices"
         )
