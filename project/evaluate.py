@@ -8,11 +8,13 @@ bar in a terminal, plain lines in a file or a pipe.
 """
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from project.engine.build import check_data_for, configured_callbacks, progress_bar_switch
 from project.engine.errors import exit_on_user_error, run_hydra_app
 from project.engine.reports import metric_line
+from project.engine.run_dir import launch_of, targets_of, write_receipt
 from project.engine.trained_run import blamed_on_data_given, rebuild_trained
 from project.engine.trusted_targets import job_whitelist
 from project.engine.upstream import hydra_main
@@ -31,6 +33,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         callbacks=progress,
         **progress_bar_switch(progress),
     )
+    run_dir = HydraConfig.get().runtime.output_dir
+    write_receipt(run_dir, targets_of(cfg, module, datamodule), launch_of(trainer, cfg.ckpt_path))
     with blamed_on_data_given(cfg):
         trainer.test(module, datamodule=datamodule, verbose=False)
     return {name: value.item() for name, value in trainer.callback_metrics.items()}
