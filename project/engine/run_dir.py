@@ -391,9 +391,9 @@ def target_files(targets: Iterable[str], top: Path | None, folder: ReceiptFolder
 
 
 def package_versions() -> dict[str, str]:
-    """Every installed distribution, by the name its `.dist-info` (or `.egg-info`) folder spells, with its version;
-    the first on `sys.path` wins, as for imports. Read from the folders' names: parsing every METADATA file, as
-    `importlib.metadata` would, costs a run ~0.1 s at its start."""
+    """Every installed distribution, by the name its `.dist-info` (or `.egg-info`) folder spells (lower case), with
+    its version; the first on `sys.path` wins, as for imports. Read from the folders' names: parsing every METADATA
+    file, as `importlib.metadata` does, would be most of the receipt's cost to a run's start (bench/startup.py)."""
     versions: dict[str, str] = {}
     for entry in sys.path:
         try:
@@ -404,8 +404,8 @@ def package_versions() -> dict[str, str]:
             stem, dot, kind = name.rpartition(".")
             if dot and kind in ("dist-info", "egg-info") and "-" in stem:
                 package, version = stem.split("-")[:2]
-                versions.setdefault(package, version)
-    return dict(sorted(versions.items(), key=lambda item: item[0].lower()))
+                versions.setdefault(package.lower(), version)
+    return dict(sorted(versions.items()))
 
 
 def torch_facts() -> dict:
