@@ -293,7 +293,8 @@ def file_sha256(path: Path) -> str:
 
 @dataclass
 class ReceiptFolder:
-    """A segment's folder of kept files, filled until `COPY_CAP_BYTES`; the first file over it is named once."""
+    """A segment's folder of kept files, filled until `COPY_CAP_BYTES`: the first file over it is named once, in a
+    warning and in the receipt, and no later file is kept."""
 
     root: Path
     used: int = 0
@@ -301,10 +302,10 @@ class ReceiptFolder:
 
     def keep(self, name: str, content: bytes) -> str | None:
         """`content` kept as `name` (a relative path), or None where the cap was reached; the path kept."""
-        if self.used + len(content) > COPY_CAP_BYTES:
-            if self.cap_reached is None:
-                self.cap_reached = f"{name} and later files not kept: over {COPY_CAP_BYTES // 2**20} MB"
-                report(f"warning: the run's receipt keeps no copy of {self.cap_reached} (untracked files?)")
+        if self.cap_reached is None and self.used + len(content) > COPY_CAP_BYTES:
+            self.cap_reached = f"{name} and later files not kept: over {COPY_CAP_BYTES / 2**20:g} MB"
+            report(f"warning: the run's receipt keeps no copy of {self.cap_reached} (large untracked files?)")
+        if self.cap_reached is not None:
             return None
         path = self.root / name
         path.parent.mkdir(parents=True, exist_ok=True)
