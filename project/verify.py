@@ -139,11 +139,12 @@ class RecordedRun:
         launcher = self.segment("launch").get("launcher") or {}
         if (isinstance(nodes, int) and nodes > 1) or "SLURM_STEP_ID" in launcher or "TORCHELASTIC_RUN_ID" in launcher:
             processes = self.segment("launch").get("world_size", "?")
-            how = f"Slurm job {launcher['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in launcher else "a launcher"
+            launched = f", Slurm job {launcher['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in launcher else ""
+            launched += ", under torchrun" if "TORCHELASTIC_RUN_ID" in launcher else ""
             raise UserError(
-                f"{self.dir} ran on {nodes} node(s), {processes} processes in all, started by {how}: project.verify "
-                f"re-runs on this machine alone; re-run it under an allocation of {nodes} node(s) with the same "
-                f"processes per node (its overrides: {' '.join(self.task_overrides)}) and compare"
+                f"{self.dir} ran on {nodes} node(s) ({processes} processes{launched}), and project.verify re-runs a "
+                f"run on this machine alone: re-run its overrides ({' '.join(self.task_overrides)}) in an allocation "
+                f"of {nodes} node(s) with the same processes per node, and compare"
             )
 
 
@@ -420,7 +421,7 @@ def verify(run_dir: Path, steps: int | None) -> bool:
         reproduced = reproduced and same
         print(f"  {results}")
     only = f" (the first {steps} steps only: --steps {steps}; final metrics not compared)" if steps else ""
-    print(f"{losses}: {compared} steps of each of {len(run.histories)} process(es){only}")
+    print(f"{losses}: {compared} step(s) on each of {len(run.histories)} process(es){only}")
     return reproduced
 
 

@@ -4,7 +4,6 @@ with, no secret among them; a tree without git still hashed; a run carried on ke
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 
 from project.engine import run_dir as run_dirs
 from project.engine.run_dir import RECEIPT_FILE, read_receipt, write_receipt
-from tests.helpers import REPO, check_ok, run_module
+from tests.helpers import REPO, check_ok, git, run_module, scratch_repository
 
 # Values a user's shell may hold that no file of a run may ever show.
 SECRETS = {
@@ -27,25 +26,6 @@ USER_MODULE = "their_modules"
 # The scratch repository's one uncommitted change, and an untracked source file.
 CHANGED_LINE = "# a line not yet committed\n"
 UNTRACKED = "notes_of_mine.py"
-
-
-def git(repository: Path, *arguments: str) -> str:
-    command = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", *arguments]
-    return subprocess.run(command, cwd=repository, check=True, capture_output=True, text=True).stdout
-
-
-def scratch_repository(destination: Path) -> Path:
-    """This repository's code and config (as git lists them) in a git repository of its own, committed once."""
-    listed = git(REPO, "ls-files", "--cached", "--others", "--exclude-standard")
-    kept = ("project/", "conf/", "hydra_plugins/", "constraints-py", "pyproject.toml")
-    for name in listed.splitlines():
-        if name.startswith(kept) and (REPO / name).is_file():
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, destination / name)
-    git(destination, "init", "-q", "-b", "main")
-    git(destination, "add", "-A")
-    git(destination, "commit", "-q", "-m", "scratch")
-    return destination
 
 
 def user_project(destination: Path) -> Path:
