@@ -104,7 +104,10 @@ class RecordedRun:
         if not isinstance(self.config, dict) or not all(isinstance(override, str) for override in every):
             raise UserError(f"{stored}: its config or overrides are not those of a run project.train wrote")
         receipt_path = run_dir / RECEIPT_FILE
-        self.receipt = read_receipt(receipt_path)["segments"] if receipt_path.exists() else None
+        try:
+            self.receipt = read_receipt(receipt_path)["segments"] if receipt_path.exists() else None
+        except ReceiptUnreadable as error:
+            raise UserError(f"{error}: move it aside to verify the run from its config and history alone") from None
         self.histories = histories(run_dir)
         self.results = read_json_dict(run_dir / "results.json")
 
@@ -429,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
         reproduced = verify(arguments.run_dir, arguments.steps)
-    except (UserError, ReceiptUnreadable) as error:
+    except UserError as error:
         print(error_line(error), file=sys.stderr)
         sys.exit(2)
     sys.exit(0 if reproduced else 1)
