@@ -23,6 +23,7 @@ from project.engine.build import check_data_for, configured_callbacks, instantia
 from project.engine.config import RunConfigCallback
 from project.engine.errors import UserError, exit_on_user_error, run_hydra_app
 from project.engine.job import isolated_job
+from project.engine.run_dir import launch_of, targets_of, write_receipt
 from project.engine.run_log import capture_logs, report
 from project.engine.trained_run import (
     Outputs,
@@ -66,6 +67,7 @@ def predict(
             "project.predict takes the predictions back from its processes, which spawned workers (trainer=ddp_spawn) "
             "do not return: use trainer=ddp"
         )
+    write_receipt(cfg.run_dir, targets_of(cfg, module, datamodule), launch_of(trainer, cfg.ckpt_path))
     with isolated_job(trainer):
         with blamed_on_data_given(cfg), predict_step_needed(module):
             outputs = joined(trainer.predict(module, datamodule=datamodule))

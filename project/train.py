@@ -24,6 +24,7 @@ from project.engine.errors import exit_on_user_error, in_sweep_job, run_hydra_ap
 from project.engine.history import summarise_history
 from project.engine.job import isolated_job, stop_if_signalled
 from project.engine.reports import format_results_table, log_hyperparameters, save_results
+from project.engine.run_dir import launch_of, targets_of, write_receipt
 from project.engine.run_log import capture_logs, report
 from project.engine.sweeps import finished_results
 from project.engine.trusted_targets import job_whitelist
@@ -39,6 +40,8 @@ def train(cfg: DictConfig) -> dict:
     from: `last`, the final epoch's, or `best`, the checkpoint with the best `optimized_metric`.
     """
     setup = build(cfg, Path(get_original_cwd()) / "outputs")  # checks the config first, and fills in its hints
+    # Before training, so that a run that crashes has one (docs/reproducibility.md).
+    write_receipt(cfg.run_dir, targets_of(cfg), launch_of(setup.trainer, setup.ckpt_path))
     if rank_zero_only.rank == 0:
         report(f"Config\n{OmegaConf.to_yaml(cfg, resolve=True)}")
     trainer, module, datamodule = setup.trainer, setup.module, setup.datamodule

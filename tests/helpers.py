@@ -9,6 +9,7 @@ import math
 import multiprocessing
 import multiprocessing.spawn
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -421,3 +422,24 @@ def train_own(cwd: Path, *args: str, module: str = "project.train") -> subproces
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def git(repository: Path, *arguments: str) -> str:
+    """git's output in `repository`, as a committer named "test"."""
+    command = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", *arguments]
+    return subprocess.run(command, cwd=repository, check=True, capture_output=True, text=True).stdout
+
+
+def scratch_repository(destination: Path) -> Path:
+    """This repository's code and config (as git lists them) in a git repository of its own, committed once: what a
+    test may change and commit without touching this checkout."""
+    listed = git(REPO, "ls-files", "--cached", "--others", "--exclude-standard")
+    kept = ("project/", "conf/", "hydra_plugins/", "constraints-py", "pyproject.toml", ".gitignore")
+    for name in listed.splitlines():
+        if name.startswith(kept) and (REPO / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, destination / name)
+    git(destination, "init", "-q", "-b", "main")
+    git(destination, "add", "-A")
+    git(destination, "commit", "-q", "-m", "scratch")
+    return destination

@@ -76,6 +76,7 @@ def test_startup_compares_a_toy_run_with_the_bare_imports(tmp_path: Path, capsys
 
     assert {"median", "low", "high"} <= set(results["startup"]["train_vs_imports"])
     assert "start-up: project.train toy / bare imports" in stdout
+    assert results["startup"]["seconds"]["receipt"]["median"] > 0 and "start-up: the run's receipt" in stdout
 
 
 def test_data_path_compares_every_loader_with_the_compute_only_limit(tmp_path: Path, capsys):

@@ -12,6 +12,7 @@ from tests.helpers import REPO
 FAULTS = "tests/test_faults.py"
 HOSTILE = "tests/test_hostile_checkpoints.py"
 RESTORED = "tests/test_restored_state.py"
+VERIFY = "tests/test_verify.py"
 # (a fragment of the row's first column, its exit column, the tests that inject that fault). A test is
 # "<file>::<function>", or "bad_input:<id>" for a case of tests/fault_cases.py (run by test_faults.py, exit 2).
 PAGE = REPO / "docs" / "failures.md"
@@ -316,6 +317,31 @@ ROWS = [
         "a resumed run had nothing left to train",
         "0",
         [f"{FAULTS}::test_resuming_a_finished_run_reports_its_epochs_and_no_made_up_time"],
+    ),
+    (
+        "`project.verify` is given a dir it cannot verify",
+        "2",
+        [f"{VERIFY}::test_a_dir_that_cannot_be_verified_ends_in_one_error_line_and_is_left_as_it_was"],
+    ),
+    (
+        "`project.verify` finds a `receipt.json` it cannot read",
+        "2",
+        [f"{VERIFY}::test_a_dir_that_cannot_be_verified_ends_in_one_error_line_and_is_left_as_it_was"],
+    ),
+    (
+        "`project.verify` of a run dir whose config or overrides name code",
+        "2",
+        [f"{VERIFY}::test_a_dir_that_cannot_be_verified_ends_in_one_error_line_and_is_left_as_it_was"],
+    ),
+    (
+        "`project.verify` re-runs a run that does not reproduce",
+        "1",
+        [f"{VERIFY}::test_a_one_line_change_to_the_networks_initialisation_is_named_with_the_first_differing_step"],
+    ),
+    (
+        "a run's untracked or out-of-tree source files exceed the receipt's 10 MB",
+        "0",
+        ["tests/test_receipts.py::test_copies_stop_at_the_cap_with_one_line"],
     ),
 ]
 

@@ -1,0 +1,145 @@
+"""`python -m project.verify <run dir>`: a run re-run from its directory reproduces its per-step losses and final
+metrics bitwise on a CPU, alone and under DDP; a one-line change to the network's initialisation is caught, named by
+file and first differing step; a dir it cannot verify ends in one `error:` line and is left as it was."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from project import verify
+from project.engine.run_dir import RECEIPT_FILE, process_start_time
+from tests.helpers import REPO, check_ok, run_module, scratch_repository
+
+# The one line changed in the scratch repository: the first layer initialised otherwise.
+FIRST_LAYER = "            nn.Linear(num_inputs, 30),\n"
+FIRST_LAYER_CHANGED = "            nn.Linear(num_inputs, 30).apply(lambda layer: nn.init.normal_(layer.weight)),\n"
+
+
+def train(cwd: Path, run_dir: Path, *overrides: str) -> Path:
+    """One epoch (2 steps) of the toy in `run_dir`."""
+    args = ("logger=none", "trainer.max_epochs=1", *overrides, f"hydra.run.dir={run_dir}")
+    check_ok(run_module("project.train", *args, cwd=cwd, env={"PYTHONPATH": str(cwd)}))
+    return run_dir
+
+
+def verified(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_module("project.verify", *args, cwd=cwd, env={"PYTHONPATH": str(cwd)})
+
+
+@pytest.fixture(scope="module")
+def changed_network(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A toy run in a scratch repository, verified as it is and after a one-line change to its network's
+    initialisation (the first step only: `--steps 1`)."""
+    repository = scratch_repository(tmp_path_factory.mktemp("repository"))
+    run_dir = train(repository, repository / "outputs" / "run")
+    same = verified(repository, str(run_dir))
+    networks = repository / "project" / "example" / "networks.py"
+    source = networks.read_text()
+    assert source.count(FIRST_LAYER) == 1
+    networks.write_text(source.replace(FIRST_LAYER, FIRST_LAYER_CHANGED))
+    changed = verified(repository, str(run_dir), "--steps", "1")
+    return {"run_dir": run_dir, "same": same, "changed": changed}
+
+
+@pytest.mark.slow
+def test_a_single_run_is_reproduced_bitwise_its_losses_and_final_metrics(changed_network):
+    result = check_ok(changed_network["same"])
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "reproduced bitwise: 2 step(s) on each of 1 process(es)"
+    assert "  the 8 final metrics equal" in lines
+    assert not [line for line in lines if line.startswith("  changed since")]
+
+
+@pytest.mark.slow
+def test_a_one_line_change_to_the_networks_initialisation_is_named_with_the_first_differing_step(changed_network):
+    result = changed_network["changed"]
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1].startswith("differs from step 1 (rank 0: loss ")
+    assert lines[-1].endswith(
+        "1 step(s) on each of 1 process(es) (the first 1 steps only: --steps 1; final metrics not compared)"
+    )
+    (changed,) = [line for line in lines if line.startswith("  changed since: ")]
+    assert changed.startswith("  changed since: project/example/networks.py (sha256 ")
+
+
+@pytest.mark.slow
+def test_a_ddp_run_without_a_receipt_is_reproduced_bitwise_on_every_rank_and_says_the_receipt_is_missing(
+    tmp_path: Path,
+):
+    run_dir = train(REPO, tmp_path / "run", "trainer=ddp", "trainer.devices=2")
+    (run_dir / RECEIPT_FILE).unlink()
+    result = check_ok(verified(REPO, str(run_dir)))
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "reproduced bitwise: 1 step(s) on each of 2 process(es)"
+    assert "  receipt missing (a run from before receipts): compared by its config and history alone" in lines
+    reruns = list((run_dir / "verify").iterdir())
+    assert len(reruns) == 1 and sorted(p.name for p in reruns[0].glob("history.rank*.json")) == [
+        "history.rank0.json",
+        "history.rank1.json",
+    ]
+
+
+def truncated(run_dir: Path) -> None:
+    path = run_dir / RECEIPT_FILE
+    path.write_text(path.read_text()[:100])
+
+
+def foreign(run_dir: Path) -> None:
+    (run_dir / RECEIPT_FILE).write_text(json.dumps({"format": "another tool's", "segments": [{}]}))
+
+
+def still_running(run_dir: Path) -> None:
+    """As the run looks while this very process trains it: its receipt names this process, no results yet."""
+    receipt = json.loads((run_dir / RECEIPT_FILE).read_text())
+    receipt["segments"][-1]["launch"] |= {"pid": os.getpid(), "process_start": process_start_time(os.getpid())}
+    (run_dir / RECEIPT_FILE).write_text(json.dumps(receipt))
+    (run_dir / "results.json").unlink()
+
+
+def set_in_config(run_dir: Path, key: str, value: object) -> None:
+    path = run_dir / ".hydra" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    group, name = key.split(".")
+    config[group][name] = value
+    path.write_text(yaml.safe_dump(config))
+
+
+def not_a_run(run_dir: Path) -> None:
+    shutil.rmtree(run_dir / ".hydra")
+
+
+ERROR_CASES = {
+    "truncated": (truncated, "cannot be read as a receipt"),
+    "foreign": (foreign, "is no receipt of this project (its format is not 'project receipt 1')"),
+    "not-a-run": (not_a_run, "is not a run's directory (no .hydra/config.yaml and hydra.yaml)"),
+    "running": (still_running, "is still running (process "),
+    "two-nodes": (
+        lambda d: set_in_config(d, "trainer.num_nodes", 2),
+        "ran on 2 node(s) (1 processes), and project.verify re-runs",
+    ),
+    "hostile": (lambda d: set_in_config(d, "model._target_", "os.system"), "names the target 'os.system'"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ERROR_CASES.values(), ids=ERROR_CASES.keys())
+def test_a_dir_that_cannot_be_verified_ends_in_one_error_line_and_is_left_as_it_was(
+    case, changed_network, tmp_path: Path, capsys
+):
+    spoil, expected = case
+    run_dir = shutil.copytree(changed_network["run_dir"], tmp_path / "run", ignore=shutil.ignore_patterns("verify"))
+    spoil(run_dir)
+    before = sorted((path, path.stat().st_mtime_ns) for path in run_dir.rglob("*"))
+    with pytest.raises(SystemExit) as stop:
+        verify.main([str(run_dir)])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == ""
+    (line,) = err.splitlines()
+    assert line.startswith("error: ") and expected in line
+    assert sorted((path, path.stat().st_mtime_ns) for path in run_dir.rglob("*")) == before
