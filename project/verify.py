@@ -1,4 +1,4 @@
-"""Re-run a run from its directory and check it: `python -m project.verify <run dir> [--steps N]`.
+"""Re-run a run from its directory and check it: `python -m project.verify <run dir> [--steps N] [--searchpath DIR]`.
 
 The run is trained again from its stored overrides, under the same strategy and number of processes, in
 `<run dir>/verify/<time>/`; every rank's per-step losses (`history.rank<N>.json`) and the final metrics
@@ -8,8 +8,10 @@ bitwise, reproduced within tolerance, or differs from step K. Exit 0 when reprod
 verify (one `error:` line). docs/reproducibility.md.
 
 A run dir is data, as a checkpoint is (docs/checkpoints.md, "A checkpoint is data"): every `_target_` its config or
-overrides name must be named by a config file of conf/ or of its `hydra.searchpath`, or by conf/trusted_targets.yaml;
-nothing it names as a path is followed out of it; nothing is written into it but its `verify/` folder.
+overrides name must be named by a config file of conf/ or of a `--searchpath` directory the user gives (the run's own
+`hydra.searchpath` is only checked to be among them: a run dir cannot choose which config files are trusted), or by
+conf/trusted_targets.yaml; an override that switches a download on is refused (nothing connects out unless the user
+says so); nothing it names as a path is followed out of it; nothing is written into it but its `verify/` folder.
 """
 
 import argparse
@@ -36,6 +38,7 @@ from project.engine.run_dir import (
     read_receipt,
     shown,
 )
+from project.engine.run_log import printable
 from project.engine.trusted_targets import DOTTED_NAME, TrustedTargets, targets_in
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -63,13 +66,20 @@ class StopAfterSteps(L.Callback):
 
 class VerifyArguments(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message}: usage: python -m project.verify <run dir> [--steps N]")
+        raise UserError(f"{message}: usage: python -m project.verify <run dir> [--steps N] [--searchpath DIR]")
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = VerifyArguments(prog="python -m project.verify", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path, help="a run's directory, as its results table names it")
     parser.add_argument("--steps", type=int, default=None, help="replay only the first N optimizer steps")
+    parser.add_argument(
+        "--searchpath",
+        type=Path,
+        action="append",
+        default=[],
+        help="a directory of your own config files the run was composed with (its hydra.searchpath), which you trust",
+    )
     arguments = parser.parse_args(argv)
     if arguments.steps is not None and arguments.steps < 1:
         raise UserError(f"--steps must be a positive number of optimizer steps, got {arguments.steps}")
@@ -189,10 +199,12 @@ def config_files_targets(searchpaths: list[Path]) -> frozenset[str]:
     return frozenset(named)
 
 
-def searchpaths_of(run: RecordedRun) -> tuple[list[str], list[Path]]:
-    """The run's `hydra.searchpath` override (its own modules' config dirs), and the dirs it names: each a `file://`
-    directory here, outside the run dir (whose files are the run's data, not the user's config)."""
+def searchpaths_of(run: RecordedRun, given: list[Path]) -> tuple[list[str], list[Path]]:
+    """The run's `hydra.searchpath` override (its own modules' config dirs), and the dirs it names: each one of the
+    `given` directories (`--searchpath`), which the user trusts; the run dir names them but cannot choose them (a
+    folder handed around beside it could name any target)."""
     overrides = [o for o in run.hydra_overrides if o.startswith("hydra.searchpath=")]
+    trusted = {folder.resolve() for folder in given}
     folders = []
     for override in overrides:
         for entry in re.findall(r"[\w+]+://[^,\]\s'\"]+", override):
@@ -200,11 +212,30 @@ def searchpaths_of(run: RecordedRun) -> tuple[list[str], list[Path]]:
             folder = Path(path)
             if scheme != "file" or not folder.is_dir() or plain_path_inside(str(folder), run.dir):
                 raise UserError(
-                    f"{run.dir}: its hydra.searchpath names {entry}, which is no config directory of this machine "
-                    "outside the run: project.verify takes config files only from conf/ and your own directories"
+                    f"{run.dir}: its hydra.searchpath names {printable(entry)}, which is no config directory of this "
+                    "machine outside the run: project.verify takes config files only from conf/ and your own "
+                    "directories (--searchpath)"
+                )
+            if folder.resolve() not in trusted:
+                raise UserError(
+                    f"{run.dir}: its config was composed with the config files of {printable(path)} "
+                    f"(hydra.searchpath), which project.verify reads only where you give them: if they are yours, "
+                    f"python -m project.verify {run.dir} --searchpath {printable(path)}"
                 )
             folders.append(folder)
     return overrides, folders
+
+
+def refuse_a_download(run: RecordedRun) -> None:
+    """Refuse overrides that switch a download on: the re-run would connect out because the run dir says so (the
+    rule for a checkpoint's stored config: docs/checkpoints.md); the user gives the data where it is."""
+    for override in run.task_overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key.split(".")[-1] == "download" and value.strip().lower() in ("true", "1", "yes"):
+            raise UserError(
+                f"{run.dir}: its override {printable(override)} would fetch data as the re-run starts: project.verify "
+                "connects nowhere; put the data where the run reads it (its data.root), or re-run it yourself"
+            )
 
 
 def check_trusted(run: RecordedRun, searchpaths: list[Path]) -> None:
@@ -400,13 +431,14 @@ def verify_dir_of(run_dir: Path) -> Path:
             candidate = parent / f"{name}-{suffix}"
 
 
-def verify(run_dir: Path, steps: int | None) -> bool:
+def verify(run_dir: Path, steps: int | None, searchpaths: list[Path] = ()) -> bool:
     """Re-run the run in `run_dir` and print what differs and the verdict; whether it reproduced."""
     run = RecordedRun(run_dir)
     run.check_finished()
     run.check_runs_here()
-    searchpath, folders = searchpaths_of(run)
+    searchpath, folders = searchpaths_of(run, list(searchpaths))
     check_trusted(run, folders)
+    refuse_a_download(run)
     verify_dir = verify_dir_of(run_dir)
     overrides = rerun_overrides(run, searchpath, verify_dir, steps)
     print(f"verify: {shown(run_dir)}, re-run in {shown(verify_dir)}", flush=True)
@@ -431,7 +463,7 @@ def verify(run_dir: Path, steps: int | None) -> bool:
 def main(argv: list[str] | None = None) -> None:
     try:
         arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
-        reproduced = verify(arguments.run_dir, arguments.steps)
+        reproduced = verify(arguments.run_dir, arguments.steps, arguments.searchpath)
     except UserError as error:
         print(error_line(error), file=sys.stderr)
         sys.exit(2)

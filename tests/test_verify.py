@@ -124,7 +124,20 @@ ERROR_CASES = {
         "ran on 2 node(s) (1 processes), and project.verify re-runs",
     ),
     "hostile": (lambda d: set_in_config(d, "model._target_", "os.system"), "names the target 'os.system'"),
+    "searchpath": (
+        lambda d: add_override(d, "hydra", f"hydra.searchpath=[file://{d.parent}]"),
+        "which project.verify reads only where you give them",
+    ),
+    "download": (lambda d: add_override(d, "task", "+data.download=true"), "would fetch data as the re-run starts"),
 }
+
+
+def add_override(run_dir: Path, kind: str, override: str) -> None:
+    """An override the run dir says it ran with (hydra.yaml's lists): a task override, or a Hydra one."""
+    path = run_dir / ".hydra" / "hydra.yaml"
+    hydra = yaml.safe_load(path.read_text())
+    hydra["hydra"]["overrides"][kind].append(override)
+    path.write_text(yaml.safe_dump(hydra))
 
 
 @pytest.mark.slow
