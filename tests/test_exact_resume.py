@@ -23,6 +23,7 @@ from tests.helpers import (
     STOPPED_BY_SIGTERM,
     check_ok,
     error_lines,
+    fresh_interpreters,
     histories,
     read_json,
     requires,
@@ -91,15 +92,17 @@ def resume(directory: Path, stopped: str, images: Path, *overrides: str) -> Path
     return directory / f"{stopped}-resumed"
 
 
-@pytest.mark.fresh
 def test_a_run_stopped_by_max_steps_inside_an_epoch_resumes_to_the_run_never_stopped(
     tmp_path: Path, images: Path, never_stopped: dict[str, Path]
 ):
     """`trainer.max_steps=6` stops in the second epoch (after its second batch): Lightning ends the epoch there and
-    saves it as if it had ended; the resumed run trains that epoch's last two batches, then the third epoch."""
+    saves it as if it had ended; the resumed run, in an interpreter of its own as a user's is, trains that epoch's
+    last two batches, then the third epoch."""
     check_ok(train(tmp_path, "stopped", images, "trainer.max_steps=6"))
     assert torch.load(tmp_path / "stopped" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
-    assert_resumed_exactly(resume(tmp_path, "stopped", images), never_stopped["alone"], first_step=6)
+    with fresh_interpreters():
+        resumed = resume(tmp_path, "stopped", images)
+    assert_resumed_exactly(resumed, never_stopped["alone"], first_step=6)
 
 
 def test_a_run_stopped_by_max_time_resumes_to_the_run_never_stopped(
