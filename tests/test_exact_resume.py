@@ -1,8 +1,9 @@
-"""Exactly right with a user's own code (tests/csv_project.py: PNGs from a labels.csv in a data module written the
-plain way, `shuffle=True`, no `state_dict`): a run stopped by `trainer.max_steps`, `trainer.max_time`, an epoch's end
-or a SIGTERM resumes to the per-step losses and final weights of a run never stopped, alone and under DDP; a
-checkpoint resumed with other data is refused in one line; and under DDP the validation and test numbers count each
-sample once, as `project.evaluate` on one process does.
+"""Exactly right with a user's own code (tests/csv_project.py): PNGs from a labels.csv in a data module written the
+plain way (`shuffle=True`, no `state_dict`), a classifier that starts from a pretrained backbone's file, and Lightning's
+own weight-averaging callback (`WeightAveraging`, whose state the checkpoints keep). A run stopped by
+`trainer.max_steps`, `trainer.max_time`, an epoch's end or a SIGTERM resumes to the per-step losses and final weights
+of a run never stopped, alone and under DDP; a checkpoint resumed with other data is refused in one line; and under
+DDP the validation and test numbers count each sample once, as `project.evaluate` on one process does.
 
 Before the engine kept the training order (`TrainingOrder`), a `max_steps` checkpoint resumed with the next epoch's
 first batch and stopped an epoch early, and `shuffle=True` drew each resumed epoch's order from another random state;
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.csv_project import write_png_dataset
+from tests.csv_project import write_backbone, write_png_dataset
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
     MID_EPOCH_ON,
@@ -40,14 +41,17 @@ pytestmark = pytest.mark.slow
 
 
 def csv_project(images: Path, *overrides: str) -> list[str]:
+    """The user's project on `images`, from the backbone file `write_png_dataset`'s caller wrote beside them."""
     return [
         f"hydra.searchpath=[file://{FOREIGN_CONF}]",
         "model=backbone_classifier",
         "data=csv_images",
         f"data.root={images}",
+        f"model.backbone_weights={images.parent / 'backbone.pth'}",
         "optimized_metric=val/acc",
         "logger=none",
         f"trainer.max_epochs={EPOCHS}",
+        "+callbacks.averaged._target_=lightning.pytorch.callbacks.WeightAveraging",
         *overrides,
     ]
 
@@ -59,7 +63,9 @@ def train(directory: Path, name: str, images: Path, *overrides: str):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_png_dataset(tmp_path_factory.mktemp("csv") / "images", IMAGES)
+    directory = tmp_path_factory.mktemp("csv")
+    write_backbone(directory / "backbone.pth")
+    return write_png_dataset(directory / "images", IMAGES)
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +192,7 @@ def test_a_checkpoint_resumed_with_other_data_is_refused_before_training(
 ):
     """Labels are positions in the class list: data of other classes (or in another order) or of another size
     would train on with the wrong meaning, whatever the data modules are called."""
+    write_backbone(tmp_path / "backbone.pth")
     images = write_png_dataset(tmp_path / "other", count, classes)
     last = never_stopped["alone"] / "checkpoints" / "last.ckpt"
     result = train(tmp_path, "resumed", images, f"ckpt_path={last}", "trainer.max_epochs=4")
