@@ -54,6 +54,8 @@ from project.engine.trusted_targets import TrustedTargets, UntrustedConfig, chec
 from project.engine.upstream import SCHEDULE_PROGRESS, SHARDS_INDEX_CLASSES, TopKCheckpoint, with_sampler
 
 LAST = "<run dir>/checkpoints/last.ckpt"
+# The longest name of a weight a line shows (a file may hold any string).
+LONGEST_NAME = 120
 # In a sharded checkpoint's directory (trainer=fsdp), beside DCP's files: all but the tensors, as Lightning names it.
 METADATA_FILE = "meta.pt"
 # DCP's index of the shards, a pickle of these classes of torch's (and torch's dtypes): what DCP itself writes there.
@@ -246,9 +248,12 @@ def checkpoint_step(path: Path) -> int:
     return torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"]
 
 
-def first_few(keys: list[str], shown: int = 3) -> str:
+def first_few(keys: Sequence[str], shown: int = 3, separator: str = ", ") -> str:
+    """The first `shown` of `keys` (names read from a file), each cut to `LONGEST_NAME` characters, and how many
+    more."""
+    cut = [key if len(key) <= LONGEST_NAME else f"{key[: LONGEST_NAME - 3]}..." for key in keys[:shown]]
     more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
-    return ", ".join(keys[:shown]) + more
+    return separator.join(cut) + more
 
 
 def check_weights_fit(module: torch.nn.Module, weights: dict[str, Any], path: str | Path, advice: str) -> None:
@@ -1102,8 +1107,6 @@ def check_resumed_weights(stored: Mapping, module: L.LightningModule, path: str)
 
 # Where a weights file may keep its state_dict, the first found: a Lightning checkpoint's, and common `.pth` layouts.
 STATE_DICT_KEYS = ("state_dict", "model")
-# The longest name of a weight a line shows (a file may hold any string).
-LONGEST_NAME = 120
 
 
 def refuse_two_starts(ckpt_path: str | None, init_from: str | None) -> None:
@@ -1155,13 +1158,6 @@ def weights_in_file(path: str) -> dict[str, Tensor]:
     return tensors
 
 
-def shown(names: Sequence[str], separator: str = ", ") -> str:
-    """The first few of `names` (read from a file), each cut to `LONGEST_NAME` characters, and how many more."""
-    cut = [name if len(name) <= LONGEST_NAME else f"{name[: LONGEST_NAME - 3]}..." for name in names]
-    more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
-    return separator.join(cut[:3]) + more
-
-
 def by_submodule(loaded: Sequence[str], own: Sequence[str]) -> str:
     """How many of each top-level submodule's tensors were loaded: `backbone 2 of 2, head 0 of 2`."""
     counts: dict[str, list[int]] = {}
@@ -1208,9 +1204,9 @@ def start_from_weights(module: torch.nn.Module, path: str | None, into: str | No
     loaded = [name for name in offered if name in own and fits(name)]
     if not loaded:
         raise UserError(
-            f"init_from={path}: none of its {len(offered)} tensors ({shown(list(offered))}) is one of "
-            f"{type(module).__name__}'s ({shown(list(own))}) by name and shape: give a file of this module's weights, "
-            "or init_into=<submodule> where the file's names lack the submodule's (a backbone's .pth)"
+            f"init_from={path}: none of its {len(offered)} tensors ({first_few(list(offered))}) is one of "
+            f"{type(module).__name__}'s ({first_few(list(own))}) by name and shape: give a file of this module's "
+            "weights, or init_into=<submodule> where the file's names lack the submodule's (a backbone's .pth)"
         )
     module.load_state_dict({name: offered[name] for name in loaded}, strict=False)
     if rank_zero_only.rank == 0:
@@ -1240,7 +1236,7 @@ def report_weights_loaded(
         ("in the file, not used", unused),
     ):
         if names:
-            report(f"init_from: {what}: {shown(names, '; ')}")
+            report(f"init_from: {what}: {first_few(names, separator='; ')}")
 
 
 def freeze_parameters(module: torch.nn.Module, patterns: Sequence[str] | str | None) -> None:
@@ -1270,7 +1266,7 @@ def freeze_parameters(module: torch.nn.Module, patterns: Sequence[str] | str | N
             parameter.requires_grad_(False)
     if rank_zero_only.rank == 0:
         trained = len(names) - len(frozen)
-        report(f"freeze: {len(frozen)} of {len(names)} parameters frozen ({shown(frozen)}), {trained} train")
+        report(f"freeze: {len(frozen)} of {len(names)} parameters frozen ({first_few(frozen)}), {trained} train")
 
 
 # A setting changed on resume (docs/checkpoints.md, "Changing a setting on resume"). Lightning restores each optimizer's
