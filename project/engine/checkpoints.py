@@ -471,7 +471,7 @@ class TrainingOrder(Callback):
         self.batch_size = loader.batch_size
         position = (self.resumed or {}).get("position")
         if position and position["batches_done"]:
-            self.check_resumable(position, self.position(position["epoch"], position["batches_done"]))
+            refuse_another_order(position, self.position(position["epoch"], position["batches_done"]))
             self.sampler.start_part_way(position["epoch"], position["batches_done"] * loader.batch_size)
         return with_sampler(loader, self.sampler)
 
@@ -485,23 +485,6 @@ class TrainingOrder(Callback):
             "seed": self.seed,
             "train_samples": len(sampler.dataset),
         }
-
-    def check_resumable(self, stored: dict, now: dict) -> None:
-        """Refuse to resume a part-way position in an order this run would not follow: "batch 40 of epoch 2" names
-        other samples with another batch size, process count, seed or data, so some would train twice, others never."""
-        changed = [
-            f"{what} {stored[key]} (this run: {now[key]})"
-            for key, what in WHAT_FIXES_THE_ORDER.items()
-            if stored[key] != now[key]
-        ]
-        if changed:
-            raise UserError(
-                f"ckpt_path: the checkpoint stopped part-way through epoch {stored['epoch']} (after batch "
-                f"{stored['batches_done']}) of a training order this run would not follow: its "
-                f"{'; its '.join(changed)}. "
-                "Resume it with its own data, data.batch_size, seed and number of processes, or resume from an "
-                "epoch-end checkpoint"
-            )
 
     def check_same_data(self, data: Any, loader: Any) -> None:
         """Refuse, before training, a checkpoint resumed with training data of another size or other classes (or
@@ -557,6 +540,22 @@ class TrainingOrder(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         refuse_a_resume_the_data_cannot_continue(trainer, self.sampler is not None)
+
+
+def refuse_another_order(
+    stored: Mapping[str, int], now: Mapping[str, int], fixes: Mapping[str, str] = WHAT_FIXES_THE_ORDER
+) -> None:
+    """Refuse, in one line, to resume the part-way position `stored` in a run whose order differs (`now`): "batch 40
+    of epoch 2" names other samples with another of the `fixes` (batch size, process count, seed, data), so some would
+    train twice and others never. The example's data modules, which keep their own position, refuse alike."""
+    changed = [f"{what} {stored[key]} (this run: {now[key]})" for key, what in fixes.items() if stored[key] != now[key]]
+    if changed:
+        raise UserError(
+            f"ckpt_path: the checkpoint stopped part-way through epoch {stored['epoch']} (after batch "
+            f"{stored['batches_done']}) of a training order this run would not follow: its "
+            f"{'; its '.join(changed)}. Resume it with its own data, data.batch_size, seed and number of processes, "
+            "or resume from an epoch-end checkpoint"
+        )
 
 
 def classes_unlike(stored: list[str] | None, now: list[str] | None) -> str | None:

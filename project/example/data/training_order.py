@@ -15,10 +15,12 @@ batch; the trained-batch count Lightning keeps (its batch progress) is the one t
 """
 
 import zlib
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 from torch import Tensor
 
+from project.engine.checkpoints import WHAT_FIXES_THE_ORDER as ENGINES_ORDER
+from project.engine.checkpoints import refuse_another_order
 from project.engine.errors import UserError, quoted
 
 
@@ -70,27 +72,9 @@ class TrainingPosition:
         "Batch 40 of epoch 2" names other samples with another batch size, process count, seed or data, so the run
         would train some samples twice and others never: that is refused rather than resumed approximately.
         """
-        if self.batches_done == 0:
-            return
-        changed = [
-            f"{WHAT_FIXES_THE_ORDER[field.name]} {getattr(self, field.name)} (this run: {getattr(now, field.name)})"
-            for field in fields(self)
-            if field.name in WHAT_FIXES_THE_ORDER and getattr(self, field.name) != getattr(now, field.name)
-        ]
-        if changed:
-            raise UserError(
-                f"ckpt_path: the checkpoint stopped part-way through epoch {self.epoch} (after batch "
-                f"{self.batches_done}) of a training order this run would not follow: its {'; its '.join(changed)}. "
-                "Resume it with its own data, data.batch_size, seed and number of processes, or resume from an "
-                "epoch-end checkpoint"
-            )
+        if self.batches_done:
+            refuse_another_order(asdict(self), asdict(now), WHAT_FIXES_THE_ORDER)
 
 
-# The fields that fix the order, as the user sets them.
-WHAT_FIXES_THE_ORDER = {
-    "batch_size": "data.batch_size",
-    "processes": "processes (trainer.devices × trainer.num_nodes)",
-    "seed": "seed",
-    "train_samples": "training samples",
-    "labels_checksum": "training labels' checksum",
-}
+# The fields that fix the order, as the user sets them: the engine's, and the labels' checksum.
+WHAT_FIXES_THE_ORDER = ENGINES_ORDER | {"labels_checksum": "training labels' checksum"}
