@@ -10,10 +10,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
 from lightning.pytorch.demos.transformer import LightningTransformer
+from torch.utils.data import DataLoader, RandomSampler
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.build import build, check_data_for, why_no_test
-from project.engine.checkpoints import refuse_a_resume_the_data_cannot_continue
+from project.engine.checkpoints import TrainingOrder, orderable, refuse_a_resume_the_data_cannot_continue
 from project.engine.errors import UserError, error_line
 from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import DictBatchData, DictBatchModule
@@ -126,3 +127,23 @@ def test_train_tests_nothing_where_no_test_step_or_no_test_dataloader_serves_it_
     assert why_no_test(BoringModel(), None) is None
     assert why_no_test(TrainOnly(), None) == "neither TrainOnly defines a test_dataloader"
     assert why_no_test(NoTestStep(), BoringDataModule()) == "NoTestStep defines no test_step"
+
+
+def test_training_loaders_the_engine_cannot_order_are_served_as_the_data_gives_them():
+    """A list or dict of loaders (Lightning combines them), or a loader with a sampler of its own, has no order the
+    engine keeps: it is handed on untouched, its sample count unknown, not a traceback."""
+    order, data = TrainingOrder(seed=0), BoringDataModule()
+    data.setup("fit")
+    for loaders in ({"a": data.train_dataloader()}, [data.train_dataloader()]):
+        assert order.training_loader(data, loaders) is loaders
+        assert order.sampler is None and order.data == {"train_samples": None, "classes": None}
+
+
+def test_a_random_sampler_that_draws_a_part_of_the_data_keeps_its_own_order():
+    """`RandomSampler(num_samples=8)` draws 8 of 64 samples an epoch: a seeded order of all 64 in its place would
+    train others, and more of them, than the data module asks for."""
+    data = BoringDataModule()
+    data.setup("fit")
+    part = DataLoader(data.random_train, batch_size=2, sampler=RandomSampler(data.random_train, num_samples=8))
+    whole = DataLoader(data.random_train, batch_size=2, shuffle=True)
+    assert not orderable(part) and orderable(whole)

@@ -36,16 +36,9 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.nn.parameter import is_lazy
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    SequentialSampler,
-    Subset,
-)
+from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler, Subset
 
+from project.engine.ddp import torchs_own_order
 from project.engine.errors import UserError, disk_refuses, nearest_existing, quoted, unwritable
 from project.engine.run_dir import names_a_url, plain_path_inside
 from project.engine.run_log import printable, report
@@ -399,14 +392,14 @@ def batches_done(trainer: L.Trainer) -> int:
 
 
 def orderable(loader: object) -> bool:
-    """Whether `loader` draws its order from a sampler the engine can put a `SeededOrder` in place of: a plain
-    `DataLoader` over a map-style dataset whose sampler is torch's random one (`shuffle=True`, each sample once) or
-    sequential one, batched by torch's own `BatchSampler`."""
-    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+    """Whether `loader` draws its order from a sampler the engine can put a `SeededOrder` in place of: torch's own
+    (`ddp.torchs_own_order`), and a random one that draws each sample once (`shuffle=True`)."""
+    if not torchs_own_order(loader):
         return False
     sampler = loader.sampler
-    plain_random = type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(sampler)
-    return (plain_random or type(sampler) is SequentialSampler) and type(loader.batch_sampler) is BatchSampler
+    if type(sampler) is SequentialSampler:
+        return True
+    return not sampler.replacement and sampler.num_samples == len(loader.dataset)  # each sample once
 
 
 def class_names_of(data: object, dataset: object) -> list[str] | None:
@@ -489,7 +482,7 @@ class TrainingOrder(Callback):
     def check_same_data(self, data: Any, loader: Any) -> None:
         """Refuse, before training, a checkpoint resumed with training data of another size or other classes (or
         classes in another order: labels are positions in that list)."""
-        self.data = {"train_samples": len(loader.dataset) if is_sized(loader) else None}
+        self.data = {"train_samples": length_of(getattr(loader, "dataset", None))}
         self.data["classes"] = class_names_of(data, getattr(loader, "dataset", None))
         stored = (self.resumed or {}).get("data")
         if not stored:
@@ -576,12 +569,13 @@ def keeps_its_own_place(data: object) -> bool:
     )
 
 
-def is_sized(loader: Any) -> bool:
+def length_of(dataset: object) -> int | None:
+    """`len(dataset)`, or None where it has none: an iterable dataset, or no dataset at all (loaders of the data's
+    own making: a list or dict of them, a `CombinedLoader`)."""
     try:
-        len(loader.dataset)
+        return len(dataset)
     except TypeError:
-        return False
-    return True
+        return None
 
 
 def checked_order_state(state: object) -> dict:

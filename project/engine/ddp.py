@@ -397,6 +397,19 @@ class HydraDDPStrategy(HydraJobRanks, DDPStrategy):
     """Lightning's DDP, its ranks started and stopped as `HydraJobRanks` says."""
 
 
+def torchs_own_order(loader: object) -> bool:
+    """Whether `loader` is a plain `DataLoader` over a map-style dataset that draws its order from torch's own random
+    or sequential sampler, batched by torch's own `BatchSampler`: one whose sampler the engine may put another in
+    place of (its class, dataset and arguments kept, `upstream.with_sampler`)."""
+    return (
+        isinstance(loader, DataLoader)
+        and not isinstance(loader.dataset, IterableDataset)
+        and loader.batch_size is not None
+        and type(loader.sampler) in (SequentialSampler, RandomSampler)
+        and type(loader.batch_sampler) is BatchSampler
+    )
+
+
 def evaluated_once(loader: Any, trainer: L.Trainer, stage: str) -> Any:
     """`loader` (validation or test) sharing its samples out among the processes with none of them twice.
 
@@ -408,10 +421,7 @@ def evaluated_once(loader: Any, trainer: L.Trainer, stage: str) -> Any:
     its count) is then the mean over the samples. A loader with a sampler of its own, or an iterable dataset, is left
     as it is.
     """
-    if trainer.world_size == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
-        return loader
-    plain = type(loader.sampler) in (SequentialSampler, RandomSampler) and type(loader.batch_sampler) is BatchSampler
-    if not plain or loader.batch_size is None:
+    if trainer.world_size == 1 or not torchs_own_order(loader):
         return loader
     samples, processes = len(loader.dataset), trainer.world_size
     if samples < processes:
