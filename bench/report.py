@@ -9,14 +9,14 @@ from pathlib import Path
 import lightning
 import torch
 
+from project.engine.run_dir import cpu_facts
+
 
 def machine() -> dict:
     """What the numbers were measured on."""
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line), platform.processor())
     return {
         "platform": platform.platform(),
-        "cpu": cpu,
+        "cpu": cpu_facts()["model"],
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
