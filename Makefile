@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST_DEBIAN := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-fast test-hydra1.4 coverage mutants bench lint lock tensorboard remove-part system-deps data-fashion-mnist clean
+.PHONY: train test test-fast test-hydra1.4 coverage mutants golden bench lint lock tensorboard remove-part system-deps data-fashion-mnist clean
 
 # The versions a green CI run installed, for this Python (`make lock` writes them): installed where they exist, so a
 # fresh machine gets what CI tested; another Python resolves pyproject.toml's ranges afresh.
@@ -58,6 +58,9 @@ mutants: $(STAMP)  ## the engine's mutation score: each module's mutants against
 	$(BIN)/python -m pip install --quiet "cosmic-ray==8.7.0" $(if $(CONSTRAINTS),--constraint $(CONSTRAINTS))
 	$(BIN)/python scripts/mutants.py $(if $(SAMPLE),--sample $(SAMPLE)) $(if $(SEED),--seed $(SEED)) $(ARGS)
 
+golden: $(STAMP)  ## train the shipped recipes, record their per-step losses in tests/golden/, report what moved (docs/testing.md)
+	$(BIN)/python -m scripts.golden
+
 bench: $(STAMP)  ## the benchmark suite: one table, bench/results/<date>.json and PNGs (ARGS=--quick: a smoke run)
 	$(BIN)/python -m bench $(ARGS)
 
@@ -65,9 +68,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-lock: $(STAMP)  ## after a green `make test`: write the venv's versions to constraints-py<version>.txt, which `make` installs
+lock: $(STAMP)  ## after a green `make test`: write the venv's versions to constraints-py<version>.txt, which `make` installs, and report what moved (make golden)
 	{ echo "# pip freeze of a venv whose make test passed ($$(date -u +%Y-%m-%d)); make lock writes it"; \
 	  $(BIN)/python -m pip freeze --exclude-editable --exclude cosmic-ray; } > constraints-py$(PYTHON_VERSION).txt
+	$(MAKE) golden
 
 tensorboard: $(STAMP)  ## serve every run under outputs/ on http://127.0.0.1:6006
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port 6006

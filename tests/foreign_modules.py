@@ -11,6 +11,7 @@ Lightning's own `BoringModel` and `BoringDataModule` (which log no metric at all
 used as they are (tests/foreign_conf/).
 """
 
+import random
 from pathlib import Path
 
 import lightning as L
@@ -196,6 +197,16 @@ class DictBatchModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def write_wikitext(directory: Path) -> None:
+    """data/wikitext-2.txt, as WikiTextData reads it, in WikiText-2's format, 24 lines of 7 words of 16: 192 tokens
+    with the end-of-line ones, which WikiText2 cuts into 11 blocks of 16 (8 to train, 3 to predict)."""
+    words = [f"word{number}" for number in range(16)]
+    pick = random.Random(0).choice
+    lines = [" ".join(pick(words) for _ in range(7)) for _ in range(24)]
+    (directory / "data").mkdir()
+    (directory / "data" / "wikitext-2.txt").write_text("\n".join(lines) + "\n")
 
 
 class WikiTextData(L.LightningDataModule):

@@ -14,7 +14,6 @@ either worker.
 """
 
 import math
-import random
 import re
 import shutil
 import subprocess
@@ -25,18 +24,8 @@ import pytest
 import torch
 
 from project.engine.reports import format_value
-from tests.foreign_modules import FOREIGN_CONF
+from tests.foreign_modules import FOREIGN_CONF, write_wikitext
 from tests.helpers import REPO, check_ok, error_lines, histories, read_json, requires, train_own
-
-
-def write_wikitext(directory: Path) -> None:
-    """data/wikitext-2.txt in WikiText-2's format, 24 lines of 7 words of 16: 192 tokens with the
-    end-of-line ones, which WikiText2 cuts into 11 blocks of 16 (8 to train, 3 to predict)."""
-    words = [f"word{number}" for number in range(16)]
-    pick = random.Random(0).choice
-    lines = [" ".join(pick(words) for _ in range(7)) for _ in range(24)]
-    (directory / "data").mkdir()
-    (directory / "data" / "wikitext-2.txt").write_text("\n".join(lines) + "\n")
 
 
 def write_images(directory: Path) -> None:
