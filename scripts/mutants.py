@@ -214,7 +214,7 @@ class TestMap:
         (an import, at collection); none but the unmeasured where no test ran it."""
         lines = {first_line(line) for line in range(spec.start_pos[0], spec.end_pos[0] + 1)}
         ran_it = set().union(*(self.statements.get(line, ()) for line in lines))
-        if "" in ran_it or not ran_it <= set(self.tests):
+        if not ran_it <= set(self.tests):  # "" among them: outside any test
             return list(self.tests)
         shared = {self.groups[test] for test in ran_it if test in self.groups}
         chosen = ran_it | set(self.unmeasured) | {test for test, group in self.groups.items() if group in shared}
