@@ -338,15 +338,13 @@ def chosen_mutants(module_path: Path, sample: int, seed: int) -> list:
 
 
 class Results:
-    """A module's finished mutants, one JSON line each, in outputs/mutants/<commit>/<module>.jsonl, so that a full
-    run, hours long, goes on where a stopped one stopped. Each line carries the fingerprint of the module and its
-    guard files (sha256): lines of another fingerprint (a changed module or test) are done again."""
+    """A module's finished mutants, one JSON line each, in outputs/mutants/<module>.jsonl, so that a full run, hours
+    long, goes on where a stopped one stopped, across sessions and commits. Each line carries the fingerprint of the
+    module and its guard files (sha256): lines of another fingerprint (a changed module or test) are done again; a
+    commit that changes neither (the docs, another module) keeps them."""
 
     def __init__(self, name: str, fingerprint: str) -> None:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        self.path = REPO / "outputs" / "mutants" / commit / f"{name}.jsonl"
+        self.path = REPO / "outputs" / "mutants" / f"{name}.jsonl"
         self.fingerprint = fingerprint
         self.done: dict[str, Outcome] = {}
         lines = self.path.read_text().splitlines() if self.path.is_file() else []
