@@ -15,6 +15,9 @@ nothing, and the run says so. Mutants inside type annotations are left out (a `|
 
 import argparse
 import ast
+import base64
+import hashlib
+import json
 import os
 import random
 import re
@@ -25,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -64,11 +67,70 @@ def guards_lines(page: str | None = None) -> dict[str, list[str]]:
     return named
 
 
+# What this module, as a plugin of pytest, is told by the environment: the node ids a mutant's pytest runs (a JSON
+# list in a file), and where the mapping pass writes its tests' facts.
+SELECTED_TESTS = "MUTANTS_SELECTED_TESTS"
+MAPPING_FACTS = "MUTANTS_MAPPING_FACTS"
+COVERAGE_CONFIG = "COVERAGE_PROCESS_CONFIG"  # coverage's: the config a process it starts measures with
+
+
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """As a plugin of a mutant's pytest: the in-process tests before those that train or start processes (`slow`),
-    where tests/conftest.py puts the longest first, so that a killed mutant costs its quickest failing test."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """As a plugin of a mutant's pytest: only the guard tests that ran the mutated statement (where a list is given),
+    the in-process tests before those that train or start processes (`slow`), where tests/conftest.py puts the
+    longest first, so that a killed mutant costs its quickest failing test. In the mapping pass: the tests' facts."""
+    if SELECTED_TESTS in os.environ:
+        selected = set(json.loads(Path(os.environ[SELECTED_TESTS]).read_text()))
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in selected])
+        items[:] = [item for item in items if item.nodeid in selected]
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+    if MAPPING_FACTS in os.environ:
+        facts = {"tests": [item.nodeid for item in items], "groups": {}, "unmeasured": []}
+        for item in items:
+            group = item.get_closest_marker("xdist_group")
+            if group is not None:
+                facts["groups"][item.nodeid] = group.args[0] if group.args else group.kwargs["name"]
+        Path(os.environ[MAPPING_FACTS]).write_text(json.dumps(facts))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """In the mapping pass, every line a test makes run is recorded under its node id: in this process (coverage's
+    dynamic context) and in every process it starts (their static context, read from the environment). Processes
+    are started as fresh interpreters, which read it; a fork of the preloaded Python would keep the context of the
+    test that started that server."""
+    if MAPPING_FACTS not in os.environ:
+        return (yield)
+    measured_as(item.nodeid)
+    try:
+        return (yield)
+    finally:
+        measured_as("")
+
+
+def measured_as(label: str) -> None:
+    import coverage
+
+    helpers = sys.modules.get("tests.helpers")
+    if helpers is not None:
+        helpers.FRESH = True  # a `fresh` test's own context manager sets it back at its end
+    coverage.Coverage.current().switch_context(label)
+    settings = json.loads(base64.b64decode(os.environ[COVERAGE_CONFIG]))
+    settings["context"] = label
+    os.environ[COVERAGE_CONFIG] = base64.b64encode(json.dumps(settings).encode()).decode()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """In the mapping pass, a test that failed or was skipped (under coverage, or for want of a GPU) ran less than
+    it does unmeasured: its mapping is unknown, and it runs for every mutant."""
+    if MAPPING_FACTS in os.environ and (report.failed or report.skipped):
+        facts = json.loads(Path(os.environ[MAPPING_FACTS]).read_text())
+        if report.nodeid not in facts["unmeasured"]:
+            facts["unmeasured"].append(report.nodeid)
+        Path(os.environ[MAPPING_FACTS]).write_text(json.dumps(facts))
+
+
+NOT_RUN = "not run by its guard tests"
 
 
 @dataclass
@@ -77,7 +139,10 @@ class Outcome:
     line: int
     edit: str
     killed: bool
-    by: str  # the killing test, "timeout", or what the guard files printed last where they survived
+    by: str  # the killing test, "timeout", NOT_RUN, or what the guard files printed last where they survived
+    key: str = ""  # the mutant within its module: cosmic-ray's operator and occurrence
+    seconds: float = 0.0
+    tests: int = 0  # guard tests selected for it (0: every guard file, as --every-guard-test runs them)
 
 
 def annotation_lines(source: str) -> set[tuple[int, int]]:
@@ -127,9 +192,72 @@ def scratch_copy() -> Iterator[Path]:
         yield copy
 
 
-def mutant_test_command(tests: list[str]) -> str:
+def mutant_test_command(paths: list[str]) -> str:
     """The command cosmic-ray runs (split as a shell would, run in the copy, which is the current dir)."""
-    return " ".join([PYTHON, "-m", "pytest", *PYTEST_OPTIONS, *(f"tests/{name}" for name in tests)])
+    return " ".join([PYTHON, "-m", "pytest", *PYTEST_OPTIONS, *paths])
+
+
+@dataclass
+class TestMap:
+    """Which of a module's guard tests ran each of its statements, read from one run of its guard files under
+    coverage (`mapping_pass`). A mutant can change what a test sees only where that test runs the mutated statement,
+    so the mutant runs only those tests: mutmut 3's way, made sound for tests that start processes."""
+
+    tests: list[str]  # every guard test, in the order a mutant's pytest runs them
+    groups: dict[str, str]  # a test's group of tests sharing a module-scoped fixture (a trained run)
+    unmeasured: list[str]  # tests that failed or skipped under coverage: what they run is unknown
+    statements: dict[int, list[str]]  # a statement's first line: the tests that ran it ("": outside any test)
+
+    def tests_running(self, spec, first_line) -> list[str]:
+        """The guard tests a mutant must run: those that ran its statement, with the tests sharing their fixtures
+        (a fixture's lines count for the test that built it); all of them where the statement ran outside a test
+        (an import, at collection); none but the unmeasured where no test ran it."""
+        lines = {first_line(line) for line in range(spec.start_pos[0], spec.end_pos[0] + 1)}
+        ran_it = set().union(*(self.statements.get(line, ()) for line in lines))
+        if not ran_it <= set(self.tests):  # "" among them: outside any test
+            return list(self.tests)
+        shared = {self.groups[test] for test in ran_it if test in self.groups}
+        chosen = ran_it | set(self.unmeasured) | {test for test, group in self.groups.items() if group in shared}
+        return [test for test in self.tests if test in chosen]
+
+
+def mapping_pass(module_path: Path, guard_files: list[str], timeout: float) -> TestMap:
+    """Run a module's guard files once under coverage, each line recorded under the test that made it run, in any
+    process: this one through a dynamic context, the processes a test starts through the static context their
+    coverage reads from the environment (this module's `measured_as`, as a plugin of that pytest)."""
+    import coverage
+    from coverage.parser import PythonParser
+
+    with tempfile.TemporaryDirectory(prefix="mutants-map-") as work:
+        settings = Path(work) / "coveragerc"
+        settings.write_text(
+            f"[run]\ndata_file = {work}/.coverage\nparallel = true\nsource = {module_path.resolve().parent}\n"
+            "patch = subprocess, fork\n"
+        )
+        facts = Path(work) / "facts.json"
+        options = [option for option in PYTEST_OPTIONS if option != "-x"]
+        command = [PYTHON, "-m", "coverage", "run", f"--rcfile={settings}", "-m", "pytest", *options, *guard_files]
+        subprocess.run(command, env={**os.environ, MAPPING_FACTS: str(facts)}, capture_output=True, timeout=timeout)
+        measured = coverage.Coverage(config_file=str(settings))
+        measured.combine()
+        by_line = measured.get_data().contexts_by_lineno(str(module_path.resolve()))
+        known = json.loads(facts.read_text())
+    parser = PythonParser(text=module_path.read_text())
+    parser.parse_source()
+    statements: dict[int, set[str]] = {}
+    for line, tests in by_line.items():
+        statements.setdefault(parser.first_line(line), set()).update(tests)
+    runs = {line: sorted(tests) for line, tests in statements.items()}
+    return TestMap(known["tests"], known["groups"], known["unmeasured"], runs)
+
+
+def first_lines(module_path: Path):
+    """coverage's own map of a line to its statement's first line (where a multi-line statement is recorded)."""
+    from coverage.parser import PythonParser
+
+    parser = PythonParser(text=module_path.read_text())
+    parser.parse_source()
+    return parser.first_line
 
 
 def edit_of(diff: str) -> str:
@@ -152,13 +280,39 @@ class FailsUnmutated:
         return self.known[test]
 
 
-def run_mutant(spec, tests: list[str], timeout: float, fails_unmutated: FailsUnmutated) -> Outcome:
-    """One mutant against its module's guard files. Killed: a test failed (on the mutant only) or they hung."""
+def mutant_key(spec) -> str:
+    return f"{spec.operator_name}:{spec.occurrence}"
+
+
+def run_mutant(spec, selected: list[str] | None, guard_files: list[str], timeout: float, fails_unmutated) -> Outcome:
+    """One mutant against the guard tests that run its statement (`selected`), or every guard file (None). Killed:
+    a test failed (on the mutant only) or they hung."""
+    started = time.monotonic()
+    outcome = run_selected(spec, selected, guard_files, timeout, fails_unmutated)
+    outcome.key, outcome.seconds = mutant_key(spec), time.monotonic() - started
+    outcome.tests = len(selected) if selected is not None else 0
+    return outcome
+
+
+def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeout: float, fails_unmutated) -> Outcome:
     from cosmic_ray.mutating import mutate_and_test
     from cosmic_ray.work_item import TestOutcome
 
-    result = mutate_and_test([spec], mutant_test_command(tests), timeout)
     module = spec.module_path.stem
+    if selected == []:  # applied only for its diff, by a command that runs nothing
+        result = mutate_and_test([spec], "true", timeout)
+        edit = edit_of(result.diff) if result.diff is not None else "not applied"
+        return Outcome(module, spec.start_pos[0], edit, False, NOT_RUN if result.diff is not None else "not applied")
+    paths = guard_files if selected is None else sorted({test.split("::")[0] for test in selected})
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as chosen:
+        if selected is not None:
+            chosen.write(json.dumps(selected))
+            chosen.flush()
+            os.environ[SELECTED_TESTS] = chosen.name
+        try:
+            result = mutate_and_test([spec], mutant_test_command(paths), timeout)
+        finally:
+            os.environ.pop(SELECTED_TESTS, None)
     if result.diff is None:
         return Outcome(module, spec.start_pos[0], spec.operator_name, False, "not applied")
     output = result.output or ""
@@ -183,10 +337,64 @@ def chosen_mutants(module_path: Path, sample: int, seed: int) -> list:
     return specs
 
 
+class Results:
+    """A module's finished mutants, one JSON line each, in outputs/mutants/<module>.jsonl, so that a full run, hours
+    long, goes on where a stopped one stopped, across sessions and commits. Each line carries the fingerprint of the
+    module and its guard files (sha256): lines of another fingerprint (a changed module or test) are done again; a
+    commit that changes neither (the docs, another module) keeps them."""
+
+    def __init__(self, name: str, fingerprint: str) -> None:
+        self.path = REPO / "outputs" / "mutants" / f"{name}.jsonl"
+        self.fingerprint = fingerprint
+        self.done: dict[str, Outcome] = {}
+        lines = self.path.read_text().splitlines() if self.path.is_file() else []
+        for line in map(json.loads, lines):
+            if line.pop("fingerprint") == fingerprint:
+                self.done[line["key"]] = Outcome(**line)
+
+    def add(self, outcome: Outcome) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as results:
+            results.write(json.dumps({**asdict(outcome), "fingerprint": self.fingerprint}) + "\n")
+        self.done[outcome.key] = outcome
+
+
+def fingerprint(module_path: Path, guard_files: list[str]) -> str:
+    """sha256 of the module and its guard files (a folder's .py files), as the copy holds them."""
+    digest = hashlib.sha256(module_path.read_bytes())
+    for name in guard_files:
+        path = Path(name)
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def test_map_of(module_path: Path, guard_files: list[str], results: Results, timeout: float) -> TestMap:
+    """The module's test map, made once per fingerprint and kept beside its results."""
+    stored = results.path.with_suffix(".map.json")
+    if stored.is_file():
+        kept = json.loads(stored.read_text())
+        if kept.pop("fingerprint") == results.fingerprint:
+            kept["statements"] = {int(line): tests for line, tests in kept["statements"].items()}
+            return TestMap(**kept)
+    started = time.monotonic()
+    test_map = mapping_pass(module_path, guard_files, timeout)
+    print(f"{module_path.stem}: guard tests mapped to its lines in {time.monotonic() - started:.0f} s", flush=True)
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    stored.write_text(json.dumps({**asdict(test_map), "fingerprint": results.fingerprint}))
+    return test_map
+
+
 def report(module: str, outcomes: list[Outcome], seconds: float, total: int) -> None:
     killed = sum(outcome.killed for outcome in outcomes)
+    not_run = sum(outcome.by == NOT_RUN for outcome in outcomes)
     rate = f"{100 * killed / len(outcomes):.0f} %" if outcomes else "-"
-    print(f"{module}: {killed} of {len(outcomes)} killed ({rate}; {total} mutants in all), {seconds:.0f} s", flush=True)
+    mean = sum(outcome.seconds for outcome in outcomes) / len(outcomes) if outcomes else 0
+    print(
+        f"{module}: {killed} of {len(outcomes)} killed ({rate}; {total} mutants in all; {not_run} {NOT_RUN}), "
+        f"{seconds:.0f} s this run, {mean:.1f} s a mutant",
+        flush=True,
+    )
     for outcome in sorted(outcomes, key=lambda outcome: (outcome.killed, outcome.line)):
         verdict = "killed" if outcome.killed else "survived"
         by = f"  [{outcome.by}]" if outcome.by else ""
@@ -199,7 +407,32 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample", type=int, default=0, help="mutants per module, drawn at random (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a mutant's guard files may run")
+    parser.add_argument(
+        "--every-guard-test",
+        action="store_true",
+        help="run each mutant against all its guard files, unmapped (slow: to check the mapped verdicts)",
+    )
     return parser.parse_args(argv)
+
+
+def run_module_mutants(module: str, guard_files: list[str], arguments: argparse.Namespace, fails_unmutated) -> list:
+    """A module's chosen mutants, those finished in an earlier run read from its results, the others run now."""
+    module_path = Path("project") / "engine" / f"{module}.py"
+    name = f"{module}.every-guard-test" if arguments.every_guard_test else module
+    results = Results(name, fingerprint(module_path, guard_files))
+    specs = chosen_mutants(module_path, arguments.sample, arguments.seed)
+    waiting = [spec for spec in specs if mutant_key(spec) not in results.done]
+    if len(waiting) < len(specs):
+        print(f"{module}: {len(specs) - len(waiting)} mutants done before, read from {results.path}", flush=True)
+    test_map = None
+    if waiting and not arguments.every_guard_test:
+        test_map = test_map_of(module_path, guard_files, results, arguments.timeout * 4)
+        first_line = first_lines(module_path)
+    for spec in waiting:
+        selected = None if test_map is None else test_map.tests_running(spec, first_line)
+        results.add(run_mutant(spec, selected, guard_files, arguments.timeout, fails_unmutated))
+    outcomes = [results.done[mutant_key(spec)] for spec in specs]
+    return [outcome for outcome in outcomes if outcome.by != "not applied"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,11 +451,9 @@ def main(argv: list[str] | None = None) -> int:
         fails_unmutated = FailsUnmutated()
         for module in modules:
             module_started = time.monotonic()
-            module_path = copy / "project" / "engine" / f"{module}.py"
-            specs = chosen_mutants(module_path, arguments.sample, arguments.seed)
-            total = len(mutants_of(module_path))
-            outcomes = [run_mutant(spec, guards[module], arguments.timeout, fails_unmutated) for spec in specs]
-            outcomes = [outcome for outcome in outcomes if outcome.by != "not applied"]
+            guard_files = [f"tests/{name}" for name in guards[module]]
+            outcomes = run_module_mutants(module, guard_files, arguments, fails_unmutated)
+            total = len(mutants_of(copy / "project" / "engine" / f"{module}.py"))
             report(module, outcomes, time.monotonic() - module_started, total)
             totals[0] += sum(outcome.killed for outcome in outcomes)
             totals[1] += len(outcomes)
