@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from project.engine.ddp import evaluated_once
 from project.engine.errors import UserError
 from project.example.data.in_memory import InMemoryDataModule, InMemoryDataset
 from tests.helpers import check_ok, free_port, mnist_overrides, read_json, requires, run_module
@@ -76,12 +77,13 @@ def test_evaluation_loaders_give_each_process_its_own_samples_and_no_trainer_all
     assert [labels.tolist() for _, labels in datamodule.val_dataloader()] == [[0, 1], [2, 3], [4]]
     shares = []
     for rank in range(2):
-        datamodule.trainer = SimpleNamespace(world_size=2, global_rank=rank)
-        shares.append([label for _, labels in datamodule.val_dataloader() for label in labels.tolist()])
+        trainer = SimpleNamespace(world_size=2, global_rank=rank, strategy=None)
+        loader = evaluated_once(datamodule.val_dataloader(), trainer, "validation")
+        shares.append([label for _, labels in loader for label in labels.tolist()])
     assert shares == [[0, 2, 4], [1, 3]]
-    datamodule.trainer = SimpleNamespace(world_size=6, global_rank=0)
+    trainer = SimpleNamespace(world_size=6, global_rank=0, strategy=None)
     with pytest.raises(UserError, match="validation set has 5 samples, fewer than the 6 processes"):
-        datamodule.val_dataloader()
+        evaluated_once(datamodule.val_dataloader(), trainer, "validation")
 
 
 @pytest.mark.slow

@@ -1,12 +1,11 @@
-"""The LightningDataModule base both kinds of data share: the seeded training order, resumable mid-epoch, and
-evaluation that counts every sample once under every strategy. Subclasses load the splits (`setup`) and say how
+"""The LightningDataModule base both kinds of data share: the seeded training order, resumable mid-epoch, and a check
+that a checkpoint's classes are the data's. Subclasses load the splits (`setup`) and say how
 batches are made (`loader`): in memory (`project.example.data.in_memory`), or from disk (an image folder's).
 """
 
 from dataclasses import asdict
 
 import lightning as L
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -23,7 +22,8 @@ class ClassificationDataModule(L.LightningDataModule):
     The training order comes from `seed` and the epoch (`SeededOrder`), not from the global RNG, so the
     Lightning path and the reference path see the same batches whatever else consumed random numbers. Where training
     stands in it is saved in every checkpoint (`state_dict`), so a mid-epoch checkpoint resumes at the next batch.
-    Validation and test count every sample exactly once under every strategy (`evaluation_loader`).
+    Validation and test count every sample exactly once under every strategy: the engine shares them out
+    (`project.engine.ddp.evaluated_once`).
 
     `folds` (None: off) and `fold` choose k-fold cross-validation's split: a subclass's `setup` pools its training and
     validation samples and takes fold `fold` of them to validate on (`fold_indices`), the other folds to train on.
@@ -145,36 +145,18 @@ class ClassificationDataModule(L.LightningDataModule):
                 "(labels are positions in that list): give data with the same classes"
             )
 
-    def evaluation_loader(self, dataset: Dataset, name: str) -> DataLoader:
-        """A loader over all of `dataset`, or over this process's share when a multi-process Trainer runs it.
-
-        Lightning would otherwise give each process a `DistributedSampler`, which repeats samples to even out the
-        shares, so a set the processes cannot split evenly would count some samples twice. Lightning leaves a
-        `DistributedSampler` it finds in place; `UnrepeatedDistributedSampler` is one that gives process r the
-        samples r, r + N, r + 2N, ... and nothing twice. The shares may differ by a batch: the metric sums them once
-        per epoch. Without a Trainer (the reference path) the loader covers the whole set.
-        """
+    def evaluation_loader(self, dataset: Dataset) -> DataLoader:
+        """A loader over all of `dataset`, in order. Under a multi-process Trainer the engine gives each process its
+        share with no sample twice (`project.engine.ddp.evaluated_once`), as it does any data module's."""
         self.check_classes()
-        trainer = self.trainer
-        if trainer is None or trainer.world_size == 1:
-            return self.loader(dataset)
-        if len(dataset) < trainer.world_size:
-            # A process without a sample would skip the epoch's sum over processes and leave the others waiting.
-            raise UserError(
-                f"the {name} set has {len(dataset)} samples, fewer than the {trainer.world_size} processes: "
-                "run on fewer devices or use a larger set"
-            )
-        sampler = UnrepeatedDistributedSampler(
-            dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
-        )
-        return self.loader(dataset, sampler)
+        return self.loader(dataset)
 
     def val_dataloader(self) -> DataLoader:
-        return self.evaluation_loader(self.val_set, "validation")
+        return self.evaluation_loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
-        return self.evaluation_loader(self.test_set, "test")
+        return self.evaluation_loader(self.test_set)
 
     def predict_dataloader(self) -> DataLoader:
         """The split named by `predict_split` (`project.predict`'s `split=`), every sample once, in order."""
-        return self.evaluation_loader(getattr(self, f"{self.predict_split}_set"), self.predict_split)
+        return self.evaluation_loader(getattr(self, f"{self.predict_split}_set"))
