@@ -416,6 +416,16 @@ def receipt_differences(run: RecordedRun, rerun: RecordedRun) -> list[str]:
     return lines
 
 
+def unrecorded_start(run: RecordedRun) -> str:
+    """Where the run's history starts after step 0, the steps before it were not compared, and the verdict says so: a
+    run resumed from another run's checkpoint (or from one saved mid-epoch) holds only its own steps; one resumed in
+    its own dir from an epoch-end checkpoint holds them all (project.engine.history.history_carried_on)."""
+    first = run.histories[0].get("first_step")
+    if not isinstance(first, int) or first <= 0:
+        return ""
+    return f", from step {first + 1} on (its history starts where it resumed: the steps before are not in it)"
+
+
 def verify_dir_of(run_dir: Path) -> Path:
     """A new `<run dir>/verify/<time>` (`-1`, `-2`, ... where another verification took that second)."""
     parent = run_dir / "verify"
@@ -456,7 +466,7 @@ def verify(run_dir: Path, steps: int | None, searchpaths: list[Path] = ()) -> bo
         reproduced = reproduced and same
         print(f"  {results}")
     only = f" (the first {steps} steps only: --steps {steps}; final metrics not compared)" if steps else ""
-    print(f"{losses}: {compared} step(s) on each of {len(run.histories)} process(es){only}")
+    print(f"{losses}: {compared} step(s) on each of {len(run.histories)} process(es){only}{unrecorded_start(run)}")
     return reproduced
 
 

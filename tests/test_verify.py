@@ -6,7 +6,9 @@ import json
 import os
 import shutil
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -17,6 +19,8 @@ from tests.helpers import REPO, check_ok, run_module, scratch_repository
 
 # The one line changed in the scratch repository: the first layer initialised otherwise.
 FIRST_LAYER = "            nn.Linear(num_inputs, 30),\n"
+# The torch a run's receipt is edited to name, as if it had been made before an upgrade.
+OLDER_TORCH = "2.13.0"
 FIRST_LAYER_CHANGED = "            nn.Linear(num_inputs, 30).apply(lambda layer: nn.init.normal_(layer.weight)),\n"
 
 
@@ -27,6 +31,15 @@ def train(cwd: Path, run_dir: Path, *overrides: str) -> Path:
     return run_dir
 
 
+def set_distribution_version(run_dir: Path, name: str, version_then: str) -> None:
+    """As if the run had been made with `version_then` of the distribution `name` installed."""
+    path = run_dir / RECEIPT_FILE
+    receipt = json.loads(path.read_text())
+    assert name in receipt["segments"][-1]["environment"]["distributions"]
+    receipt["segments"][-1]["environment"]["distributions"][name] = version_then
+    path.write_text(json.dumps(receipt))
+
+
 def verified(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return run_module("project.verify", *args, cwd=cwd, env={"PYTHONPATH": str(cwd)})
 
@@ -34,7 +47,7 @@ def verified(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def changed_network(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A toy run in a scratch repository, verified as it is and after a one-line change to its network's
-    initialisation (the first step only: `--steps 1`)."""
+    initialisation (the first step only: `--steps 1`), with its receipt saying it ran under another torch."""
     repository = scratch_repository(tmp_path_factory.mktemp("repository"))
     run_dir = train(repository, repository / "outputs" / "run")
     same = verified(repository, str(run_dir))
@@ -42,6 +55,7 @@ def changed_network(tmp_path_factory: pytest.TempPathFactory) -> dict:
     source = networks.read_text()
     assert source.count(FIRST_LAYER) == 1
     networks.write_text(source.replace(FIRST_LAYER, FIRST_LAYER_CHANGED))
+    set_distribution_version(run_dir, "torch", OLDER_TORCH)
     changed = verified(repository, str(run_dir), "--steps", "1")
     return {"run_dir": run_dir, "same": same, "changed": changed}
 
@@ -69,6 +83,12 @@ def test_a_one_line_change_to_the_networks_initialisation_is_named_with_the_firs
 
 
 @pytest.mark.slow
+def test_a_version_that_moved_since_the_run_is_named_from_then_to_now(changed_network):
+    lines = changed_network["changed"].stdout.splitlines()
+    assert f"  version moved: torch {OLDER_TORCH} → {version('torch')}" in lines
+
+
+@pytest.mark.slow
 def test_a_ddp_run_without_a_receipt_is_reproduced_bitwise_on_every_rank_and_says_the_receipt_is_missing(
     tmp_path: Path,
 ):
@@ -83,6 +103,49 @@ def test_a_ddp_run_without_a_receipt_is_reproduced_bitwise_on_every_rank_and_say
         "history.rank0.json",
         "history.rank1.json",
     ]
+
+
+@pytest.mark.slow
+def test_an_fsdp_run_is_reproduced_bitwise_on_both_ranks(tmp_path: Path):
+    run_dir = train(REPO, tmp_path / "run", "trainer=fsdp", "trainer.devices=2")
+    result = check_ok(verified(REPO, str(run_dir)))
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "reproduced bitwise: 1 step(s) on each of 2 process(es)"
+    assert "  the 8 final metrics equal" in lines
+
+
+@pytest.mark.slow
+def test_a_run_resumed_in_its_own_dir_is_reproduced_bitwise_over_every_step_of_both_starts(tmp_path: Path):
+    """Trained one epoch, resumed from its last checkpoint to two: the re-run trains both epochs straight through, and
+    all 4 steps are compared, those before the resume too."""
+    run_dir = train(REPO, tmp_path / "run")
+    train(REPO, run_dir, "trainer.max_epochs=2", "ckpt_path=last")
+    assert len(json.loads((run_dir / "history.rank0.json").read_text())["step_losses"]) == 4
+    result = check_ok(verified(REPO, str(run_dir)))
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "reproduced bitwise: 4 step(s) on each of 1 process(es)"
+    assert "  the run was started 2 times (resumed): the re-run trains it whole, from step 0" in lines
+
+
+@pytest.mark.slow
+def test_one_job_of_a_sweep_is_reproduced_bitwise_by_itself(tmp_path: Path):
+    """The second job (seed=2) of a two-job sweep, re-run alone: its own overrides, not the sweep's."""
+    sweep = tmp_path / "sweep"
+    args = ("-m", "logger=none", "trainer.max_epochs=1", "seed=1,2", f"hydra.sweep.dir={sweep}")
+    check_ok(run_module("project.train", *args, cwd=REPO, env={"PYTHONPATH": str(REPO)}))
+    result = check_ok(verified(REPO, str(sweep / "1")))
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "reproduced bitwise: 2 step(s) on each of 1 process(es)"
+    (rerun,) = (sweep / "1" / "verify").iterdir()
+    assert yaml.safe_load((rerun / ".hydra" / "config.yaml").read_text())["seed"] == 2
+    assert (rerun / "history.rank0.json").is_file(), "the re-run is one run, not a sweep of jobs"
+
+
+def test_a_history_that_starts_after_step_0_is_compared_from_there_and_the_verdict_says_so():
+    """A run resumed from another run's checkpoint holds only its own steps: the verdict names the first one."""
+    resumed = SimpleNamespace(histories=[{"first_step": 6, "step_losses": [0.5, 0.25]}])
+    assert verify.unrecorded_start(resumed).startswith(", from step 7 on (its history starts where it resumed: ")
+    assert verify.unrecorded_start(SimpleNamespace(histories=[{"first_step": 0, "step_losses": [0.5]}])) == ""
 
 
 def truncated(run_dir: Path) -> None:
