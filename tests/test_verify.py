@@ -173,6 +173,13 @@ def set_in_config(run_dir: Path, key: str, value: object) -> None:
     path.write_text(yaml.safe_dump(config))
 
 
+def set_launcher(run_dir: Path, launcher: dict[str, str]) -> None:
+    """As if a launcher had started the run: its receipt's launcher ids."""
+    receipt = json.loads((run_dir / RECEIPT_FILE).read_text())
+    receipt["segments"][-1]["launch"]["launcher"] = launcher
+    (run_dir / RECEIPT_FILE).write_text(json.dumps(receipt))
+
+
 def not_a_run(run_dir: Path) -> None:
     shutil.rmtree(run_dir / ".hydra")
 
@@ -184,7 +191,16 @@ ERROR_CASES = {
     "running": (still_running, "is still running (process "),
     "two-nodes": (
         lambda d: set_in_config(d, "trainer.num_nodes", 2),
-        "ran on 2 node(s) (1 processes), and project.verify re-runs",
+        "ran on 2 node(s) with 1 process(es) each, and project.verify re-runs it with srun: verify it in an "
+        "allocation of 2 node(s) with 1 task(s) each: salloc --nodes=2 --ntasks-per-node=1 python -m project.verify ",
+    ),
+    "srun": (
+        lambda d: set_launcher(d, {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}),
+        "ran on 1 node(s) with 1 process(es) each (Slurm job 42), and ",
+    ),
+    "torchrun": (
+        lambda d: set_launcher(d, {"TORCHELASTIC_RUN_ID": "7"}),
+        "ran under torchrun (1 processes on 1 node(s)), and project.verify starts no torchrun",
     ),
     "hostile": (lambda d: set_in_config(d, "model._target_", "os.system"), "names the target 'os.system'"),
     "searchpath": (
@@ -219,3 +235,35 @@ def test_a_dir_that_cannot_be_verified_ends_in_one_error_line_and_is_left_as_it_
     (line,) = err.splitlines()
     assert line.startswith("error: ") and expected in line
     assert sorted((path, path.stat().st_mtime_ns) for path in run_dir.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("variable", "tasks"),
+    [("2(x3),1", [2, 2, 2, 1]), ("1(x2)", [1, 1]), ("4", [4]), ("two", [])],
+)
+def test_an_allocations_tasks_per_node_are_read_from_slurms_variable(monkeypatch, variable: str, tasks: list[int]):
+    monkeypatch.setenv("SLURM_JOB_ID", "43")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", variable)
+    assert verify.allocation_tasks_per_node() == tasks
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert verify.allocation_tasks_per_node() is None
+
+
+@pytest.mark.slow
+def test_a_two_node_run_in_an_allocation_of_another_shape_is_refused_naming_the_shape_it_needs(
+    changed_network, tmp_path: Path, monkeypatch, capsys
+):
+    """Inside an allocation (as in salloc's shell) of 1 node with 2 tasks, a run of 2 nodes with 1 process each."""
+    run_dir = shutil.copytree(changed_network["run_dir"], tmp_path / "run", ignore=shutil.ignore_patterns("verify"))
+    set_in_config(run_dir, "trainer.num_nodes", 2)
+    monkeypatch.setenv("SLURM_JOB_ID", "43")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2")
+    with pytest.raises(SystemExit) as stop:
+        verify.main([str(run_dir)])
+    assert stop.value.code == 2 and not (run_dir / "verify").exists()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(
+        "ran on 2 node(s) with 1 process(es) each, and this allocation (Slurm job 43) has tasks per node [2]: verify "
+        f"it in an allocation of 2 node(s) with 1 task(s) each: salloc --nodes=2 --ntasks-per-node=1 python -m "
+        f"project.verify {run_dir}"
+    )
