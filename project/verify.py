@@ -1,11 +1,11 @@
 """Re-run a run from its directory and check it: `python -m project.verify <run dir> [--steps N] [--searchpath DIR]`.
 
-The run is trained again from its stored overrides, under the same strategy and number of processes, in
-`<run dir>/verify/<time>/`; every rank's per-step losses (`history.rank<N>.json`) and the final metrics
-(`results.json`) are compared with the original's, and the two receipts (`receipt.json`) say what differs: files
-changed since, versions that moved, another machine or world size. The last line is the verdict: reproduced
-bitwise, reproduced within tolerance, or differs from step K. Exit 0 when reproduced, 1 when not, 2 when it cannot
-verify (one `error:` line). docs/reproducibility.md.
+The run is trained again from its stored overrides, under the same strategy and number of processes (a Slurm or
+multi-node run: with srun, inside a Slurm allocation of its shape), in `<run dir>/verify/<time>/`; every rank's
+per-step losses (`history.rank<N>.json`) and the final metrics (`results.json`) are compared with the original's, and
+the two receipts (`receipt.json`) say what differs: files changed since, versions that moved, another machine or
+world size. The last line is the verdict: reproduced bitwise, reproduced within tolerance, or differs from step K.
+Exit 0 when reproduced, 1 when not, 2 when it cannot verify (one `error:` line). docs/reproducibility.md.
 
 A run dir is data, as a checkpoint is (docs/checkpoints.md, "A checkpoint is data"): every `_target_` its config or
 overrides name must be named by a config file of conf/ or of a `--searchpath` directory the user gives (the run's own
@@ -17,6 +17,7 @@ says so); nothing it names as a path is followed out of it; nothing is written i
 import argparse
 import json
 import math
+import os
 import re
 import socket
 import subprocess
@@ -146,19 +147,69 @@ class RecordedRun:
                 "none), so there are no per-step losses to compare; verify a run that finished"
             )
 
-    def check_runs_here(self) -> None:
-        """Refuse a run that other machines, or a launcher, took part in: the re-run would have another shape."""
-        nodes = (self.config.get("trainer") or {}).get("num_nodes", 1)
+    def launcher_here(self) -> list[str]:
+        """The command that starts the re-run's processes, before `python -m project.train`: none for a run of one
+        machine (project.train starts its own processes), `srun` for a run Slurm started or of several nodes, inside a
+        Slurm allocation of the run's shape; a run torchrun started is refused, saying what it needs."""
         launcher = self.segment("launch").get("launcher") or {}
-        if (isinstance(nodes, int) and nodes > 1) or "SLURM_STEP_ID" in launcher or "TORCHELASTIC_RUN_ID" in launcher:
-            processes = self.segment("launch").get("world_size", "?")
-            launched = f", Slurm job {launcher['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in launcher else ""
-            launched += ", under torchrun" if "TORCHELASTIC_RUN_ID" in launcher else ""
+        trainer = self.config.get("trainer") or {}
+        nodes, devices = trainer.get("num_nodes", 1), trainer.get("devices", 1)
+        if "TORCHELASTIC_RUN_ID" in launcher:
             raise UserError(
-                f"{self.dir} ran on {nodes} node(s) ({processes} processes{launched}), and project.verify re-runs a "
-                f"run on this machine alone: re-run its overrides ({' '.join(self.task_overrides)}) in an allocation "
-                f"of {nodes} node(s) with the same processes per node, and compare"
+                f"{self.dir} ran under torchrun ({self.segment('launch').get('world_size', '?')} processes on "
+                f"{nodes} node(s)), and project.verify starts no torchrun: re-run its overrides "
+                f"({' '.join(self.task_overrides)}) under torchrun with the same shape, and compare"
             )
+        if "SLURM_STEP_ID" not in launcher and not (isinstance(nodes, int) and nodes > 1):
+            return []
+        return srun_in_allocation(self, nodes, devices, launcher.get("SLURM_JOB_ID"))
+
+
+def allocation_tasks_per_node() -> list[int] | None:
+    """The tasks on each node of the Slurm allocation this process runs in (salloc's shell, an sbatch script), from
+    `SLURM_TASKS_PER_NODE` (`2(x3),1`: 2 on each of 3 nodes, then 1); None outside one."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    tasks: list[int] = []
+    for part in os.environ.get("SLURM_TASKS_PER_NODE", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        if match is None:
+            return []
+        tasks += [int(match.group(1))] * int(match.group(2) or 1)
+    return tasks
+
+
+def srun_in_allocation(run: RecordedRun, nodes: object, devices: object, job: str | None) -> list[str]:
+    """`srun` with the run's shape, as scripts/slurm/train.sbatch starts training (one task per process, each with
+    the allocation's cores and as many threads), where this process runs in a Slurm allocation of `nodes` nodes with
+    `devices` tasks on each; else one line saying the allocation it needs (a re-run of another shape would train
+    another run)."""
+    ran = f"{run.dir} ran on {printable(str(nodes))} node(s) with {printable(str(devices))} process(es) each"
+    ran += f" (Slurm job {printable(str(job))})" if job else ""
+    if not (isinstance(nodes, int) and isinstance(devices, int) and nodes > 0 and devices > 0):
+        raise UserError(f"{ran}: its trainer.num_nodes and trainer.devices are not numbers of a shape to re-run")
+    needs = (
+        f"verify it in an allocation of {nodes} node(s) with {devices} task(s) each: salloc --nodes={nodes} "
+        f"--ntasks-per-node={devices} python -m project.verify {shown(run.dir)}"
+    )
+    tasks = allocation_tasks_per_node()
+    if tasks is None:
+        raise UserError(f"{ran}, and project.verify re-runs it with srun: {needs}")
+    if tasks != [devices] * nodes:
+        this = f"Slurm job {printable(os.environ['SLURM_JOB_ID'])}"
+        raise UserError(f"{ran}, and this allocation ({this}) has tasks per node {tasks}: {needs}")
+    cores = os.environ.get("SLURM_CPUS_PER_TASK", "1")
+    threads = os.environ.get("OMP_NUM_THREADS", cores)
+    # --job-name: salloc names its allocation "interactive", a name Lightning's SLURMEnvironment takes for processes
+    # started by hand, not by srun; the step's own name is what its tasks read.
+    return [
+        "srun",
+        "--job-name=verify",
+        f"--nodes={nodes}",
+        f"--ntasks-per-node={devices}",
+        f"--cpus-per-task={cores}",
+        f"--export=ALL,OMP_NUM_THREADS={threads}",
+    ]
 
 
 def read_json_dict(path: Path) -> dict | None:
@@ -416,6 +467,16 @@ def receipt_differences(run: RecordedRun, rerun: RecordedRun) -> list[str]:
     return lines
 
 
+def unrecorded_start(run: RecordedRun) -> str:
+    """Where the run's history starts after step 0, the steps before it were not compared, and the verdict says so: a
+    run resumed from another run's checkpoint (or from one saved mid-epoch) holds only its own steps; one resumed in
+    its own dir from an epoch-end checkpoint holds them all (project.engine.history.history_carried_on)."""
+    first = run.histories[0].get("first_step")
+    if not isinstance(first, int) or first <= 0:
+        return ""
+    return f", from step {first + 1} on (its history starts where it resumed: the steps before are not in it)"
+
+
 def verify_dir_of(run_dir: Path) -> Path:
     """A new `<run dir>/verify/<time>` (`-1`, `-2`, ... where another verification took that second)."""
     parent = run_dir / "verify"
@@ -435,7 +496,7 @@ def verify(run_dir: Path, steps: int | None, searchpaths: list[Path] = ()) -> bo
     """Re-run the run in `run_dir` and print what differs and the verdict; whether it reproduced."""
     run = RecordedRun(run_dir)
     run.check_finished()
-    run.check_runs_here()
+    launcher = run.launcher_here()
     searchpath, folders = searchpaths_of(run, list(searchpaths))
     check_trusted(run, folders)
     refuse_a_download(run)
@@ -443,7 +504,8 @@ def verify(run_dir: Path, steps: int | None, searchpaths: list[Path] = ()) -> bo
     overrides = rerun_overrides(run, searchpath, verify_dir, steps)
     print(f"verify: {shown(run_dir)}, re-run in {shown(verify_dir)}", flush=True)
     with open(verify_dir / "rerun.log", "w") as log:
-        done = subprocess.run([sys.executable, "-m", "project.train", *overrides], stdout=log, stderr=subprocess.STDOUT)
+        command = [*launcher, sys.executable, "-m", "project.train", *overrides]
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         tail = (verify_dir / "rerun.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"the re-run failed (exit {done.returncode}: {tail[0]}); its output: {verify_dir}/rerun.log")
@@ -456,7 +518,7 @@ def verify(run_dir: Path, steps: int | None, searchpaths: list[Path] = ()) -> bo
         reproduced = reproduced and same
         print(f"  {results}")
     only = f" (the first {steps} steps only: --steps {steps}; final metrics not compared)" if steps else ""
-    print(f"{losses}: {compared} step(s) on each of {len(run.histories)} process(es){only}")
+    print(f"{losses}: {compared} step(s) on each of {len(run.histories)} process(es){only}{unrecorded_start(run)}")
     return reproduced
 
 

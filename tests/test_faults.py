@@ -563,7 +563,9 @@ def test_a_run_dir_given_again_is_refused_unless_the_run_carries_its_run_on(tmp_
     check_ok(run_module("project.train", *first[:2], "trainer.max_epochs=5", "ckpt_path=last", first[3], cwd=tmp_path))
     assert read_json(run_dir / "results.json")["epochs"] == 5
     history = read_json(run_dir / "history.rank0.json")
-    assert (history["first_epoch"], history["first_step"]) == (3, 6), "carried on from its own epoch 3"
+    assert (history["first_step"], len(history["step_losses"]), history["resumed_at_steps"]) == (0, 10, [6]), (
+        "carried on from its own epoch 3 (step 6), its history whole"
+    )
     assert_no_process_left(tmp_path)
 
 

@@ -16,6 +16,7 @@ from project.engine.history import (
     DivergenceWatch,
     TrainingHistory,
     batch_size_of,
+    history_carried_on,
     summarise_history,
     training_loss,
 )
@@ -83,6 +84,28 @@ def test_a_saved_history_loads_back_equal(tmp_path: Path):
     history.end_epoch([torch.tensor(0.25)], samples=4)
     assert TrainingHistory.load(history.save(tmp_path)) == history
     assert (tmp_path / "history.rank1.json").is_file()
+
+
+def trainer_at(epoch: int, step: int, world_size: int = 1) -> SimpleNamespace:
+    """What `history_carried_on` reads of Lightning's trainer: rank 0's restored epoch and step."""
+    return SimpleNamespace(global_rank=0, world_size=world_size, current_epoch=epoch, global_step=step)
+
+
+def test_a_run_resumed_in_its_own_dir_at_its_historys_end_keeps_its_earlier_steps_and_no_other_does(tmp_path: Path):
+    """One epoch of 2 steps, then training again in that dir: from epoch 1, step 2 it carries the history on; from
+    the middle of an epoch, with another number of processes, or from a step the history does not end at, it starts
+    a new one there."""
+    earlier = TrainingHistory(fit_seconds=1.5)
+    earlier.end_epoch([torch.tensor(0.5), torch.tensor(0.25)], samples=4)
+    earlier.save(tmp_path)
+    assert history_carried_on(str(tmp_path), trainer_at(1, 2)) == dataclasses.replace(earlier, resumed_at_steps=[2])
+    for elsewhere in (trainer_at(0, 2), trainer_at(1, 2, world_size=2), trainer_at(1, 3)):
+        carried = history_carried_on(str(tmp_path), elsewhere)
+        assert (carried.first_epoch, carried.first_step, carried.step_losses) == (
+            elsewhere.current_epoch,
+            elsewhere.global_step,
+            [],
+        )
 
 
 def trainer_logging_every(steps: int) -> SimpleNamespace:

@@ -27,7 +27,9 @@ class TrainingHistory:
     step_losses: list[float] = field(default_factory=list)
     epoch_losses: list[float] = field(default_factory=list)
     epoch_samples: list[int | None] = field(default_factory=list)  # None: some batch's size could not be read
-    fit_seconds: float = 0.0
+    fit_seconds: float = 0.0  # of every start that carried this history on
+    # The optimizer steps at which a later start of the run, resumed in its own dir, carried this history on.
+    resumed_at_steps: list[int] = field(default_factory=list)
 
     def end_epoch(self, losses: list[Tensor], samples: int | None) -> None:
         """Close an epoch: `losses` are its per-step losses, kept as tensors until now to avoid a sync per step."""
@@ -102,9 +104,7 @@ class HistoryCallback(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After a checkpoint was restored, so current_epoch and global_step are where training resumes.
-        self.history = TrainingHistory(
-            trainer.global_rank, trainer.world_size, first_epoch=trainer.current_epoch, first_step=trainer.global_step
-        )
+        self.history = history_carried_on(self.run_dir, trainer)
         self.started_at = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -122,11 +122,35 @@ class HistoryCallback(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.started_at is None:  # nothing was left to train: the run's epochs are the checkpoint's
-            self.history = TrainingHistory(trainer.global_rank, trainer.world_size, first_epoch=trainer.current_epoch)
+            self.history = history_carried_on(self.run_dir, trainer)
         else:
-            self.history.fit_seconds = time.perf_counter() - self.started_at
+            self.history.fit_seconds += time.perf_counter() - self.started_at
         Path(self.run_dir).mkdir(parents=True, exist_ok=True)
         self.history.save(self.run_dir)
+
+
+def history_carried_on(run_dir: str, trainer: L.Trainer) -> TrainingHistory:
+    """The history of this process's training from where the trainer stands (its restored epoch and step): the run
+    dir's own history where it ends exactly there, so that a run resumed in its own directory from an epoch-end
+    checkpoint keeps its whole history across resumes (project.verify compares every step); else a new one from there
+    (another run's checkpoint, a mid-epoch one, another number of processes, or a start that saved none: a SIGTERM,
+    a crash)."""
+    rank, world_size, epoch, step = trainer.global_rank, trainer.world_size, trainer.current_epoch, trainer.global_step
+    new = TrainingHistory(rank, world_size, first_epoch=epoch, first_step=step)
+    path = Path(run_dir) / f"history.rank{rank}.json"
+    if step == 0 or not path.is_file():
+        return new
+    try:
+        earlier = TrainingHistory.load(path)
+        if (
+            (earlier.rank, earlier.world_size) == (rank, world_size)
+            and earlier.first_step + len(earlier.step_losses) == step
+            and earlier.first_epoch + len(earlier.epoch_samples) == epoch
+        ):
+            return dataclasses.replace(earlier, resumed_at_steps=[*earlier.resumed_at_steps, step])
+    except (OSError, ValueError, TypeError):  # not a history this engine wrote whole: the run starts a new one
+        return new
+    return new
 
 
 def summarise_history(run_dir: str, world_size: int, epochs: int) -> dict:

@@ -370,3 +370,25 @@ def test_job_whose_training_fails_ends_non_zero_with_the_error_in_its_log(
     assert len(error_lines) == 2 and all(str(nowhere) in line for line in error_lines), "one line from each node"
     after = lines[max(number for number, line in enumerate(lines) if line.startswith("error:")) + 1 :]
     assert all(line.startswith("srun: ") for line in after), f"the tasks' own last words are their error lines: {after}"
+
+
+def test_a_two_node_job_is_verified_bitwise_inside_an_allocation_of_its_shape(
+    tmp_path: Path, slurm_env: dict, job_ids: list[str]
+):
+    """The toy trained by train.sbatch on 2 nodes × 1 task, then `salloc --nodes=2 --ntasks-per-node=1 python -m
+    project.verify <its run dir>`: the re-run's tasks are started by srun, one per node, and equal the job's."""
+    job_id, sbatch = submit(
+        TRAIN_SBATCH, "logger=none", "trainer.max_epochs=1", cwd=tmp_path, env=slurm_env, job_ids=job_ids
+    )
+    assert_job_succeeded(sbatch, tmp_path / "outputs" / f"train-{job_id}.out")
+    run_dir = tmp_path / "outputs" / f"slurm-{job_id}.0"
+    shape = ["--nodes=2", "--ntasks-per-node=1", "--gres=none"]
+    command = ["salloc", *shape, python(), "-m", "project.verify", str(run_dir)]
+    verified = check_ok(
+        subprocess.run(command, cwd=tmp_path, env=slurm_env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    )
+    lines = verified.stdout.strip().splitlines()
+    assert lines[-1] == "reproduced bitwise: 1 step(s) on each of 2 process(es)", verified.stdout
+    (rerun,) = (run_dir / "verify").iterdir()
+    receipts = [read_json(rerun / name)["segments"][-1] for name in ("receipt.json", "receipt.rank1.json")]
+    assert {receipt["machine"]["host"] for receipt in receipts} == {"node1", "node2"}, "one task on each node"
