@@ -39,7 +39,8 @@ PYTHON = sys.executable
 # pytest's options for one mutant: one process (the two cores are the machine's, not this run's), the quick tests
 # first (this module as a plugin), stop at the first failure, and name it.
 PYTEST_OPTIONS = ["-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-p", "scripts.mutants", "-rfE", "--tb=no"]
-FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", flags=re.MULTILINE)
+# pytest's `-rfE` line of a failed test: its node id, whose parameters may hold spaces, then ` - ` and the message.
+FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[.*?\])?)(?= - |$)", flags=re.MULTILINE)
 
 
 def route_table_guards(page: str | None = None) -> dict[str, list[str]]:

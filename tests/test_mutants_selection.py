@@ -1,5 +1,6 @@
-"""`make mutants` runs a mutant against only the guard tests that ran its statement (scripts/mutants.py's TestMap):
-the choice must never leave out a test that could see the mutant."""
+"""`make mutants` runs a mutant against only the guard tests that ran its statement (scripts/mutants.py's TestMap),
+and names the test that killed it: the choice must never leave out a test that could see the mutant, nor the name
+misread a kill as a survivor."""
 
 from types import SimpleNamespace
 
@@ -36,3 +37,18 @@ def test_a_statement_run_outside_any_test_or_by_an_unknown_one_runs_every_guard_
 
 def test_a_statement_no_guard_test_ran_runs_only_the_tests_whose_outcome_is_unknown():
     assert chosen(50) == ["t.py::skipped_under_coverage"]
+
+
+def test_the_killing_test_is_named_whole_even_where_its_parameters_hold_spaces():
+    """A node id cut at its first space names no test: checked against the unmutated code it "fails" too, and the
+    mutant it killed would be counted a survivor."""
+    output = (
+        "..F\nFAILED tests/test_schedules.py::test_one_line[factory2-10-2-interval: step] - AssertionError: x - y\n"
+        "1 failed in 3.2s\n"
+    )
+    assert mutants.FAILED_LINE.search(output).group(1) == (
+        "tests/test_schedules.py::test_one_line[factory2-10-2-interval: step]"
+    )
+    assert mutants.FAILED_LINE.search("ERROR tests/test_x.py::test_y - fixture failed").group(1) == (
+        "tests/test_x.py::test_y"
+    )
