@@ -119,3 +119,56 @@ def test_a_fixed_length_schedule_as_long_as_the_run_trains_and_one_step_short_is
         return
     with pytest.raises(UserError, match="OneCycleLR ends after 12 steps, and this run steps it 13 times"):
         ScheduleLengthCheck().on_train_start(trainer, None)
+
+
+@pytest.mark.parametrize(("fraction", "taken"), [(1, True), (0.5, True), (0, False), (-0.5, False)])
+def test_a_fraction_of_the_run_is_over_zero_and_at_most_the_whole_run(fraction, taken):
+    register_resolvers()
+    node = OmegaConf.create({"warmup": f"${{run_steps:{fraction}}}"})
+    if taken:
+        assert OmegaConf.to_container(node, resolve=True) == {"warmup": f"{RUN_STEPS}*{fraction}"}
+        return
+    with pytest.raises(Exception) as raised:
+        OmegaConf.to_container(node, resolve=True)
+    expected = f"error: model.scheduler: ${{run_steps:{fraction}}} takes a fraction > 0 and <= 1"
+    assert error_line(raised.value) == expected
+
+
+def read_from_a_file(text: str) -> str:
+    """`text` as a config file gives it: a string of its own, not the interpreter's shared constant."""
+    return "".join(list(text))
+
+
+def test_a_plateau_schedule_given_its_metric_and_interval_epoch_builds():
+    factory = functools.partial(
+        lr_scheduler.ReduceLROnPlateau, monitor="val/loss", interval=read_from_a_file("epoch"), patience=2
+    )
+    schedule = build_schedule(factory, optimizer(), steps=10, epochs=2)
+    assert isinstance(schedule.scheduler, lr_scheduler.ReduceLROnPlateau)
+    assert (schedule.interval, schedule.monitor) == ("epoch", "val/loss")
+
+
+@pytest.mark.parametrize(
+    ("interval", "frequency", "total_steps", "max_epochs", "steps", "refusal"),
+    [
+        ("epoch", 2, 3, 7, 70, None),  # stepped after epochs 2, 4 and 6
+        ("epoch", 2, 3, 8, 80, "this run steps it 4 times"),
+        ("epoch", 1, 3, -1, 70, "this run steps it without end"),
+        ("step", 2, 5, 1, 10, None),
+        ("step", 2, 5, 1, 12, "this run steps it 6 times"),
+        ("step", 1, 100, 1, 10, None),  # a schedule longer than the run ends early, as it is meant to
+    ],
+)
+def test_a_fixed_length_schedule_is_checked_against_the_times_the_run_steps_it_every_few_epochs_or_steps(
+    interval, frequency, total_steps, max_epochs, steps, refusal
+):
+    schedule = lr_scheduler.OneCycleLR(optimizer(), max_lr=0.1, total_steps=total_steps)
+    config = SimpleNamespace(scheduler=schedule, interval=read_from_a_file(interval), frequency=frequency)
+    trainer = SimpleNamespace(
+        lr_scheduler_configs=[config], max_epochs=max_epochs, estimated_stepping_batches=steps, ckpt_path=None
+    )
+    if refusal is None:
+        ScheduleLengthCheck().on_train_start(trainer, None)
+        return
+    with pytest.raises(UserError, match=f"OneCycleLR ends after {total_steps} steps, and {refusal}"):
+        ScheduleLengthCheck().on_train_start(trainer, None)
