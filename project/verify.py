@@ -40,6 +40,7 @@ from project.engine.run_dir import (
     shown,
 )
 from project.engine.run_log import printable
+from project.engine.sweeps import PRUNED_FILE
 from project.engine.trusted_targets import DOTTED_NAME, TrustedTargets, targets_in
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -47,8 +48,11 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # may sum in another order); anything further differs.
 RELATIVE_TOLERANCE = 1e-6
 # Overrides of the original that the re-run replaces: its directory, its resume, its loggers (a verification is no
-# new run in a tracker), a search's sweeper (the re-run is one job).
-REPLACED_OVERRIDES = ("ckpt_path", "logger", "hparams_search")
+# new run in a tracker).
+REPLACED_OVERRIDES = ("ckpt_path", "logger")
+# A search's job is re-run with the search's settings (`results_from`, its callbacks) as one run, which no search's
+# sampler or pruner reaches (project.engine.config.check_a_search_is_a_sweep).
+ONE_JOB_OF_A_SEARCH = "hydra.mode=RUN"
 # At most this many moved versions are named; the rest are counted.
 VERSIONS_SHOWN = 8
 
@@ -319,7 +323,8 @@ def rerun_overrides(run: RecordedRun, searchpath: list[str], verify_dir: Path, s
     ]
     stop = [] if steps is None else ["+callbacks.verify_steps._target_=project.verify.StopAfterSteps"]
     stop += [] if steps is None else [f"+callbacks.verify_steps.steps={steps}"]
-    return [*searchpath, *kept, "logger=none", *stop, f"hydra.run.dir={verify_dir}"]
+    search = [ONE_JOB_OF_A_SEARCH] if any(o.startswith("hparams_search=") for o in kept) else []
+    return [*searchpath, *kept, *search, "logger=none", *stop, f"hydra.run.dir={verify_dir}"]
 
 
 def first_difference(then: list[float], now: list[float]) -> tuple[int, bool] | None:
@@ -492,10 +497,21 @@ def verify_dir_of(run_dir: Path) -> Path:
             candidate = parent / f"{name}-{suffix}"
 
 
+def pruned_at(run: RecordedRun) -> int | None:
+    """The steps a trial had trained when its search's pruner stopped it (its history's end), else None: its re-run,
+    which no pruner reaches, stops there."""
+    if not (run.dir / PRUNED_FILE).is_file() or not run.histories:
+        return None
+    history = run.histories[0]
+    return int(history.get("first_step") or 0) + len(history.get("step_losses") or [])
+
+
 def verify(run_dir: Path, steps: int | None, searchpaths: list[Path] = ()) -> bool:
     """Re-run the run in `run_dir` and print what differs and the verdict; whether it reproduced."""
     run = RecordedRun(run_dir)
     run.check_finished()
+    pruned = pruned_at(run) if steps is None else None
+    steps = pruned or steps
     launcher = run.launcher_here()
     searchpath, folders = searchpaths_of(run, list(searchpaths))
     check_trusted(run, folders)
@@ -518,6 +534,8 @@ def verify(run_dir: Path, steps: int | None, searchpaths: list[Path] = ()) -> bo
         reproduced = reproduced and same
         print(f"  {results}")
     only = f" (the first {steps} steps only: --steps {steps}; final metrics not compared)" if steps else ""
+    if pruned:
+        only = f" (its search's pruner stopped it after step {steps}, and the re-run there; final metrics not compared)"
     print(f"{losses}: {compared} step(s) on each of {len(run.histories)} process(es){only}{unrecorded_start(run)}")
     return reproduced
 

@@ -2,6 +2,7 @@
 leftover keys left out, and the resolved whole stored in every checkpoint."""
 
 import inspect
+import sys
 import types
 import typing
 from pathlib import Path
@@ -124,8 +125,11 @@ def check_added_keys() -> None:
 
 def check_a_search_is_a_sweep() -> None:
     """Refuse a sweeper chosen for a single run (`hparams_search=` without `-m`), which would train once; rank 0
-    alone is asked."""
+    alone is asked. `hydra.mode=RUN` typed among the overrides says one run is meant: one trial of a search re-run
+    with the search's settings (`project.verify` re-runs a search's job so)."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN or process_rank() != 0:
+        return
+    if "hydra.mode=RUN" in sys.argv[1:]:  # as typed: Hydra records it among its overrides for every single run
         return
     choices = HydraConfig.get().runtime.choices
     sweeper = choices.get("hydra/sweeper")
@@ -134,7 +138,8 @@ def check_a_search_is_a_sweep() -> None:
     chosen_by = f" (chosen by hparams_search={choices['hparams_search']})" if choices.get("hparams_search") else ""
     raise UserError(
         f"hydra/sweeper={sweeper}{chosen_by} runs a search, a sweep of runs, and this command starts one run: add -m "
-        "before the overrides (python -m project.train -m <the same overrides>), or hydra.mode=MULTIRUN among them"
+        "before the overrides (python -m project.train -m <the same overrides>), or hydra.mode=MULTIRUN among them "
+        "(hydra.mode=RUN: one run with the search's settings)"
     )
 
 

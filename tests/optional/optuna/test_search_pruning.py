@@ -40,14 +40,20 @@ def steps_of_every_rank(job_dir: Path) -> list[int]:
     return [len(json.loads(path.read_text())["step_losses"]) for path in histories]
 
 
-@pytest.mark.slow
-def test_a_pruned_search_stops_the_absurd_learning_rate_after_one_epoch_and_lists_it_pruned(
-    tmp_path: Path, mnist_root: Path
-):
-    sweep_dir = tmp_path / "search"
+@pytest.fixture(scope="module")
+def four_trials(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> tuple[Path, str]:
+    """The search of four trials, 3 epochs each, that prunes trial 2: its sweep dir and output."""
+    cwd = tmp_path_factory.mktemp("pruned")
+    sweep_dir = cwd / "search"
     result = check_ok(
-        run_module("project.train", *pruned_search(mnist_root, sweep_dir, 4, "trainer.max_epochs=3"), cwd=tmp_path)
+        run_module("project.train", *pruned_search(mnist_root, sweep_dir, 4, "trainer.max_epochs=3"), cwd=cwd)
     )
+    return sweep_dir, result.stdout
+
+
+@pytest.mark.slow
+def test_a_pruned_search_stops_the_absurd_learning_rate_after_one_epoch_and_lists_it_pruned(four_trials):
+    sweep_dir, stdout = four_trials
     trials = stored_trials(sweep_dir)
     complete, pruned = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED
     assert [trial.state for trial in trials] == [complete, complete, pruned, complete]
@@ -65,9 +71,34 @@ def test_a_pruned_search_stops_the_absurd_learning_rate_after_one_epoch_and_list
     assert mark.startswith("pruned: MedianPruner stopped this trial after its validation 0")
     assert "test/acc" in json.loads((bad_dir / "results.json").read_text()), "a pruned trial is tested as any run"
 
-    summary = result.stdout[result.stdout.index("Sweep: 4 job(s), 1 pruned") :]
+    summary = stdout[stdout.index("Sweep: 4 job(s), 1 pruned") :]
     shown = [line.split()[-2] for line in summary.splitlines() if line[:1].isdigit()]
     assert shown[BAD_TRIAL] == "pruned" and all(value != "pruned" for i, value in enumerate(shown) if i != BAD_TRIAL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("trial", "verdict"),
+    [
+        (3, "reproduced bitwise: 18 step(s) on each of 1 process(es)"),
+        (
+            BAD_TRIAL,
+            "reproduced bitwise: 6 step(s) on each of 1 process(es) (its search's pruner stopped it after step 6, and "
+            "the re-run there; final metrics not compared)",
+        ),
+    ],
+    ids=["complete", "pruned"],
+)
+def test_a_trial_of_the_search_is_verified_with_the_searchs_settings_and_a_pruned_one_where_it_stopped(
+    four_trials, trial, verdict
+):
+    """project.verify re-runs one trial as one run with the search's settings (its `results_from: best`, so the final
+    metrics are the best epoch's, as the trial's are), and a pruned one to the step where the pruner stopped it."""
+    sweep_dir, _ = four_trials
+    result = check_ok(run_module("project.verify", str(sweep_dir / str(trial)), cwd=sweep_dir.parent))
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == verdict
+    assert trial == BAD_TRIAL or "  the 6 final metrics equal" in lines
 
 
 @pytest.mark.slow
