@@ -1,12 +1,13 @@
 """Where the suite's time goes: the CPU seconds it used (every process it started included) against its wall time
-on the cores it had, and the tests that spent the longest waiting rather than computing.
+on the cores it had, the tests that used the most CPU, and those that spent the longest waiting rather than computing.
 
 Most of the suite's work runs outside the pytest process: in the runs, ranks and launchers it starts, which the
 preloaded Python forks (tests/preloaded_python.py) and waits for, so their CPU time is that server's children's.
 Each test's CPU time is therefore what its worker used (itself and the processes it waited for) plus what its
 server's children used, from the test's setup to its teardown; its wait is its wall time less that. A test that
-waits long without computing sleeps, polls or waits out a timeout: printed at the end of every `make test`, so a
-change that adds a wait shows. Nothing here is a verdict: it measures and prints.
+waits long without computing sleeps, polls or waits out a timeout. Both lists are printed at the end of every `make
+test`, so a change that adds work or a wait shows: on CI's two cores the suite's wall time is about its CPU time
+halved. Nothing here is a verdict: it measures and prints.
 """
 
 import os
@@ -85,6 +86,10 @@ class SuiteClock:
             f"wall {wall:.0f} s on {cores} core(s) = {wall * cores:.0f} core-seconds; CPU used {cpu:.0f} s "
             f"({100 * cpu / (wall * cores):.0f} %), the processes the tests started included"
         )
+        write(f"the {SHOWN} tests that used the most CPU (the processes they started included):")
+        write(f"{'CPU':>8}{'wall':>8}  test")
+        for nodeid, test_wall, test_cpu in sorted(self.tests, key=lambda test: test[2], reverse=True)[:SHOWN]:
+            write(f"{test_cpu:>7.1f}s{test_wall:>7.1f}s  {nodeid}")
         write(f"the {SHOWN} tests that waited longest (wall less CPU, setup and teardown included):")
         write(f"{'waited':>8}{'wall':>8}{'CPU':>8}  test")
         waits = sorted(self.tests, key=lambda test: test[1] - test[2], reverse=True)
