@@ -145,7 +145,35 @@ def test_a_plateau_schedule_given_its_metric_and_interval_epoch_builds():
     )
     schedule = build_schedule(factory, optimizer(), steps=10, epochs=2)
     assert isinstance(schedule.scheduler, lr_scheduler.ReduceLROnPlateau)
-    assert (schedule.interval, schedule.monitor) == ("epoch", "val/loss")
+    assert schedule.lightning_config() == {"scheduler": schedule.scheduler, "interval": "epoch", "monitor": "val/loss"}
+
+
+def test_the_reference_loop_steps_a_schedule_on_its_metric_where_it_follows_one():
+    plateau = build_schedule(
+        functools.partial(lr_scheduler.ReduceLROnPlateau, monitor="val/loss", interval="epoch", patience=0),
+        optimizer(),
+        steps=10,
+        epochs=2,
+    )
+    for loss in (1.0, 1.0):  # no better: the rate falls by its factor (0.1) after the second
+        plateau.step({"val/loss": loss})
+    assert plateau.scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+    halving = build_schedule(
+        functools.partial(lr_scheduler.StepLR, step_size=1, gamma=0.5), optimizer(), steps=10, epochs=2
+    )
+    halving.scheduler.optimizer.step()  # as the loop does, before the schedule
+    halving.step({})
+    assert halving.scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(("epochs", "taken"), [(1, True), (0, False), (-1, False)])
+def test_a_schedule_sized_by_the_run_needs_a_run_of_at_least_one_epoch(epochs, taken):
+    factory = functools.partial(lr_scheduler.CosineAnnealingLR, T_max=RUN_EPOCHS)
+    if taken:
+        assert build_schedule(factory, optimizer(), steps=10, epochs=epochs).scheduler.T_max == 1
+        return
+    with pytest.raises(UserError, match="needs a run of a set length"):
+        build_schedule(factory, optimizer(), steps=10, epochs=epochs)
 
 
 @pytest.mark.parametrize(
@@ -154,6 +182,7 @@ def test_a_plateau_schedule_given_its_metric_and_interval_epoch_builds():
         ("epoch", 2, 3, 7, 70, None),  # stepped after epochs 2, 4 and 6
         ("epoch", 2, 3, 8, 80, "this run steps it 4 times"),
         ("epoch", 1, 3, -1, 70, "this run steps it without end"),
+        ("epoch", 1, 3, 1, 10, None),
         ("step", 2, 5, 1, 10, None),
         ("step", 2, 5, 1, 12, "this run steps it 6 times"),
         ("step", 1, 100, 1, 10, None),  # a schedule longer than the run ends early, as it is meant to
@@ -171,4 +200,13 @@ def test_a_fixed_length_schedule_is_checked_against_the_times_the_run_steps_it_e
         ScheduleLengthCheck().on_train_start(trainer, None)
         return
     with pytest.raises(UserError, match=f"OneCycleLR ends after {total_steps} steps, and {refusal}"):
+        ScheduleLengthCheck().on_train_start(trainer, None)
+
+
+def test_every_fixed_length_schedule_of_a_module_is_checked_not_only_the_first():
+    fits = lr_scheduler.OneCycleLR(optimizer(), max_lr=0.1, total_steps=10)
+    short = lr_scheduler.OneCycleLR(optimizer(), max_lr=0.1, total_steps=5)
+    configs = [SimpleNamespace(scheduler=s, interval="step", frequency=1) for s in (fits, short)]
+    trainer = SimpleNamespace(lr_scheduler_configs=configs, max_epochs=1, estimated_stepping_batches=10, ckpt_path=None)
+    with pytest.raises(UserError, match="OneCycleLR ends after 5 steps, and this run steps it 10 times"):
         ScheduleLengthCheck().on_train_start(trainer, None)
