@@ -33,7 +33,7 @@ def recipe_line(name: str, key: dict, losses: list[list[float]]) -> str:
 def key_line(key: dict) -> str:
     versions = ", ".join(f"{name} {key[name]}" for name in ("python", "torch", "torchvision", "lightning", "numpy"))
     threads = f"{key['threads']} thread{'s' if key['threads'] != 1 else ''}"
-    cpu = f"{key['isa_level']}, torch's CPU capability {key['cpu_capability']}"
+    cpu = f"{key['cpuid']}, features {key['cpu_features']}, {key['isa_level']}, torch's {key['cpu_capability']}"
     return f"{key['device']} ({cpu}), {threads}; {versions}"
 
 

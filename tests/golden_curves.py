@@ -1,12 +1,13 @@
 """Golden curves: the per-step losses of the shipped recipes, kept in tests/golden/<recipe>.json, against which the
 suite checks that today's numbers are the ones recorded (tests/test_golden.py) and `make golden` reports what moved.
 
-A curve is recorded under a key: the device class (the CPU's model, which decides the kernels MKL and oneDNN pick),
-its x86-64 level and torch's CPU capability, the intra-op threads, and the versions that decide the numbers (Python,
-torch, torchvision, Lightning, NumPy), all read from the run's own receipt (receipt.json). Where today's key is
-recorded the curve must equal it bitwise; elsewhere it is compared with the closest recorded key within
-`RELATIVE_TOLERANCE`, and the comparison says which key and by how much: another machine or version moves the last
-bits of a float32 loss, never its leading digits over these few steps. docs/testing.md, "Golden curves".
+A curve is recorded under a key: the device class (the CPU's model, its cpuid family/model/stepping and a digest of
+its feature flags, which decide the kernels MKL and oneDNN pick), its x86-64 level and torch's CPU capability, the
+intra-op threads, and the versions that decide the numbers (Python, torch, torchvision, Lightning, NumPy), all read
+from the run's own receipt (receipt.json). Where today's key is recorded the curve must equal it bitwise; elsewhere
+it is compared with the closest recorded key within `RELATIVE_TOLERANCE`, and the comparison says which key and by
+how much: another machine or version moves the last bits of a float32 loss, never its leading digits over these few
+steps. docs/testing.md, "Golden curves".
 
 Every recipe runs on the CPU with one intra-op thread, in a few steps: the golden curves are what this machine and
 CI can check at every run of the suite; a GPU's curves would need a GPU at every run.
@@ -87,6 +88,8 @@ def key_of(run_dir: Path) -> dict:
     gpus = [gpu["name"] for gpu in machine["gpus"]] if segment["launch"]["accelerator"] == "CUDAAccelerator" else []
     return {
         "device": " + ".join(gpus) or machine["cpu"]["model"],
+        "cpuid": None if gpus else machine["cpu"]["cpuid"],
+        "cpu_features": None if gpus else machine["cpu"]["features_sha256"],
         "isa_level": machine["cpu"]["isa_level"],
         "cpu_capability": environment["torch"]["cpu_capability"],
         "threads": environment["torch"]["threads"],

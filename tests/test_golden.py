@@ -15,6 +15,8 @@ from tests.helpers import requires
 
 KEY = {
     "device": "Intel(R) Xeon(R) Processor",
+    "cpuid": "GenuineIntel 6/167/1",
+    "cpu_features": "fc7df03f53a7",
     "isa_level": "x86-64-v4",
     "cpu_capability": "AVX512",
     "threads": 1,
@@ -49,7 +51,7 @@ def test_under_the_recorded_key_one_step_off_in_its_last_bit_is_a_change_named_b
 
 def test_under_another_key_the_closest_is_compared_within_the_tolerance_and_named():
     newer = {**KEY, "torch": "2.15.0"}
-    other_cpu = {**KEY, "device": "AMD EPYC", "isa_level": "x86-64-v3", "cpu_capability": "AVX2"}
+    other_cpu = {**KEY, "device": "AMD EPYC", "cpuid": "AuthenticAMD 25/1/1", "cpu_capability": "AVX2"}
     entries = [{"key": other_cpu, "losses": [[9.0] * 3] * 2}, {"key": KEY, "losses": LOSSES}]
     close = [[0.75, 0.5, 0.25], [0.7, 0.40000004, 0.2]]
     same, comparison = judged(entries, newer, close)

@@ -3,6 +3,7 @@ with, no secret among them; a tree without git still hashed; a run carried on ke
 
 import hashlib
 import json
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -107,6 +108,10 @@ def test_the_receipt_records_versions_machine_and_launch(dirty_run):
     if lock is not None:
         assert environment["lock_file"]["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()
     assert machine["cpu"]["cores_given"] >= 1 and machine["memory_bytes"] > 0
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and "cpu family" in cpuinfo.read_text():  # an x86 Linux: the generation a model name hides
+        assert re.fullmatch(r"\S+ \d+/\d+/\d+", machine["cpu"]["cpuid"]), machine["cpu"]
+        assert re.fullmatch(r"[0-9a-f]{12}", machine["cpu"]["features_sha256"])
     assert (launch["world_size"], launch["nodes"], launch["checkpoint"]) == (1, 1, None)
     assert launch["command"][1:4] == ["-m", "project.train", f"hydra.searchpath=[file://{run_dir.parent / 'my_conf'}]"]
     assert "model=theirs" in launch["overrides"]

@@ -441,14 +441,18 @@ def environment_facts(tree: Path) -> dict:
 
 
 def cpu_facts() -> dict:
-    """The CPU's model and x86-64 level (from /proc/cpuinfo), and the cores this process may run on."""
-    model, flags = platform.processor() or platform.machine(), set()
+    """The CPU's model, x86-64 level and identity (from /proc/cpuinfo), and the cores this process may run on.
+
+    A virtual machine may show a model name that hides its generation ("Intel(R) Xeon(R) Processor"): its cpuid
+    family/model/stepping and a digest of its feature flags tell two such machines apart, as the kernels MKL and
+    oneDNN pick (and so the last bits of a float32 result) may.
+    """
+    model, flags, fields = platform.processor() or platform.machine(), set(), {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
+            fields.setdefault(key.strip(), value.strip())
+            if key.strip() == "flags":
                 flags = set(value.split())
                 break
     except OSError:
@@ -458,10 +462,13 @@ def cpu_facts() -> dict:
         if not needs <= flags:
             break
         level = name
+    cpuid = "/".join(fields[key] for key in ("cpu family", "model", "stepping") if key in fields) or None
     return {
-        "model": model,
+        "model": fields.get("model name", model),
         "architecture": platform.machine(),
         "isa_level": level,
+        "cpuid": f"{fields.get('vendor_id', '?')} {cpuid}" if cpuid else None,
+        "features_sha256": hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12] if flags else None,
         "cores_given": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "cores": os.cpu_count(),
     }
