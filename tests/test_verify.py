@@ -44,6 +44,11 @@ def verified(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return run_module("project.verify", *args, cwd=cwd, env={"PYTHONPATH": str(cwd)})
 
 
+def reproduced_lines(run_dir: Path) -> list[str]:
+    """What `project.verify <run_dir>` printed, run from the repository, where it reproduced the run (exit 0)."""
+    return check_ok(verified(REPO, str(run_dir))).stdout.strip().splitlines()
+
+
 @pytest.fixture(scope="module")
 def changed_network(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A toy run in a scratch repository, verified as it is and after a one-line change to its network's
@@ -94,8 +99,7 @@ def test_a_ddp_run_without_a_receipt_is_reproduced_bitwise_on_every_rank_and_say
 ):
     run_dir = train(REPO, tmp_path / "run", "trainer=ddp", "trainer.devices=2")
     (run_dir / RECEIPT_FILE).unlink()
-    result = check_ok(verified(REPO, str(run_dir)))
-    lines = result.stdout.strip().splitlines()
+    lines = reproduced_lines(run_dir)
     assert lines[-1] == "reproduced bitwise: 1 step(s) on each of 2 process(es)"
     assert "  receipt missing (a run from before receipts): compared by its config and history alone" in lines
     reruns = list((run_dir / "verify").iterdir())
@@ -108,8 +112,7 @@ def test_a_ddp_run_without_a_receipt_is_reproduced_bitwise_on_every_rank_and_say
 @pytest.mark.slow
 def test_an_fsdp_run_is_reproduced_bitwise_on_both_ranks(tmp_path: Path):
     run_dir = train(REPO, tmp_path / "run", "trainer=fsdp", "trainer.devices=2")
-    result = check_ok(verified(REPO, str(run_dir)))
-    lines = result.stdout.strip().splitlines()
+    lines = reproduced_lines(run_dir)
     assert lines[-1] == "reproduced bitwise: 1 step(s) on each of 2 process(es)"
     assert "  the 8 final metrics equal" in lines
 
@@ -121,8 +124,7 @@ def test_a_run_resumed_in_its_own_dir_is_reproduced_bitwise_over_every_step_of_b
     run_dir = train(REPO, tmp_path / "run")
     train(REPO, run_dir, "trainer.max_epochs=2", "ckpt_path=last")
     assert len(json.loads((run_dir / "history.rank0.json").read_text())["step_losses"]) == 4
-    result = check_ok(verified(REPO, str(run_dir)))
-    lines = result.stdout.strip().splitlines()
+    lines = reproduced_lines(run_dir)
     assert lines[-1] == "reproduced bitwise: 4 step(s) on each of 1 process(es)"
     assert "  the run was started 2 times (resumed): the re-run trains it whole, from step 0" in lines
 
@@ -133,8 +135,7 @@ def test_one_job_of_a_sweep_is_reproduced_bitwise_by_itself(tmp_path: Path):
     sweep = tmp_path / "sweep"
     args = ("-m", "logger=none", "trainer.max_epochs=1", "seed=1,2", f"hydra.sweep.dir={sweep}")
     check_ok(run_module("project.train", *args, cwd=REPO, env={"PYTHONPATH": str(REPO)}))
-    result = check_ok(verified(REPO, str(sweep / "1")))
-    lines = result.stdout.strip().splitlines()
+    lines = reproduced_lines(sweep / "1")
     assert lines[-1] == "reproduced bitwise: 2 step(s) on each of 1 process(es)"
     (rerun,) = (sweep / "1" / "verify").iterdir()
     assert yaml.safe_load((rerun / ".hydra" / "config.yaml").read_text())["seed"] == 2
