@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from project.engine.run_log import DISK_ERRORS, LIBRARY_LOGGERS, ClosableConsole, capture_logs, started_by_rank_zero
+from project.engine.run_log import (
+    DISK_ERRORS,
+    LIBRARY_LOGGERS,
+    ClosableConsole,
+    capture_logs,
+    printable,
+    process_rank,
+    report,
+    started_by_rank_zero,
+)
 from tests.helpers import check_ok, run_module
 
 
@@ -34,14 +43,14 @@ def test_a_bad_value_is_checked_before_the_config_is_printed_and_stays_in_the_lo
 
 
 @pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
-    """`capture_logs` called in this process, everything it changes put back after the test; the exceptions that
-    reach the thread hook it found."""
+def captured(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+    """`capture_logs` called in this process (the root logger's handlers those the function a test gives indirectly
+    makes), everything it changes put back after the test; the exceptions that reach the thread hook it found."""
     reached: list[BaseException] = []
     monkeypatch.setattr(threading, "excepthook", lambda arguments: reached.append(arguments.exc_value))
     monkeypatch.setattr(sys, "stdout", sys.stdout)
     monkeypatch.setattr(sys, "stderr", sys.stderr)
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", getattr(request, "param", list)())
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
         monkeypatch.setattr(logger, "handlers", list(logger.handlers))
@@ -113,3 +122,87 @@ def test_only_a_rank_that_rank_zero_started_leaves_its_lines_to_rank_zero(
     for variable, value in environment.items():
         monkeypatch.setenv(variable, value)
     assert started_by_rank_zero() is reported_by_rank_zero
+
+
+@pytest.mark.parametrize(
+    ("environment", "rank"),
+    [({}, 0), ({"SLURM_PROCID": "0", "LOCAL_RANK": "1"}, 1), ({"RANK": "0", "SLURM_PROCID": "2"}, 2)],
+)
+def test_a_processs_rank_is_whichever_its_launcher_announced(monkeypatch, environment, rank):
+    """torchrun sets RANK, srun SLURM_PROCID, Lightning's own launcher LOCAL_RANK: a variable another launcher left
+    at 0 hides no rank."""
+    for variable in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    assert process_rank() == rank
+
+
+def test_a_name_read_from_a_file_is_printed_with_its_control_characters_escaped():
+    assert printable("run\x1b[2J\tdir\nnext\x07é") == "run\\x1b[2J\tdir\nnext\\x07é"
+
+
+class Terminal:
+    """A console's stream as a test sees it: what was written, and whether it was flushed since."""
+
+    def __init__(self) -> None:
+        self.text, self.flushed = "", True
+
+    def write(self, text: str) -> int:
+        self.text, self.flushed = self.text + text, False
+        return len(text)
+
+    def flush(self) -> None:
+        self.flushed = True
+
+
+def test_a_line_for_stderr_starts_below_a_progress_bar_and_is_flushed_at_once(monkeypatch):
+    out, err = ClosableConsole(Terminal()), Terminal()
+    monkeypatch.setattr(sys, "stdout", Terminal())  # a console the engine did not wrap: no bar is known
+    report("before", stream=err)
+    assert err.text == "before\n"
+    err.text = ""
+    monkeypatch.setattr(sys, "stdout", out)
+    assert out.at_line_start, "nothing written yet"
+    out.write("Epoch 0:  50%|#####     | 1/2\r")  # a bar's redraw: the line goes on
+    out.write("")
+    assert not out.at_line_start
+    report("a warning", stream=err)
+    assert (err.text, err.flushed) == ("\na warning\n", True)
+    out.write("Epoch 0: 100%|##########| 2/2\n")
+    report("another", stream=err)
+    assert err.text.endswith("warning\nanother\n")
+    report("a result")
+    assert out.stream.text.endswith("2/2\na result\n") and out.stream.flushed
+
+
+def a_log_file_and_the_console() -> list[logging.Handler]:
+    """The root logger's handlers as Hydra's job logging leaves them: the run's log file and the console."""
+    return [logging.FileHandler(os.devnull), logging.StreamHandler(sys.stdout)]
+
+
+@pytest.mark.parametrize("captured", [a_log_file_and_the_console], indirect=True)
+def test_capture_logs_sends_warnings_to_the_log_and_the_console_handlers_through_the_closable_console(captured, capsys):
+    handlers = logging.getLogger().handlers
+    log_file = next(handler for handler in handlers if isinstance(handler, logging.FileHandler))
+    console = next(handler for handler in handlers if type(handler) is logging.StreamHandler)
+    assert isinstance(console.stream, ClosableConsole), "a console handler writes through the closable console"
+    log_file.handleError(logging.LogRecord("project", logging.INFO, __file__, 0, "x", None, None))
+    log_file.close()
+    assert capsys.readouterr().err == "", "a log file on a full disk stays silent: the run's error line says it"
+    assert warnings.showwarning is logging._showwarning, "Python's warnings go to the log"
+
+
+def test_the_line_saying_a_consoles_reader_is_gone_is_flushed_at_once(monkeypatch: pytest.MonkeyPatch):
+    """A run whose console was closed may be killed before anything else flushes stderr: the line goes out first."""
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w") as pipe:
+        console = ClosableConsole(pipe)
+        monkeypatch.setattr(sys, "stdout", console)
+        console.write("a line\n")
+        console.flush()
+    assert (err.text, err.flushed) == ("stdout was closed by its reader: the run goes on without it\n", True)
