@@ -328,3 +328,17 @@ def test_a_run_seeds_its_loader_workers_and_with_logger_none_has_no_logger(tmp_p
     setup = build(compose_train(tmp_path, "logger=none", *kept_in(tmp_path)[1:]), tmp_path / "outputs")
     assert os.environ["PL_SEED_WORKERS"] == "1"
     assert setup.trainer.loggers == []
+
+
+def test_a_constructor_refusing_a_value_names_the_overrides_of_its_group_you_typed(tmp_path: Path):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        overrides = ["data.batch_size=4", "+model.error=ValueError", "trainer.max_epochs=2", f"run_dir={tmp_path}"]
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
+    try:
+        refusing = OmegaConf.create({"_target_": f"{__name__}.NetworkThatFails", "error": "ValueError"})
+        with pytest.raises(UserError) as refused:
+            instantiate_group("model", refusing)
+    finally:
+        HydraConfig.instance().cfg = None
+    assert str(refused.value) == "model (your overrides: +model.error=ValueError): the network's own ValueError"

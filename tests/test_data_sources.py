@@ -13,7 +13,7 @@ from lightning.pytorch.demos.transformer import LightningTransformer
 from torch.utils.data import DataLoader, RandomSampler
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
-from project.engine.build import build, check_data_for, why_no_test
+from project.engine.build import ServedByTheEngine, build, check_data_for, why_no_test
 from project.engine.checkpoints import TrainingOrder, orderable, refuse_a_resume_the_data_cannot_continue
 from project.engine.errors import UserError, error_line
 from project.engine.upstream import VERSION_BASE
@@ -147,3 +147,27 @@ def test_a_random_sampler_that_draws_a_part_of_the_data_keeps_its_own_order():
     part = DataLoader(data.random_train, batch_size=2, sampler=RandomSampler(data.random_train, num_samples=8))
     whole = DataLoader(data.random_train, batch_size=2, shuffle=True)
     assert not orderable(part) and orderable(whole)
+
+
+def test_a_module_without_a_test_step_trains_all_the_same():
+    """LightningTransformer defines no test_step: training it is no test, and nothing asks for one."""
+    check_data_for("train", LightningTransformer(vocab_size=8), None, "project.train")
+
+
+class FewSamples(L.LightningDataModule):
+    """Five samples to validate and to test, plain loaders: the engine shares them out among the processes."""
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(range(5), batch_size=2)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(range(5), batch_size=2)
+
+
+@pytest.mark.parametrize(("stage", "named"), [("val", "validation"), ("test", "test")])
+def test_a_set_smaller_than_the_processes_is_refused_naming_the_set(stage: str, named: str):
+    data = FewSamples()
+    data.trainer = SimpleNamespace(world_size=6, global_rank=0, strategy=None)
+    with pytest.raises(UserError) as raised:
+        ServedByTheEngine(data, stage, TrainingOrder(seed=0))()
+    assert str(raised.value).startswith(f"the {named} set has 5 samples, fewer than the 6 processes")
