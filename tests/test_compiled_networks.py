@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torch import nn
 
-from project.engine.build import compile_networks
+from project.engine.build import CompileNetworks, compile_networks
 from project.engine.config import check_config
 from project.engine.errors import UserError
 from project.engine.upstream import VERSION_BASE
@@ -52,3 +52,16 @@ def test_a_module_whose_parameters_are_not_in_submodules_is_refused_in_one_line(
 def test_compile_is_a_switch(tmp_path: Path):
     with pytest.raises(UserError, match="compile must be true or false, got 'yes'"):
         check_config(compose_train(tmp_path, "compile=yes"))
+
+
+def test_the_compile_switch_compiles_a_modules_networks_as_training_sets_up_and_once_over_fit_and_test(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    module, compiled = RegressionModule(), []
+    original = nn.Module.compile
+    monkeypatch.setattr(nn.Module, "compile", lambda network: compiled.append(network) or original(network))
+    callback = CompileNetworks()
+    callback.setup(None, module, "fit")
+    assert compiled == [module.layers] and module.layers._compiled_call_impl is not None
+    callback.setup(None, module, "test")
+    assert compiled == [module.layers], "a test after fit compiles nothing again"
