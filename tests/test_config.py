@@ -11,6 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
@@ -342,3 +343,24 @@ def test_a_constructor_refusing_a_value_names_the_overrides_of_its_group_you_typ
     finally:
         HydraConfig.instance().cfg = None
     assert str(refused.value) == "model (your overrides: +model.error=ValueError): the network's own ValueError"
+
+
+def test_a_run_builds_what_its_switches_ask_and_the_divergence_guard_first(tmp_path: Path, monkeypatch):
+    """The divergence guard runs before any other callback (a checkpoint must not store a diverged step); `compile`,
+    `stop_when_diverged` and the loggers are what the config says; with callbacks=none Lightning adds no progress bar
+    of its own."""
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # build sets them: restored after the test
+        monkeypatch.setenv(name, "0")
+    plain = build(compose_train(tmp_path, "logger=csv", *kept_in(tmp_path)[1:]), tmp_path / "outputs").trainer
+    built = [type(callback).__name__ for callback in plain.callbacks]
+    assert built[0] == "DivergenceGuard" and "CompileNetworks" not in built
+    assert [type(logger).__name__ for logger in plain.loggers] == ["CSVLogger"]
+    switched_dir = tmp_path / "switched"
+    switches = ("compile=true", "stop_when_diverged=false", "callbacks=none", "logger=none")
+    switched = build(compose_train(switched_dir, *switches, *kept_in(switched_dir)[1:]), tmp_path / "outputs").trainer
+    built = [type(callback).__name__ for callback in switched.callbacks]
+    assert "CompileNetworks" in built and "DivergenceGuard" not in built
+    assert not any(isinstance(callback, ProgressBar) for callback in switched.callbacks)
+    own_dir = tmp_path / "own"  # a config of the user's own that leaves the key out: the guard is on
+    own = build(compose_train(own_dir, "~stop_when_diverged", *kept_in(own_dir)[1:]), tmp_path / "outputs").trainer
+    assert type(own.callbacks[0]).__name__ == "DivergenceGuard"
