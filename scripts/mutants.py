@@ -227,7 +227,6 @@ def mapping_pass(module_path: Path, guard_files: list[str], timeout: float) -> T
     process: this one through a dynamic context, the processes a test starts through the static context their
     coverage reads from the environment (this module's `measured_as`, as a plugin of that pytest)."""
     import coverage
-    from coverage.parser import PythonParser
 
     with tempfile.TemporaryDirectory(prefix="mutants-map-") as work:
         settings = Path(work) / "coveragerc"
@@ -243,11 +242,10 @@ def mapping_pass(module_path: Path, guard_files: list[str], timeout: float) -> T
         measured.combine()
         by_line = measured.get_data().contexts_by_lineno(str(module_path.resolve()))
         known = json.loads(facts.read_text())
-    parser = PythonParser(text=module_path.read_text())
-    parser.parse_source()
+    first_line = first_lines(module_path)
     statements: dict[int, set[str]] = {}
     for line, tests in by_line.items():
-        statements.setdefault(parser.first_line(line), set()).update(tests)
+        statements.setdefault(first_line(line), set()).update(tests)
     runs = {line: sorted(tests) for line, tests in statements.items()}
     return TestMap(known["tests"], known["groups"], known["unmeasured"], runs)
 
