@@ -229,13 +229,18 @@ def read_json_dict(path: Path) -> dict | None:
 
 
 def histories(run_dir: Path) -> list[dict]:
-    """Each rank's history in `run_dir`, in rank order, checked to hold a list of numbers."""
+    """Each rank's history in `run_dir`, in rank order, checked to hold a list of numbers and the step they start at
+    (`first_step`: 0 where a history names none)."""
     found = []
     for rank in range(len(list(run_dir.glob("history.rank*.json")))):
-        history = read_json_dict(run_dir / f"history.rank{rank}.json")
+        path = run_dir / f"history.rank{rank}.json"
+        history = read_json_dict(path)
         losses = None if history is None else history.get("step_losses")
         if not isinstance(losses, list) or not all(isinstance(loss, (int, float)) for loss in losses):
-            raise UserError(f"{run_dir}/history.rank{rank}.json holds no list of per-step losses")
+            raise UserError(f"{path} holds no list of per-step losses")
+        first = history.setdefault("first_step", 0)
+        if type(first) is not int or first < 0:
+            raise UserError(f"{path} holds no step its losses start at (first_step: {printable(repr(first))})")
         found.append(history)
     return found
 
@@ -345,7 +350,7 @@ def compare_losses(then: list[dict], now: list[dict], steps: int | None) -> tupl
         return f"another number of processes: {len(then)} then, {len(now)} now", False, 0
     verdicts, compared = [], 0
     for rank, (old, new) in enumerate(zip(then, now, strict=True)):
-        first = int(old.get("first_step") or 0)
+        first = old["first_step"]
         replayed = new["step_losses"][first:]
         recorded = old["step_losses"][: len(replayed)] if steps is not None else old["step_losses"]
         if steps is None and len(replayed) != len(recorded):
@@ -476,8 +481,8 @@ def unrecorded_start(run: RecordedRun) -> str:
     """Where the run's history starts after step 0, the steps before it were not compared, and the verdict says so: a
     run resumed from another run's checkpoint (or from one saved mid-epoch) holds only its own steps; one resumed in
     its own dir from an epoch-end checkpoint holds them all (project.engine.history.history_carried_on)."""
-    first = run.histories[0].get("first_step")
-    if not isinstance(first, int) or first <= 0:
+    first = run.histories[0]["first_step"]
+    if first == 0:
         return ""
     return f", from step {first + 1} on (its history starts where it resumed: the steps before are not in it)"
 
@@ -503,7 +508,7 @@ def pruned_at(run: RecordedRun) -> int | None:
     if not (run.dir / PRUNED_FILE).is_file() or not run.histories:
         return None
     history = run.histories[0]
-    return int(history.get("first_step") or 0) + len(history.get("step_losses") or [])
+    return history["first_step"] + len(history["step_losses"])
 
 
 def verify(run_dir: Path, steps: int | None, searchpaths: list[Path] = ()) -> bool:

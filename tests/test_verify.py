@@ -209,7 +209,13 @@ ERROR_CASES = {
         "which project.verify reads only where you give them",
     ),
     "download": (lambda d: add_override(d, "task", "+data.download=true"), "would fetch data as the re-run starts"),
+    "first-step": (lambda d: set_first_step(d, "x"), "holds no step its losses start at (first_step: 'x')"),
 }
+
+
+def set_first_step(run_dir: Path, value: object) -> None:
+    path = run_dir / "history.rank0.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"first_step": value}))
 
 
 def add_override(run_dir: Path, kind: str, override: str) -> None:
