@@ -75,6 +75,21 @@ MAPPING_FACTS = "MUTANTS_MAPPING_FACTS"
 COVERAGE_CONFIG = "COVERAGE_PROCESS_CONFIG"  # coverage's: the config a process it starts measures with
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests() -> None:
+    """As a plugin of a mutant's pytest, forked by the preloaded Python (`preloaded_pytest`): leave nothing of that
+    server to the tests, which start their own, so that every process they start is what it is in `make test`."""
+    import multiprocessing
+
+    from tests.preloaded_python import REAL_PYTHON_VARIABLE, SOCKET_VARIABLE
+
+    if SOCKET_VARIABLE in os.environ:
+        sys.executable = os.environ[REAL_PYTHON_VARIABLE]
+        multiprocessing.set_executable(sys.executable)
+        for name in (SOCKET_VARIABLE, REAL_PYTHON_VARIABLE, "PYTHON_EXEC"):
+            os.environ.pop(name, None)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """As a plugin of a mutant's pytest: only the guard tests that ran the mutated statement (where a list is given),
@@ -194,8 +209,27 @@ def scratch_copy() -> Iterator[Path]:
 
 
 def mutant_test_command(paths: list[str]) -> str:
-    """The command cosmic-ray runs (split as a shell would, run in the copy, which is the current dir)."""
-    return " ".join([PYTHON, "-m", "pytest", *PYTEST_OPTIONS, *paths])
+    """The command cosmic-ray runs (split as a shell would, run in the copy, which is the current dir): the tests'
+    preloaded Python's shim, so that the pytest is forked (`preloaded_pytest`)."""
+    return " ".join([str(REPO / "tests" / "preloaded_bin" / "python"), "-m", "pytest", *PYTEST_OPTIONS, *paths])
+
+
+@contextmanager
+def preloaded_pytest(copy: Path) -> Iterator[None]:
+    """Each mutant's pytest forked from one Python that has imported the libraries (tests/preloaded_python.py, the
+    suite's own server, started here from the copy) rather than a fresh interpreter that spends seconds importing
+    them. The project and its tests are imported afresh in every fork, from the copy's files, mutant and all; the
+    fork then stands as a fresh pytest would (`pytest_load_initial_conftests`)."""
+    sys.path.insert(0, str(copy))
+    from tests.preloaded_python import PreloadedPython
+
+    server = PreloadedPython.get()
+    os.environ.update(server.environment())
+    try:
+        yield
+    finally:
+        server.server.stdin.close()
+        server.server.wait()
 
 
 @dataclass
@@ -274,7 +308,7 @@ class FailsUnmutated:
 
     def __call__(self, test: str) -> bool:
         if test not in self.known:
-            command = [PYTHON, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test]
+            command = mutant_test_command([test]).split()
             self.known[test] = subprocess.run(command, capture_output=True).returncode != 0
         return self.known[test]
 
@@ -444,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.monotonic()
     totals = [0, 0]
-    with scratch_copy() as copy:
+    with scratch_copy() as copy, preloaded_pytest(copy):
         os.chdir(copy)
         os.environ["PYTHONPATH"] = str(copy)
         fails_unmutated = FailsUnmutated()
