@@ -20,6 +20,8 @@ import pickle
 import pkgutil
 import re
 import shutil
+import sqlite3
+import stat
 import subprocess
 import sys
 import warnings
@@ -45,12 +47,15 @@ from project.engine.checkpoints import check_shards, resume_path
 from project.engine.errors import UserError
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import (
+    CHANGES_PATHS,
+    DIR_FD_ARGUMENT,
     ActedOutsideTheRun,
     Confinement,
     TrustedTargets,
     UntrustedConfig,
     check_stored_config,
     config_sources,
+    job_whitelist,
     named_in_config_files,
     trusted_targets,
 )
@@ -1034,3 +1039,150 @@ def test_a_relative_path_is_judged_from_the_dir_it_is_relative_to(tmp_path: Path
         os.close(outside_fd)
     assert (run / "made").is_dir() and (run / "file").stat().st_mode & 0o777 == 0o600
     assert f"tried to write file (outside the dirs this run may write: {run})" in str(raised.value)
+
+
+# Each operation Python audits as changing a path (`CHANGES_PATHS`), done by the real call with the paths its audit
+# event lists at `at(position)`: the positions of the paths it changes, as this test states them, and the calls.
+PATH_CHANGES: dict[str, tuple[tuple[int, ...], Callable[[Callable[[int], Path]], object]]] = {
+    "os.mkdir": ((0,), lambda at: os.mkdir(at(0) / "made")),
+    "os.rmdir": ((0,), lambda at: os.rmdir(at(0) / "empty")),
+    "os.remove": ((0,), lambda at: os.remove(at(0) / "file")),
+    "os.rename": ((0, 1), lambda at: os.rename(at(0) / "file", at(1) / "renamed")),
+    "os.link": ((1,), lambda at: os.link(at(0) / "file", at(1) / "linked")),
+    "os.symlink": ((1,), lambda at: os.symlink(at(0) / "file", at(1) / "symlinked")),
+    "os.truncate": ((0,), lambda at: os.truncate(at(0) / "file", 0)),
+    "os.chmod": ((0,), lambda at: os.chmod(at(0) / "file", 0o600)),
+    "os.chown": ((0,), lambda at: os.chown(at(0) / "file", os.getuid(), os.getgid())),
+    "os.utime": ((0,), lambda at: os.utime(at(0) / "file", (0, 0))),
+    "os.mkfifo": ((0,), lambda at: os.mkfifo(at(0) / "fifo")),
+    "os.mknod": ((0,), lambda at: os.mknod(at(0) / "node", stat.S_IFREG | 0o600)),
+    "os.setxattr": ((0,), lambda at: os.setxattr(at(0) / "file", "user.mark", b"1")),
+    "os.removexattr": ((0,), lambda at: os.removexattr(at(0) / "file", "user.mark")),
+    "shutil.rmtree": ((0,), lambda at: shutil.rmtree(at(0) / "tree")),
+    "shutil.copyfile": ((1,), lambda at: shutil.copyfile(at(0) / "file", at(1) / "copied")),
+    "shutil.copytree": ((1,), lambda at: shutil.copytree(at(0) / "tree", at(1) / "copied_tree")),
+    "shutil.move": ((0, 1), lambda at: shutil.move(at(0) / "file", at(1) / "moved")),
+    "shutil.unpack_archive": ((1,), lambda at: shutil.unpack_archive(at(0) / "tree.zip", at(1) / "unpacked")),
+    "shutil.make_archive": ((0,), lambda at: shutil.make_archive(str(at(0) / "made"), "zip", at(2) / "tree")),
+    "sqlite3.connect": ((0,), lambda at: sqlite3.connect(at(0) / "made.db").close()),
+}
+# Those whose audit event also says which directory a relative path is taken from, through `dir_fd`.
+RELATIVE_PATH_CHANGES = {
+    "os.mkdir": lambda fd: os.mkdir("made", dir_fd=fd),
+    "os.rmdir": lambda fd: os.rmdir("empty", dir_fd=fd),
+    "os.remove": lambda fd: os.remove("file", dir_fd=fd),
+    "os.symlink": lambda fd: os.symlink("file", "symlinked", dir_fd=fd),
+    "os.chmod": lambda fd: os.chmod("file", 0o600, dir_fd=fd),
+    "os.chown": lambda fd: os.chown("file", os.getuid(), os.getgid(), dir_fd=fd),
+    "os.mkfifo": lambda fd: os.mkfifo("fifo", dir_fd=fd),
+    "os.mknod": lambda fd: os.mknod("node", stat.S_IFREG | 0o600, dir_fd=fd),
+}
+
+
+def run_and_outside(tmp_path: Path) -> tuple[Path, Path]:
+    """Two dirs of the same files: the run's, which it may write, and one outside it."""
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    for folder in (run, outside):
+        (folder / "empty").mkdir(parents=True)
+        (folder / "tree").mkdir()
+        (folder / "tree" / "leaf").write_text("leaf")
+        (folder / "file").write_text("the user's own file")
+        shutil.make_archive(str(folder / "tree"), "zip", folder / "tree")
+    return run, outside
+
+
+def contents(folder: Path) -> dict[str, tuple]:
+    return {str(path): (path.lstat().st_mode, path.lstat().st_mtime_ns) for path in sorted(folder.rglob("*"))}
+
+
+def test_every_audited_operation_that_changes_a_path_is_named_here():
+    assert set(PATH_CHANGES) == set(CHANGES_PATHS)
+    assert set(RELATIVE_PATH_CHANGES) == set(DIR_FD_ARGUMENT)
+
+
+@pytest.mark.parametrize(
+    ("event", "position"), [(event, position) for event, (changed, _) in PATH_CHANGES.items() for position in changed]
+)
+def test_an_operation_that_would_change_a_path_outside_the_run_is_refused_before_it_does(
+    event: str, position: int, tmp_path: Path
+):
+    run, outside = run_and_outside(tmp_path)
+    before = contents(outside)
+    _, operation = PATH_CHANGES[event]
+    refused = pytest.raises(ActedOutsideTheRun, match=rf"tried to write .*{outside}")
+    with refused, Confinement("ckpt_path=x", (run,), False, "fix"):
+        operation(lambda at: outside if at == position else run)
+    assert contents(outside) == before
+
+
+@pytest.mark.parametrize("event", list(PATH_CHANGES))
+def test_an_operation_that_changes_paths_in_the_run_goes_on_whatever_it_reads_outside(event: str, tmp_path: Path):
+    """Copying, linking or unpacking from outside into the run is the run's own business."""
+    run, outside = run_and_outside(tmp_path)
+    changed, operation = PATH_CHANGES[event]
+    with Confinement("ckpt_path=x", (run,), False, "fix"), contextlib.suppress(OSError):  # xattrs: the filesystem's
+        operation(lambda at: run if at in changed else outside)
+
+
+@pytest.mark.parametrize("event", list(RELATIVE_PATH_CHANGES))
+def test_a_relative_path_is_judged_from_its_dir_fd_for_every_operation_that_takes_one(
+    event: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """From the run's working dir, a relative path in a dir outside is refused; from outside, one in the run's dir
+    goes on."""
+    run, outside = run_and_outside(tmp_path)
+    before = contents(outside)
+    descriptors = {folder: os.open(folder, os.O_RDONLY) for folder in (run, outside)}
+    try:
+        monkeypatch.chdir(run)
+        with pytest.raises(ActedOutsideTheRun), Confinement("ckpt_path=x", (run,), False, "fix"):
+            RELATIVE_PATH_CHANGES[event](descriptors[outside])
+        monkeypatch.chdir(outside)
+        with Confinement("ckpt_path=x", (run,), False, "fix"):
+            RELATIVE_PATH_CHANGES[event](descriptors[run])
+    finally:
+        for descriptor in descriptors.values():
+            os.close(descriptor)
+    assert contents(outside) == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "writes"),
+    [
+        (os.O_RDONLY, False),
+        (os.O_RDONLY | os.O_APPEND, False),
+        (os.O_WRONLY, True),
+        (os.O_RDWR, True),
+        (os.O_RDONLY | os.O_CREAT, True),
+        (os.O_RDONLY | os.O_TRUNC, True),
+    ],
+    ids=["read", "read, append", "write", "read and write", "create", "truncate"],
+)
+def test_opening_a_file_outside_the_run_is_refused_where_its_flags_change_the_disk(
+    flags: int, writes: bool, tmp_path: Path
+):
+    """`os.open` says by its flags alone whether it writes: to, creates or truncates the file (appending needs one
+    of the write modes to write anything)."""
+    run, outside = run_and_outside(tmp_path)
+    with contextlib.ExitStack() as stack:
+        if writes:
+            stack.enter_context(pytest.raises(ActedOutsideTheRun, match="tried to write"))
+        stack.enter_context(Confinement("ckpt_path=x", (run,), False, "fix"))
+        os.close(os.open(outside / "file", flags))
+    assert (outside / "file").read_text() == "the user's own file"
+
+
+def test_hydra_1_4s_whitelist_of_a_job_is_its_configs_and_hydras_targets_then_the_patterns_it_trusts():
+    """The whitelist `hydra.main` gives a job on Hydra 1.4 (`job_whitelist`), and that of a rebuilt run
+    (`as_whitelist`): exact names sorted, then the user's `<package>.*` as typed."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), as_a_run_holds_it() as hydra_node:
+        overrides = ["+trusted_targets.mine=my_project.*", "hydra/launcher=basic"]
+        cfg = hydra_node(compose("train", overrides=overrides, return_hydra_config=True))
+        listed = job_whitelist(cfg)
+        patterns = TrustedTargets.of(OmegaConf.to_container(cfg, resolve=True)).patterns
+    assert "project.example.module.ClassifierModule" in listed, "the config's own target"
+    assert "hydra._internal.core_plugins.basic_launcher.BasicLauncher" in listed, "Hydra's launcher"
+    assert listed[-1] == "my_project.*" and tuple(listed[-len(patterns) :]) == patterns
+    assert listed[: -len(patterns)] == sorted(listed[: -len(patterns)])
+    trust = TrustedTargets.of({"model": {"_target_": "my_project.Module"}, "trusted_targets": {"t": "torchvision.*"}})
+    assert trust.as_whitelist() == ["my_project.Module", "torchvision.*"]

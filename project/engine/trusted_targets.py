@@ -258,7 +258,19 @@ CHANGES_PATHS = {
     "sqlite3.connect": (0,),
 }
 # The argument holding the directory a relative path of the event is taken from (`dir_fd`), where it has one.
-DIR_FD_ARGUMENT = {"os.mkdir": 2, "os.rmdir": 1, "os.remove": 1, "os.symlink": 2, "os.chmod": 2, "os.chown": 3}
+DIR_FD_ARGUMENT = {
+    "os.mkdir": 2,
+    "os.rmdir": 1,
+    "os.remove": 1,
+    "os.symlink": 2,
+    "os.chmod": 2,
+    "os.chown": 3,
+    "os.mkfifo": 2,
+    "os.mknod": 2,
+}
+# Calls that change a path and that Python does not audit (3.11 raises no event for them): `install_audit_hook` has
+# them raise their event, with the arguments (path, mode, dir_fd), before they run.
+UNAUDITED = ("mkfifo", "mknod")
 CONNECTS = {
     "socket.connect",
     "socket.sendto",
@@ -277,7 +289,8 @@ CONNECTS = {
     "webbrowser.open",
 }
 STARTS_PROGRAMS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.startfile"}
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# The flags of an `open` that change the disk (appending writes nothing without a write mode).
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC
 
 
 class ActedOutsideTheRun(UntrustedConfig):
@@ -388,7 +401,21 @@ def install_audit_hook() -> None:
     global AUDIT_HOOK_INSTALLED
     if not AUDIT_HOOK_INSTALLED:
         sys.addaudithook(audit)
+        for name in UNAUDITED:
+            if hasattr(os, name):
+                setattr(os, name, raising_its_event(getattr(os, name), f"os.{name}"))
         AUDIT_HOOK_INSTALLED = True
+
+
+def raising_its_event(function: Callable, event: str) -> Callable:
+    """`function` (`os.mkfifo(path, mode, ...)`, `os.mknod`) raising `event` first, as an audited call does."""
+
+    @functools.wraps(function)
+    def audited(path: Any, *args: Any, dir_fd: int | None = None, **kwargs: Any) -> Any:
+        sys.audit(event, path, args[0] if args else kwargs.get("mode"), -1 if dir_fd is None else dir_fd)
+        return function(path, *args, dir_fd=dir_fd, **kwargs)
+
+    return audited
 
 
 def audit(event: str, arguments: tuple) -> None:
