@@ -52,3 +52,22 @@ def test_the_killing_test_is_named_whole_even_where_its_parameters_hold_spaces()
     assert mutants.FAILED_LINE.search("ERROR tests/test_x.py::test_y - fixture failed").group(1) == (
         "tests/test_x.py::test_y"
     )
+
+
+def test_the_tests_that_killed_mutants_of_the_same_line_run_first_then_the_modules_other_killers():
+    done = [
+        mutants.Outcome("m", 7, "a → b", True, "t.py::other"),
+        mutants.Outcome("m", 9, "c → d", True, "t.py::trained_second"),
+        mutants.Outcome("m", 9, "c → e", True, "t.py::trained_second"),
+        mutants.Outcome("m", 3, "f → g", True, "t.py::quick"),
+        mutants.Outcome("m", 7, "a → h", False, "t.py::trained_first"),  # survived: named nothing it killed
+        mutants.Outcome("m", 4, "i → j", True, "timeout"),
+    ]
+    assert mutants.likeliest_killers_first(TESTS, 7, done) == [
+        "t.py::other",
+        "t.py::trained_second",
+        "t.py::quick",
+        "t.py::trained_first",
+        "t.py::skipped_under_coverage",
+    ]
+    assert mutants.likeliest_killers_first(TESTS, 1, []) == TESTS
