@@ -122,3 +122,27 @@ def test_a_metric_named_with_a_prefix_that_is_no_stage_has_its_own_line_in_the_r
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if line[:1] not in ("-", " ")}
     assert (rows["acc"], rows["lr-Adam/pg1"], rows["gan/d_loss"]) == (["-", "0.7500", "-"], ["0.0100"], ["0.5000"])
     assert "pg1" not in rows and "d_loss" not in rows
+
+
+def test_the_results_tables_columns_line_up_under_a_long_metric_name():
+    """The names' column is as wide as the longest name and two spaces, at least 10: each value right-aligned in 10
+    characters after it, in every row and the header, a metric of no stage's too."""
+    run = {"epochs": 1, "world_size": 1, "fit_seconds": 1.0, "samples_per_second": 10.0, "run_dir": "/runs/0"}
+    table = format_results_table({"val/reconstruction_loss": 0.25, "test/acc": 1.0, "lr-Adam": 0.01, **run})
+    assert table.splitlines()[:7] == [
+        "-" * 51,
+        "Results",
+        "-" * 51,
+        " " * 21 + "     train       val      test",
+        "reconstruction_loss           -    0.2500         -",
+        "acc                           -         -    1.0000",
+        "lr-Adam                  0.0100",
+    ]
+    short = format_results_table({"val/acc": 0.5, **run}).splitlines()
+    assert short[:5] == [
+        "-" * 48,
+        "Results",
+        "-" * 48,
+        " " * 10 + "     train       val      test",
+        "acc" + " " * 16 + "-    0.5000         -",
+    ]
