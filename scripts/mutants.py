@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -210,10 +211,16 @@ def scratch_copy() -> Iterator[Path]:
         yield copy
 
 
+def guard_tests_command(paths: list[str]) -> list[str]:
+    """A mutant's pytest, run in the copy (the current dir) by the tests' preloaded Python's shim, so that it is
+    forked (`preloaded_pytest`)."""
+    return [str(REPO / "tests" / "preloaded_bin" / "python"), "-m", "pytest", *PYTEST_OPTIONS, *paths]
+
+
 def mutant_test_command(paths: list[str]) -> str:
-    """The command cosmic-ray runs (split as a shell would, run in the copy, which is the current dir): the tests'
-    preloaded Python's shim, so that the pytest is forked (`preloaded_pytest`)."""
-    return " ".join([str(REPO / "tests" / "preloaded_bin" / "python"), "-m", "pytest", *PYTEST_OPTIONS, *paths])
+    """The command cosmic-ray runs (split as a shell would): `guard_tests_command` with its stderr in the output
+    cosmic-ray keeps, where pytest reports a conftest that does not import."""
+    return shlex.join(["sh", "-c", shlex.join(guard_tests_command(paths)) + " 2>&1"])
 
 
 @contextmanager
@@ -310,7 +317,7 @@ class FailsUnmutated:
 
     def __call__(self, test: str) -> bool:
         if test not in self.known:
-            command = mutant_test_command([test]).split()
+            command = guard_tests_command([test])
             self.known[test] = subprocess.run(command, capture_output=True).returncode != 0
         return self.known[test]
 
@@ -357,6 +364,8 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
         return Outcome(module, spec.start_pos[0], edit, False, "")
     if output == "timeout":
         return Outcome(module, spec.start_pos[0], edit, True, "timeout")
+    if failed is None and "while loading conftest" in output:  # the mutant stops the project importing at all
+        return Outcome(module, spec.start_pos[0], edit, True, "the guard files' conftest does not import")
     if failed is None:  # no test failed, yet pytest did: a usage error, no tests collected
         last = output.strip().splitlines()[-1] if output.strip() else "no output"
         return Outcome(module, spec.start_pos[0], edit, False, f"pytest failed without a failing test: {last}")
