@@ -146,3 +146,20 @@ def test_the_results_tables_columns_line_up_under_a_long_metric_name():
         " " * 10 + "     train       val      test",
         "acc" + " " * 16 + "-    0.5000         -",
     ]
+
+
+@pytest.mark.parametrize("stage", ["test", "predict"])
+def test_a_test_or_prediction_prints_a_line_at_each_of_its_steps_counted_from_one(stage: str, capsys):
+    """Four lines an epoch over four batches: steps 1/4 to 4/4, whichever dataloader's count (`test step 3/4`)."""
+    lines = ProgressLines(lines_per_epoch=4)
+    trainer = L.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[lines],
+        limit_test_batches=4,
+        limit_predict_batches=4,
+    )
+    getattr(trainer, stage)(BoringModel())
+    printed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith(stage)]
+    assert printed == [f"{stage} step {step}/4" for step in (1, 2, 3, 4)]
