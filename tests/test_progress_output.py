@@ -1,6 +1,7 @@
 """What a log file holds of a run (a Slurm `.out`, CI, a pipe: standard output and error in one file): progress as
 plain lines, no carriage-return redraws, and a failed run's `error:` line on a line of its own, last."""
 
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -163,3 +164,22 @@ def test_a_test_or_prediction_prints_a_line_at_each_of_its_steps_counted_from_on
     getattr(trainer, stage)(BoringModel())
     printed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith(stage)]
     assert printed == [f"{stage} step {step}/4" for step in (1, 2, 3, 4)]
+
+
+def test_an_epoch_of_ten_steps_in_four_lines_prints_every_third_step_and_its_last(capsys):
+    """`lines_per_epoch` lines at most, at every ceil(steps / lines)-th step, and the epoch's last; an epoch of no known
+    length (an iterable dataset) at every 100th step, with no total."""
+    lines = ProgressLines(lines_per_epoch=4)
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_model_summary=False, callbacks=[lines])
+    for step in range(1, 11):
+        lines.step_line("epoch 0", step, 10, trainer, BoringModel())
+    for step in range(1, 201):
+        lines.step_line("epoch 1", step, math.inf, trainer, BoringModel())
+    assert capsys.readouterr().out.splitlines() == [
+        "epoch 0 step 3/10",
+        "epoch 0 step 6/10",
+        "epoch 0 step 9/10",
+        "epoch 0 step 10/10",
+        "epoch 1 step 100",
+        "epoch 1 step 200",
+    ]
