@@ -391,10 +391,11 @@ class Results:
         self.path = REPO / "outputs" / "mutants" / f"{name}.jsonl"
         self.fingerprint = fingerprint
         self.done: dict[str, Outcome] = {}
+        self.earlier: dict[str, Outcome] = {}  # the latest outcome of each mutant under another fingerprint
         lines = self.path.read_text().splitlines() if self.path.is_file() else []
         for line in map(json.loads, lines):
-            if line.pop("fingerprint") == fingerprint:
-                self.done[line["key"]] = Outcome(**line)
+            kept = self.done if line.pop("fingerprint") == fingerprint else self.earlier
+            kept[line["key"]] = Outcome(**line)
 
     def add(self, outcome: Outcome) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -475,17 +476,20 @@ def run_module_mutants(module: str, guard_files: list[str], arguments: argparse.
     for spec in waiting:
         selected = None if test_map is None else test_map.tests_running(spec, first_line)
         if selected:
-            selected = likeliest_killers_first(selected, spec.start_pos[0], results.done.values())
+            earlier = results.earlier.get(mutant_key(spec))
+            killer = earlier.by if earlier and earlier.killed and earlier.line == spec.start_pos[0] else None
+            selected = likeliest_killers_first(selected, spec.start_pos[0], results.done.values(), killer)
         results.add(run_mutant(spec, selected, guard_files, arguments.timeout, fails_unmutated))
     outcomes = [results.done[mutant_key(spec)] for spec in specs]
     return [outcome for outcome in outcomes if outcome.by != "not applied"]
 
 
-def likeliest_killers_first(selected: list[str], line: int, done) -> list[str]:
-    """`selected` with the tests that killed a mutant of the same line first, then those that killed any of the
-    module's, the most often first: mutants of one statement tend to fail the same test (mutmut's order too). The
-    verdict is the same in any order; only the time to it changes."""
-    kills: dict[str, int] = {}
+def likeliest_killers_first(selected: list[str], line: int, done, killer: str | None = None) -> list[str]:
+    """`selected` with `killer` first (the test that killed this mutant before its module or guard files changed),
+    then the tests that killed a mutant of the same line, then those that killed any of the module's, the most often
+    first: mutants of one statement tend to fail the same test (mutmut's order too). The verdict is the same in any
+    order, each mutant run again against every selected test that may be needed; only the time to it changes."""
+    kills: dict[str, int] = {killer: 10**6} if killer else {}
     for outcome in done:
         if outcome.killed and "::" in outcome.by:
             kills[outcome.by] = kills.get(outcome.by, 0) + (1000 if outcome.line == line else 1)

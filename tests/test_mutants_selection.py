@@ -71,3 +71,7 @@ def test_the_tests_that_killed_mutants_of_the_same_line_run_first_then_the_modul
         "t.py::skipped_under_coverage",
     ]
     assert mutants.likeliest_killers_first(TESTS, 1, []) == TESTS
+    assert mutants.likeliest_killers_first(TESTS, 7, done, killer="t.py::trained_first")[:2] == [
+        "t.py::trained_first",
+        "t.py::other",
+    ]
