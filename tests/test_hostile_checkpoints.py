@@ -1176,12 +1176,17 @@ def test_hydra_1_4s_whitelist_of_a_job_is_its_configs_and_hydras_targets_then_th
     """The whitelist `hydra.main` gives a job on Hydra 1.4 (`job_whitelist`), and that of a rebuilt run
     (`as_whitelist`): exact names sorted, then the user's `<package>.*` as typed."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), as_a_run_holds_it() as hydra_node:
-        overrides = ["+trusted_targets.mine=my_project.*", "hydra/launcher=basic"]
+        both = "project.engine.run_dir.RunDirCheck"  # a callback of Hydra's, named by the job's config too
+        overrides = ["+trusted_targets.mine=my_project.*", "hydra/launcher=basic", f"+callbacks.mine._target_={both}"]
         cfg = hydra_node(compose("train", overrides=overrides, return_hydra_config=True))
         listed = job_whitelist(cfg)
-        patterns = TrustedTargets.of(OmegaConf.to_container(cfg, resolve=True)).patterns
+        trust = TrustedTargets.of(OmegaConf.to_container(cfg, resolve=True))
+        rebuilt = trust.as_whitelist()  # with the config files' targets, the run's own among them
+    patterns = trust.patterns
     assert "project.example.module.ClassifierModule" in listed, "the config's own target"
     assert "hydra._internal.core_plugins.basic_launcher.BasicLauncher" in listed, "Hydra's launcher"
+    assert both in listed
+    assert "project.example.module.ClassifierModule" in rebuilt and "project.example.data.ToyDataModule" in rebuilt
     assert listed[-1] == "my_project.*" and tuple(listed[-len(patterns) :]) == patterns
     assert listed[: -len(patterns)] == sorted(listed[: -len(patterns)])
     trust = TrustedTargets.of({"model": {"_target_": "my_project.Module"}, "trusted_targets": {"t": "torchvision.*"}})
