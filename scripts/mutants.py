@@ -430,7 +430,7 @@ def test_map_of(module_path: Path, guard_files: list[str], results: Results, tim
     return test_map
 
 
-def report(module: str, outcomes: list[Outcome], seconds: float, total: int) -> None:
+def report(module: str, module_path: Path, outcomes: list[Outcome], seconds: float, total: int) -> None:
     killed = sum(outcome.killed for outcome in outcomes)
     not_run = sum(outcome.by == NOT_RUN for outcome in outcomes)
     rate = f"{100 * killed / len(outcomes):.0f} %" if outcomes else "-"
@@ -443,12 +443,17 @@ def report(module: str, outcomes: list[Outcome], seconds: float, total: int) -> 
     for outcome in sorted(outcomes, key=lambda outcome: (outcome.killed, outcome.line)):
         verdict = "killed" if outcome.killed else "survived"
         by = f"  [{outcome.by}]" if outcome.by else ""
-        print(f"  {verdict} project/engine/{module}.py:{outcome.line}: {outcome.edit}{by}", flush=True)
+        print(f"  {verdict} {module_path}:{outcome.line}: {outcome.edit}{by}", flush=True)
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python scripts/mutants.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("modules", nargs="*", help="engine modules to mutate (default: every one the route names)")
+    parser.add_argument(
+        "modules",
+        nargs="*",
+        help="engine modules to mutate (default: every one the route names), or `optional`: every module of the "
+        "optional parts, each against its part's tests (tests/optional/<part>/), or `optional/<part>`",
+    )
     parser.add_argument("--sample", type=int, default=0, help="mutants per module, drawn at random (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a mutant's guard files may run")
@@ -460,10 +465,12 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_module_mutants(module: str, guard_files: list[str], arguments: argparse.Namespace, fails_unmutated) -> list:
+def run_module_mutants(
+    module: str, module_path: Path, guard_files: list[str], arguments: argparse.Namespace, fails_unmutated
+) -> list:
     """A module's chosen mutants, those finished in an earlier run read from its results, the others run now."""
-    module_path = Path("project") / "engine" / f"{module}.py"
-    name = f"{module}.every-guard-test" if arguments.every_guard_test else module
+    name = module.replace("/", ".")
+    name = f"{name}.every-guard-test" if arguments.every_guard_test else name
     results = Results(name, fingerprint(module_path, guard_files))
     specs = chosen_mutants(module_path, arguments.sample, arguments.seed)
     waiting = [spec for spec in specs if mutant_key(spec) not in results.done]
@@ -496,30 +503,48 @@ def likeliest_killers_first(selected: list[str], line: int, done, killer: str | 
     return sorted(selected, key=lambda test: -kills.get(test, 0))
 
 
+def optional_modules(asked: str) -> dict[str, tuple[Path, list[str]]]:
+    """The optional parts' modules `asked` names (`optional`, or `optional/<part>`), each with its part's tests: what
+    a maintainer of the part runs (each part's tests are its own folder, deleted with it)."""
+    found = {}
+    for path in sorted((REPO / "project" / "optional").glob("*/*.py")):
+        part = path.parent.name
+        tests = REPO / "tests" / "optional" / part
+        if path.name != "__init__.py" and tests.is_dir() and asked in ("optional", f"optional/{part}"):
+            found[f"optional/{part}/{path.stem}"] = (path.relative_to(REPO), [f"tests/optional/{part}"])
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     guards = route_table_guards()
-    modules = arguments.modules or list(guards)
-    unknown = sorted(set(modules) - set(guards))
-    if unknown:
-        print(f"error: no route-table row in docs/engine.md for {unknown}: name one of {sorted(guards)}")
-        return 2
+    targets = {}
+    for asked in arguments.modules or list(guards):
+        if asked in guards:
+            targets[asked] = (Path("project") / "engine" / f"{asked}.py", [f"tests/{name}" for name in guards[asked]])
+        elif asked.startswith("optional") and optional_modules(asked):
+            targets.update(optional_modules(asked))
+        else:
+            print(
+                f"error: no route-table row in docs/engine.md for {asked}, nor an optional part of that name: name one "
+                f"of {sorted(guards)}, `optional` or `optional/<part>`"
+            )
+            return 2
     started = time.monotonic()
     totals = [0, 0]
     with scratch_copy() as copy, preloaded_pytest(copy):
         os.chdir(copy)
         os.environ["PYTHONPATH"] = str(copy)
         fails_unmutated = FailsUnmutated()
-        for module in modules:
+        for module, (module_path, guard_files) in targets.items():
             module_started = time.monotonic()
-            guard_files = [f"tests/{name}" for name in guards[module]]
-            outcomes = run_module_mutants(module, guard_files, arguments, fails_unmutated)
-            total = len(mutants_of(copy / "project" / "engine" / f"{module}.py"))
-            report(module, outcomes, time.monotonic() - module_started, total)
+            outcomes = run_module_mutants(module, module_path, guard_files, arguments, fails_unmutated)
+            total = len(mutants_of(copy / module_path))
+            report(module, module_path, outcomes, time.monotonic() - module_started, total)
             totals[0] += sum(outcome.killed for outcome in outcomes)
             totals[1] += len(outcomes)
     if totals[1]:
-        print(f"engine: {totals[0]} of {totals[1]} killed ({100 * totals[0] / totals[1]:.0f} %)", end="")
+        print(f"in all: {totals[0]} of {totals[1]} killed ({100 * totals[0] / totals[1]:.0f} %)", end="")
     print(f", {time.monotonic() - started:.0f} s")
     return 0
 
