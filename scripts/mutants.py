@@ -149,7 +149,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         Path(os.environ[MAPPING_FACTS]).write_text(json.dumps(facts))
 
 
-NOT_RUN = "not run by its guard tests"
+# A mutant left out of the count: cosmic-ray found nothing to change, or what it made is no Python (`{+params}` of
+# `{**params}`), which no test could run.
+NOT_APPLIED, NOT_PYTHON = "not applied", "not Python"
 
 
 @dataclass
@@ -158,7 +160,7 @@ class Outcome:
     line: int
     edit: str
     killed: bool
-    by: str  # the killing test, "timeout", NOT_RUN, or what the guard files printed last where they survived
+    by: str  # the killing test, "timeout", NOT_APPLIED, NOT_PYTHON, or the guard files' last line where they survived
     key: str = ""  # the mutant within its module: cosmic-ray's operator and occurrence
     seconds: float = 0.0
     tests: int = 0  # guard tests selected for it (0: every guard file, as --every-guard-test runs them)
@@ -255,10 +257,11 @@ class TestMap:
     def tests_running(self, spec, first_line) -> list[str]:
         """The guard tests a mutant must run: those that ran its statement, with the tests sharing their fixtures
         (a fixture's lines count for the test that built it); all of them where the statement ran outside a test
-        (an import, at collection); none but the unmeasured where no test ran it."""
+        (an import, at collection), or where coverage saw no test run it: it does not see every line that runs
+        (Python runs an audit hook, the engine's `Confinement`, untraced)."""
         lines = {first_line(line) for line in range(spec.start_pos[0], spec.end_pos[0] + 1)}
         ran_it = set().union(*(self.statements.get(line, ()) for line in lines))
-        if not ran_it <= set(self.tests):  # "" among them: outside any test
+        if not ran_it or not ran_it <= set(self.tests):  # "" among them: outside any test
             return list(self.tests)
         shared = {self.groups[test] for test in ran_it if test in self.groups}
         chosen = ran_it | set(self.unmeasured) | {test for test, group in self.groups.items() if group in shared}
@@ -291,6 +294,20 @@ def mapping_pass(module_path: Path, guard_files: list[str], timeout: float) -> T
         statements.setdefault(first_line(line), set()).update(tests)
     runs = {line: sorted(tests) for line, tests in statements.items()}
     return TestMap(known["tests"], known["groups"], known["unmeasured"], runs)
+
+
+def is_python(spec) -> bool:
+    """Whether the module `spec` mutates still compiles."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import mutate_code
+
+    operator = cosmic_ray.plugins.get_operator(spec.operator_name)(**(getattr(spec, "operator_args", None) or {}))
+    mutated = mutate_code(Path(spec.module_path).read_text(), operator, spec.occurrence)
+    try:
+        compile(mutated or "", str(spec.module_path), "exec")
+    except SyntaxError:
+        return False
+    return True
 
 
 def first_lines(module_path: Path):
@@ -341,10 +358,8 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
     from cosmic_ray.work_item import TestOutcome
 
     module = spec.module_path.stem
-    if selected == []:  # applied only for its diff, by a command that runs nothing
-        result = mutate_and_test([spec], "true", timeout)
-        edit = edit_of(result.diff) if result.diff is not None else "not applied"
-        return Outcome(module, spec.start_pos[0], edit, False, NOT_RUN if result.diff is not None else "not applied")
+    if not is_python(spec):
+        return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_PYTHON)
     paths = guard_files if selected is None else sorted({test.split("::")[0] for test in selected})
     with tempfile.NamedTemporaryFile("w", suffix=".json") as chosen:
         if selected is not None:
@@ -356,7 +371,7 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
         finally:
             os.environ.pop(SELECTED_TESTS, None)
     if result.diff is None:
-        return Outcome(module, spec.start_pos[0], spec.operator_name, False, "not applied")
+        return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_APPLIED)
     output = result.output or ""
     failed = FAILED_LINE.search(output)
     edit = edit_of(result.diff)
@@ -432,11 +447,10 @@ def test_map_of(module_path: Path, guard_files: list[str], results: Results, tim
 
 def report(module: str, module_path: Path, outcomes: list[Outcome], seconds: float, total: int) -> None:
     killed = sum(outcome.killed for outcome in outcomes)
-    not_run = sum(outcome.by == NOT_RUN for outcome in outcomes)
     rate = f"{100 * killed / len(outcomes):.0f} %" if outcomes else "-"
     mean = sum(outcome.seconds for outcome in outcomes) / len(outcomes) if outcomes else 0
     print(
-        f"{module}: {killed} of {len(outcomes)} killed ({rate}; {total} mutants in all; {not_run} {NOT_RUN}), "
+        f"{module}: {killed} of {len(outcomes)} killed ({rate}; {total} mutants in all, those not Python left out), "
         f"{seconds:.0f} s this run, {mean:.1f} s a mutant",
         flush=True,
     )
@@ -488,7 +502,7 @@ def run_module_mutants(
             selected = likeliest_killers_first(selected, spec.start_pos[0], results.done.values(), killer)
         results.add(run_mutant(spec, selected, guard_files, arguments.timeout, fails_unmutated))
     outcomes = [results.done[mutant_key(spec)] for spec in specs]
-    return [outcome for outcome in outcomes if outcome.by != "not applied"]
+    return [outcome for outcome in outcomes if outcome.by not in (NOT_APPLIED, NOT_PYTHON)]
 
 
 def likeliest_killers_first(selected: list[str], line: int, done, killer: str | None = None) -> list[str]:

@@ -281,6 +281,7 @@ class PreloadedPython:
         self.directory = Path(os.environ.get("TMPDIR", "/tmp")) / f"preloaded-python-{os.getpid()}"
         self.directory.mkdir(exist_ok=True)
         self.socket_path = str(self.directory / "socket")
+        Path(self.socket_path).unlink(missing_ok=True)  # left by a killed process that had this pid before
         env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "OMP_NUM_THREADS")}
         self.server = subprocess.Popen(
             [sys.executable, "-m", "tests.preloaded_python", self.socket_path],

@@ -35,8 +35,9 @@ def test_a_statement_run_outside_any_test_or_by_an_unknown_one_runs_every_guard_
     assert len(chosen(10, 30)) == 5
 
 
-def test_a_statement_no_guard_test_ran_runs_only_the_tests_whose_outcome_is_unknown():
-    assert chosen(50) == ["t.py::skipped_under_coverage"]
+def test_a_statement_coverage_saw_no_guard_test_run_runs_every_guard_test():
+    """Coverage does not see every line that runs (an audit hook runs untraced): no record is no proof."""
+    assert chosen(50) == TESTS
 
 
 def test_the_killing_test_is_named_whole_even_where_its_parameters_hold_spaces():
