@@ -175,6 +175,8 @@ def test_an_epoch_of_ten_steps_in_four_lines_prints_every_third_step_and_its_las
         lines.step_line("epoch 0", step, 10, trainer, BoringModel())
     for step in range(1, 201):
         lines.step_line("epoch 1", step, math.inf, trainer, BoringModel())
+    for step in range(1, 1002):  # a count Python does not keep one object of (above 256): still the last step
+        lines.step_line("epoch 2", step, int("1001"), trainer, BoringModel())
     assert capsys.readouterr().out.splitlines() == [
         "epoch 0 step 3/10",
         "epoch 0 step 6/10",
@@ -182,4 +184,8 @@ def test_an_epoch_of_ten_steps_in_four_lines_prints_every_third_step_and_its_las
         "epoch 0 step 10/10",
         "epoch 1 step 100",
         "epoch 1 step 200",
+        "epoch 2 step 251/1001",
+        "epoch 2 step 502/1001",
+        "epoch 2 step 753/1001",
+        "epoch 2 step 1001/1001",
     ]
