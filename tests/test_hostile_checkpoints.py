@@ -1191,3 +1191,18 @@ def test_hydra_1_4s_whitelist_of_a_job_is_its_configs_and_hydras_targets_then_th
     assert listed[: -len(patterns)] == sorted(listed[: -len(patterns)])
     trust = TrustedTargets.of({"model": {"_target_": "my_project.Module"}, "trusted_targets": {"t": "torchvision.*"}})
     assert trust.as_whitelist() == ["my_project.Module", "torchvision.*"]
+
+
+@pytest.mark.parametrize("database", ["", ":memory:"])
+def test_an_in_memory_sqlite_database_is_no_write_wherever_the_run_works(
+    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """sqlite3's in-memory databases (Optuna's default storage among them) touch no file: they open even from a working
+    dir outside the run, where a database file of that name would be refused."""
+    run, outside = run_and_outside(tmp_path)
+    monkeypatch.chdir(outside)
+    with Confinement("ckpt_path=x", (run,), False, "fix"):
+        sqlite3.connect(database).close()
+    with pytest.raises(ActedOutsideTheRun), Confinement("ckpt_path=x", (run,), False, "fix"):
+        sqlite3.connect("memory.db").close()
+    assert not (outside / "memory.db").exists()
