@@ -1206,3 +1206,26 @@ def test_an_in_memory_sqlite_database_is_no_write_wherever_the_run_works(
     with pytest.raises(ActedOutsideTheRun), Confinement("ckpt_path=x", (run,), False, "fix"):
         sqlite3.connect("memory.db").close()
     assert not (outside / "memory.db").exists()
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda folder: os.chmod(folder, 0o700),
+        lambda folder: os.chown(folder, os.getuid(), os.getgid()),
+        lambda folder: os.utime(folder, (0, 0)),
+    ],
+    ids=["chmod", "chown", "utime"],
+)
+def test_only_making_a_dir_that_exists_outside_the_run_goes_on_and_nothing_else_done_to_it(
+    operation: Callable[[Path], object], tmp_path: Path
+):
+    """`os.mkdir` of a dir that is there changes nothing (the way to a run dir is made so); changing that dir is no
+    such case."""
+    run, outside = run_and_outside(tmp_path)
+    before = contents(outside)
+    with Confinement("ckpt_path=x", (run,), False, "fix"), contextlib.suppress(FileExistsError):
+        os.mkdir(outside)
+    with pytest.raises(ActedOutsideTheRun), Confinement("ckpt_path=x", (run,), False, "fix"):
+        operation(outside)
+    assert contents(outside) == before
