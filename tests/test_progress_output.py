@@ -189,3 +189,30 @@ def test_an_epoch_of_ten_steps_in_four_lines_prints_every_third_step_and_its_las
         "epoch 2 step 753/1001",
         "epoch 2 step 1001/1001",
     ]
+
+
+def test_a_run_that_logged_nothing_and_kept_no_history_says_so_in_its_results_table():
+    """No metric, no header row; no speed (no history kept) and no wall time: said, not a number made up."""
+    run = {"epochs": 0, "world_size": 2, "fit_seconds": math.nan, "samples_per_second": None, "run_dir": "/runs/0"}
+    assert format_results_table(run).splitlines()[3:-1] == [
+        "metrics     none logged (self.log in the module's steps puts them here)",
+        "epochs      0",
+        "processes   2",
+        "wall time   - (fit: train + validation)",
+        "samples/s   - (not known: no history was kept, or a batch's size could not be read)",
+        "weights     last (val and test)",
+        "run dir     /runs/0",
+    ]
+
+
+def test_a_progress_line_shows_every_metric_but_lightnings_version_number_floats_in_four_digits(capsys):
+    """Ten lines an epoch by default; each with what the module logs to the bar, in its order."""
+    lines = ProgressLines()
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_model_summary=False, callbacks=[lines])
+    shown = {"v_num": 3, "val/acc": 0.123456, "a": 1.0, "x_count": 7}
+    lines.get_metrics = lambda trainer, module: shown
+    for step in range(1, 201):
+        lines.step_line("epoch 0", step, 200, trainer, BoringModel())
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == [f"epoch 0 step {step}/200" for step in range(20, 201, 20)]
+    assert printed[0] == "epoch 0 step 20/200: val/acc 0.1235, a 1, x_count 7"
