@@ -3,6 +3,7 @@ every other key still there, the optimised metric first. tests/test_tensorboard_
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -13,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import metadata
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from project.engine.reports import log_to_tensorboard
+from project.engine.reports import log_hyperparameters, log_to_tensorboard
 from project.engine.upstream import VERSION_BASE
 from tests.helpers import CONF_DIR, requires
 
@@ -40,7 +41,7 @@ def test_the_keys_a_run_chose_are_marked_differing_and_the_optimised_metric_come
     experiment = metadata.parse_experiment_plugin_data(events.PluginTagToContent("hparams")[metadata.EXPERIMENT_TAG])
     assert {info.name for info in experiment.hparam_infos if info.differs} == chosen
     assert {"seed", "data/_target_", "trainer/max_epochs"} <= {info.name for info in experiment.hparam_infos}
-    assert [metric.name.tag for metric in experiment.metric_infos] == ["hp/val_acc", "hp/val_loss"]
+    assert [metric.name.tag for metric in experiment.metric_infos] == ["hp/val_acc", "hp/train_loss", "hp/val_loss"]
     assert events.Scalars("hp/val_acc")[0].value == 0.75
 
 
@@ -72,9 +73,49 @@ def logged_table(directory: Path, overrides: list[str]) -> EventAccumulator:
     for key in ("hydra", "run_dir"):  # as project.train logs it: the run dir is the run's name in the table
         config.pop(key)
     try:
-        log_to_tensorboard(logger, config, {"hp/val_loss": 0.5, "hp/val_acc": 0.75}, first_metric="hp/val_acc")
+        metrics = {"hp/train_loss": 0.25, "hp/val_loss": 0.5, "hp/val_acc": 0.75}  # one sorts before the first
+        log_to_tensorboard(logger, config, metrics, first_metric="hp/val_acc")
     finally:
         HydraConfig.instance().cfg = None
     events = EventAccumulator(str(directory / "tensorboard"))
     events.Reload()
     return events
+
+
+class Tracker:
+    """A tracker's logger (MLflow's, W&B's) as `log_hyperparameters` meets it: what it was given."""
+
+    def __init__(self) -> None:
+        self.params, self.metrics, self.saved = {}, {}, False
+
+    def log_hyperparams(self, params: dict) -> None:
+        self.params = params
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        self.metrics = {"step": step, **metrics}
+
+    def save(self) -> None:
+        self.saved = True
+
+
+def test_a_trackers_runs_table_gets_the_config_resolved_its_world_size_and_the_numeric_final_metrics():
+    """Without the run dir, callbacks and loggers (the run's name, and machinery); metrics named `hp/...`."""
+    tracker = Tracker()
+    trainer = SimpleNamespace(loggers=[tracker], world_size=2, global_step=7)
+    cfg = OmegaConf.create(
+        {
+            "model": {"lr": 0.1, "warmup_lr": "${model.lr}"},
+            "run_dir": "/runs/0",
+            "callbacks": {"a": 1},
+            "logger": {"b": 2},
+            "optimized_metric": "val/acc",
+        }
+    )
+    results = {"val/acc": 0.5, "note": "text", "epochs": 3, "world_size": 2, "run_dir": "/runs/0"}
+    log_hyperparameters(trainer, cfg, results)
+    assert tracker.params == {
+        "model": {"lr": 0.1, "warmup_lr": 0.1},
+        "optimized_metric": "val/acc",
+        "world_size": 2,
+    }
+    assert tracker.metrics == {"step": 7, "hp/val_acc": 0.5} and tracker.saved
