@@ -1205,7 +1205,9 @@ def test_an_in_memory_sqlite_database_is_no_write_wherever_the_run_works(
         sqlite3.connect(database).close()
     with pytest.raises(ActedOutsideTheRun), Confinement("ckpt_path=x", (run,), False, "fix"):
         sqlite3.connect("memory.db").close()
-    assert not (outside / "memory.db").exists()
+    with pytest.raises(ActedOutsideTheRun), Confinement("ckpt_path=x", (run,), False, "fix"):
+        os.mkdir(":memory:")  # the name is sqlite's alone
+    assert not (outside / "memory.db").exists() and not (outside / ":memory:").exists()
 
 
 @pytest.mark.parametrize(
