@@ -74,7 +74,8 @@ def logged_table(directory: Path, overrides: list[str]) -> EventAccumulator:
         config.pop(key)
     try:
         metrics = {"hp/train_loss": 0.25, "hp/val_loss": 0.5, "hp/val_acc": 0.75}  # one sorts before the first
-        log_to_tensorboard(logger, config, metrics, first_metric="hp/val_acc")
+        first = "/".join(["hp", "val_acc"])  # built as the run builds it, not the same object as the key
+        log_to_tensorboard(logger, config, metrics, first_metric=first)
     finally:
         HydraConfig.instance().cfg = None
     events = EventAccumulator(str(directory / "tensorboard"))
