@@ -17,6 +17,7 @@ PAGE = DocsPage(
         "make test-hydra1.4": THIS_SUITE + " (its in-process part on Hydra 1.4: .ci/run runs it after make test)",
         "make mutants SAMPLE=2 SEED=1": MUTANTS,
         "make mutants ARGS=checkpoints": MUTANTS,
+        'make mutants ARGS="optional --every-guard-test" SAMPLE=2 SEED=1': MUTANTS,
         "make golden": "it rewrites tests/golden/: tests/test_golden.py trains the same recipes and checks their "
         "curves, and its report line by line",
     },
