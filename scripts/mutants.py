@@ -534,10 +534,11 @@ def main(argv: list[str] | None = None) -> int:
     guards = route_table_guards()
     targets = {}
     for asked in arguments.modules or list(guards):
+        optional = optional_modules(asked) if asked.startswith("optional") else {}
         if asked in guards:
             targets[asked] = (Path("project") / "engine" / f"{asked}.py", [f"tests/{name}" for name in guards[asked]])
-        elif asked.startswith("optional") and optional_modules(asked):
-            targets.update(optional_modules(asked))
+        elif optional:
+            targets.update(optional)
         else:
             print(
                 f"error: no route-table row in docs/engine.md for {asked}, nor an optional part of that name: name one "
