@@ -20,6 +20,7 @@ from tests import preloaded_python
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SHOWN = 20
+FILES_SHOWN = 15
 
 
 def cpu_seconds() -> float:
@@ -90,6 +91,10 @@ class SuiteClock:
         write(f"{'CPU':>8}{'wall':>8}  test")
         for nodeid, test_wall, test_cpu in sorted(self.tests, key=lambda test: test[2], reverse=True)[:SHOWN]:
             write(f"{test_cpu:>7.1f}s{test_wall:>7.1f}s  {nodeid}")
+        write(f"the {FILES_SHOWN} test files that used the most CPU (a file's many small tests add up too):")
+        write(f"{'CPU':>8}{'tests':>7}  file")
+        for path, (file_cpu, count) in cpu_by_file(self.tests)[:FILES_SHOWN]:
+            write(f"{file_cpu:>7.1f}s{count:>7}  {path}")
         write(f"the {SHOWN} tests that waited longest (wall less CPU, setup and teardown included):")
         write(f"{'waited':>8}{'wall':>8}{'CPU':>8}  test")
         waits = sorted(self.tests, key=lambda test: test[1] - test[2], reverse=True)
@@ -97,5 +102,16 @@ class SuiteClock:
             write(f"{max(0.0, test_wall - test_cpu):>7.1f}s{test_wall:>7.1f}s{test_cpu:>7.1f}s  {nodeid}")
 
 
+def cpu_by_file(tests: list[tuple[str, float, float]]) -> list[tuple[str, tuple[float, int]]]:
+    """Each test file's CPU seconds and test count, the most CPU first."""
+    files: dict[str, tuple[float, int]] = {}
+    for nodeid, _, test_cpu in tests:
+        path = nodeid.split("::", 1)[0]
+        file_cpu, count = files.get(path, (0.0, 0))
+        files[path] = (file_cpu + test_cpu, count + 1)
+    return sorted(files.items(), key=lambda item: item[1][0], reverse=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SuiteClock(), "suite_clock")
+
