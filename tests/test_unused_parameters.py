@@ -57,22 +57,29 @@ def test_the_ddp_configs_pass_distributed_data_parallels_switches_without_a_plus
     assert strategy._ddp_kwargs == {"find_unused_parameters": True, "static_graph": True}
 
 
-LAUNCHES = pytest.mark.parametrize(
-    ("module", "launch"),
-    [(GAN, DDP), (GAN, DDP_SPAWN), (UNUSED_HEAD, DDP)],
-    ids=["gan-manual-optimisation-ddp", "gan-manual-optimisation-ddp_spawn", "unused-head-automatic-ddp"],
-)
+# Fresh interpreters for ddp_spawn's refusal: spawned workers forked from the tests' preloaded Python leave
+# multiprocessing's resource tracker a warning to print after the error line, which a user's run does not.
+SPAWNED_FRESH = pytest.mark.fresh
+
+
+def launches(spawned: tuple = ()) -> pytest.MarkDecorator:
+    """The three ways to meet parameters a loss leaves out; `spawned`: the marks of the ddp_spawn one."""
+    return pytest.mark.parametrize(
+        ("module", "launch"),
+        [
+            pytest.param(GAN, DDP, id="gan-manual-optimisation-ddp"),
+            pytest.param(GAN, DDP_SPAWN, id="gan-manual-optimisation-ddp_spawn", marks=spawned),
+            pytest.param(UNUSED_HEAD, DDP, id="unused-head-automatic-ddp"),
+        ],
+    )
 
 
 def run_name(module: list[str], launch: list[str]) -> str:
     return "-".join(arg.split("=")[1] for arg in module[:1] + launch[:1])
 
 
-# Fresh interpreters: spawned workers forked from the tests' preloaded Python leave multiprocessing's resource tracker a
-# warning to print after the error line, which a user's run does not.
 @pytest.mark.slow
-@pytest.mark.fresh
-@LAUNCHES
+@launches(spawned=SPAWNED_FRESH)
 def test_parameters_a_loss_leaves_out_end_the_run_in_one_line_naming_the_key(
     user_dir: Path, module: list[str], launch: list[str]
 ):
@@ -93,7 +100,7 @@ def test_parameters_a_loss_leaves_out_end_the_run_in_one_line_naming_the_key(
 
 
 @pytest.mark.slow
-@LAUNCHES
+@launches()
 def test_parameters_a_loss_leaves_out_train_with_the_key_the_error_line_names(
     user_dir: Path, module: list[str], launch: list[str]
 ):
@@ -106,7 +113,6 @@ def test_parameters_a_loss_leaves_out_train_with_the_key_the_error_line_names(
 
 
 @pytest.mark.slow
-@pytest.mark.fresh
 def test_a_static_graph_under_a_gan_is_refused_in_one_line_saying_to_turn_it_off(user_dir: Path):
     """The GAN's two steps use different parameters: DDP's static graph cannot hold them."""
     run = [f"hydra.searchpath=[file://{user_dir / 'my_conf'}]", *GAN, *DDP, "logger=none", "trainer.max_epochs=2"]

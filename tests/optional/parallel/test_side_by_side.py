@@ -31,7 +31,7 @@ from tests.helpers import check_ok, mnist_overrides, requires, run_module
 pytestmark = pytest.mark.slow
 SIDE_BY_SIDE = ("hydra/launcher=parallel", "hydra.launcher.devices=[0,1,2,3]", "hydra.launcher.devices_per_job=2")
 # Long enough that the stop comes while both first jobs train.
-EPOCHS = 600
+EPOCHS = 300
 GIVEN = re.compile(r"it sees CUDA_VISIBLE_DEVICES=(?P<gpus>[\w,]+), cores (?P<cores>[\d,]+)")
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]", re.MULTILINE)
 
