@@ -114,4 +114,3 @@ def cpu_by_file(tests: list[tuple[str, float, float]]) -> list[tuple[str, tuple[
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SuiteClock(), "suite_clock")
-
