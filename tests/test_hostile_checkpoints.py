@@ -29,7 +29,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -43,17 +43,20 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
+import project.engine.trusted_targets as trusted_targets_module
 from project.engine.checkpoints import check_shards, resume_path
 from project.engine.errors import UserError
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import (
     CHANGES_PATHS,
     DIR_FD_ARGUMENT,
+    UNAUDITED,
     ActedOutsideTheRun,
     Confinement,
     TrustedTargets,
     UntrustedConfig,
     check_stored_config,
+    composed_targets,
     config_sources,
     job_whitelist,
     named_in_config_files,
@@ -447,12 +450,18 @@ def test_a_stored_config_that_holds_anything_but_plain_data_is_refused_naming_wh
 
 
 @pytest.mark.parametrize(
-    "config",
-    [[{"model": {}}], {1: "a"}, {"model": {"network": {("a",): 1}}}],
-    ids=["a list", "a number as a key", "a tuple as a key"],
+    ("config", "words"),
+    [
+        ([{"model": {}}], "is a list, not a mapping of keys to values"),
+        ({1: "a", 2: "b"}, "holds a key that is not a string (1) at its top"),
+        ({"model": {"network": {("a",): 1}}}, "holds a key that is not a string (('a',)) at model.network"),
+    ],
+    ids=["a list", "numbers as keys", "a tuple as a key"],
 )
-def test_a_stored_config_that_is_no_mapping_of_names_is_refused(config: object):
-    with pytest.raises(UntrustedConfig, match=r"^ckpt_path=x: its stored config (is a list|holds a )"):
+def test_a_stored_config_that_is_no_mapping_of_names_is_refused_naming_the_first_odd_key_and_where(
+    config: object, words: str
+):
+    with pytest.raises(UntrustedConfig, match="^" + re.escape(f"ckpt_path=x: its stored config {words}")):
         check_stored_config(config, "ckpt_path=x", TrustedTargets.of({}))
 
 
@@ -539,6 +548,65 @@ def test_trusted_targets_that_is_not_names_mapped_to_targets_is_refused_in_one_l
         UserError, match=r"^trusted_targets must map names to targets .*: e\.g\. \+trusted_targets\.mine="
     ):
         TrustedTargets.of({"model": {"_target_": "my_project.Module"}, "trusted_targets": given})
+
+
+def test_the_trust_hint_for_a_name_of_no_package_is_that_name():
+    """A dotted name may be one name (`print`): its hint trusts it under that name."""
+    with pytest.raises(UntrustedConfig, match=r"add \+trusted_targets\.print=print \(or give"):
+        check_stored_config({"model": {"_target_": "print"}}, "ckpt_path=x", TrustedTargets.of({}))
+
+
+def test_a_package_pattern_trusts_that_package_not_one_whose_name_begins_alike():
+    """`torch.*` is torch and its modules; torchvision is another package."""
+    trust = TrustedTargets.of({"trusted_targets": {"t": "torch.*"}})
+    assert trust.trusts("torch.nn.Linear")
+    assert not trust.trusts("torchvision.models.resnet18")
+
+
+def test_what_a_run_trusts_cannot_be_widened_once_it_is_made():
+    """The trust judging a checkpoint is made before any of its targets is built: code that runs meanwhile (a trusted
+    target's constructor) cannot add to it."""
+    trust = TrustedTargets.of({"trusted_targets": {"t": "my_project.*"}})
+    with pytest.raises(FrozenInstanceError):
+        trust.patterns = ("os.*",)
+
+
+def test_a_target_the_composed_config_gives_by_interpolation_is_trusted_by_the_name_it_resolves_to():
+    """The user composed it: the run's trust, Hydra 1.4's whitelist for a job and the one for building a group hold the
+    name (`${chosen}` resolved), not the interpolation's text; a callback switched off is no job's target."""
+    cfg = OmegaConf.create(
+        {
+            "chosen": "my_project.Module",
+            "model": {"_target_": "${chosen}"},
+            "callbacks": {
+                "on": {"_target_": "my_project.On"},
+                "off": {"_target_": "my_project.Off", "enabled": False},
+                "none": None,
+            },
+        }
+    )
+    assert trusted_targets(cfg).trusts("my_project.Module")
+    assert composed_targets(cfg.model)() == ["my_project.Module"]
+    assert job_whitelist(cfg) == ["my_project.Module", "my_project.On"]
+    assert job_whitelist(OmegaConf.create({"model": {"_target_": "my_project.Module"}})) == ["my_project.Module"]
+
+
+@pytest.mark.parametrize("target", ["null", "5", "[a, b]"])
+def test_a_config_file_whose_target_is_no_name_is_passed_over(target: str, tmp_path: Path):
+    """Such a file names nothing to trust (Hydra says what is wrong where a run uses it); the others still do."""
+    (tmp_path / "odd.yaml").write_text(f"_target_: {target}\n")
+    (tmp_path / "mine.yaml").write_text("_target_: my_project.Module\n")
+    with initialize_config_dir(str(tmp_path), **VERSION_BASE):
+        assert named_in_config_files() == {"my_project.Module"}
+
+
+def test_a_config_source_that_is_not_there_does_not_hide_the_sources_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "mine.yaml").write_text("_target_: my_project.Module\n")
+    sources = [("pkg", "no_such_package_of_configs"), ("file", str(tmp_path))]
+    monkeypatch.setattr(trusted_targets_module, "config_sources", lambda: sources)
+    assert named_in_config_files() == {"my_project.Module"}
 
 
 def test_a_config_file_that_is_not_yaml_is_passed_over_and_the_others_still_name_their_targets(tmp_path: Path):
@@ -1234,3 +1302,58 @@ def test_only_making_a_dir_that_exists_outside_the_run_goes_on_and_nothing_else_
     with pytest.raises(ActedOutsideTheRun), Confinement("ckpt_path=x", (run,), False, "fix"):
         operation(outside)
     assert contents(outside) == before
+
+
+def test_a_path_relative_to_a_dir_fd_that_names_no_dir_is_refused(tmp_path: Path):
+    """Where the dir a relative path is taken from cannot be told (its descriptor is not open), the path could lie
+    anywhere."""
+    run, outside = run_and_outside(tmp_path)
+    not_open = 10**6
+    for operation in (lambda: os.mkdir("made", dir_fd=not_open), lambda: os.remove("file", dir_fd=not_open)):
+        with pytest.raises(ActedOutsideTheRun, match="tried to write"), Confinement("x", (run,), False, "fix"):
+            operation()
+
+
+@pytest.mark.parametrize("event", [f"os.{name}" for name in UNAUDITED])
+def test_an_operation_python_does_not_audit_judges_a_relative_path_from_the_working_dir(
+    event: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`os.mkfifo` and `os.mknod` raise their event with the `dir_fd` of none given: the working dir."""
+    run, outside = run_and_outside(tmp_path)
+    monkeypatch.chdir(run)
+    with Confinement("ckpt_path=x", (run,), False, "fix") as confinement:
+        RELATIVE_PATH_CHANGES[event](None)
+    assert confinement.refusal is None
+    monkeypatch.chdir(outside)
+    with pytest.raises(ActedOutsideTheRun), Confinement("ckpt_path=x", (run,), False, "fix"):
+        RELATIVE_PATH_CHANGES[event](None)
+    assert not (outside / "fifo").exists() and not (outside / "node").exists()
+
+
+def test_each_operation_is_judged_once_however_many_confinements_came_before(tmp_path: Path):
+    """Python's audit hooks stay for the process's life: one is added, and the unaudited calls wrapped once (keeping
+    their names), whichever confinement comes first."""
+    judged = []
+
+    class Counting(Confinement):
+        def judge(self, event: str, arguments: tuple) -> None:
+            judged.append(event)
+            super().judge(event, arguments)
+
+    for _ in range(3):
+        with Confinement("ckpt_path=x", (tmp_path,), False, "fix"):
+            pass
+    with Counting("ckpt_path=x", (tmp_path,), False, "fix"):
+        os.mkfifo(tmp_path / "fifo")
+        os.remove(tmp_path / "fifo")
+    assert judged.count("os.mkfifo") == 1 and judged.count("os.remove") == 1, judged
+    assert os.mkfifo.__name__ == "mkfifo" and os.mknod.__name__ == "mknod"
+
+
+def test_a_refused_operation_names_its_path_cut_to_200_characters(tmp_path: Path):
+    """A line stays readable whatever a stored config names."""
+    run, outside = run_and_outside(tmp_path)
+    long = outside / ("x" * 250)
+    with pytest.raises(ActedOutsideTheRun) as refused, Confinement("ckpt_path=x", (run,), False, "fix"):
+        os.mkdir(long)
+    assert f"tried to write {str(long)[:200]} (outside the dirs" in str(refused.value)
