@@ -327,16 +327,17 @@ def edit_of(diff: str) -> str:
 
 
 class FailsUnmutated:
-    """Whether a test fails on the unmutated copy too, asked once per test: such a test kills no mutant."""
+    """Whether tests (a failing test, or a pytest that stopped) fail on the unmutated copy too, asked once per set of
+    tests: such a failure kills no mutant."""
 
     def __init__(self) -> None:
-        self.known: dict[str, bool] = {}
+        self.known: dict[tuple[str, ...], bool] = {}
 
-    def __call__(self, test: str) -> bool:
-        if test not in self.known:
-            command = guard_tests_command([test])
-            self.known[test] = subprocess.run(command, capture_output=True).returncode != 0
-        return self.known[test]
+    def __call__(self, tests: list[str]) -> bool:
+        key = tuple(tests)
+        if key not in self.known:
+            self.known[key] = subprocess.run(guard_tests_command(tests), capture_output=True).returncode != 0
+        return self.known[key]
 
 
 def mutant_key(spec) -> str:
@@ -372,21 +373,32 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
             os.environ.pop(SELECTED_TESTS, None)
     if result.diff is None:
         return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_APPLIED)
-    output = result.output or ""
-    failed = FAILED_LINE.search(output)
+    survived, tests = result.test_outcome == TestOutcome.SURVIVED, selected if selected is not None else paths
     edit = edit_of(result.diff)
-    if result.test_outcome == TestOutcome.SURVIVED:
-        return Outcome(module, spec.start_pos[0], edit, False, "")
+    return judged(module, spec.start_pos[0], edit, survived, result.output or "", tests, fails_unmutated)
+
+
+def judged(
+    module: str, line: int, edit: str, survived: bool, output: str, tests: list[str], fails_unmutated
+) -> Outcome:
+    """The verdict on a mutant whose guard `tests` ran, printing `output`: killed where a test failed on the mutant
+    only, where they hung, or where pytest stopped without a failing test (the mutant broke what every test goes
+    through: an audit hook, the conftest) as it does not on the unmutated code."""
+    failed = FAILED_LINE.search(output)
+    if survived:
+        return Outcome(module, line, edit, False, "")
     if output == "timeout":
-        return Outcome(module, spec.start_pos[0], edit, True, "timeout")
+        return Outcome(module, line, edit, True, "timeout")
     if failed is None and "while loading conftest" in output:  # the mutant stops the project importing at all
-        return Outcome(module, spec.start_pos[0], edit, True, "the guard files' conftest does not import")
-    if failed is None:  # no test failed, yet pytest did: a usage error, no tests collected
+        return Outcome(module, line, edit, True, "the guard files' conftest does not import")
+    if failed is None:  # no test failed, yet pytest did: it crashed, or collected nothing
         last = output.strip().splitlines()[-1] if output.strip() else "no output"
-        return Outcome(module, spec.start_pos[0], edit, False, f"pytest failed without a failing test: {last}")
-    if "::" in failed.group(1) and fails_unmutated(failed.group(1)):  # else a test file the mutant cannot import
-        return Outcome(module, spec.start_pos[0], edit, False, f"{failed.group(1)} fails unmutated too")
-    return Outcome(module, spec.start_pos[0], edit, True, failed.group(1))
+        if fails_unmutated(tests):
+            return Outcome(module, line, edit, False, f"pytest failed without a failing test, unmutated too: {last}")
+        return Outcome(module, line, edit, True, f"pytest stopped without a failing test, unlike unmutated: {last}")
+    if "::" in failed.group(1) and fails_unmutated([failed.group(1)]):  # else a test file the mutant cannot import
+        return Outcome(module, line, edit, False, f"{failed.group(1)} fails unmutated too")
+    return Outcome(module, line, edit, True, failed.group(1))
 
 
 def chosen_mutants(module_path: Path, sample: int, seed: int) -> list:

@@ -76,3 +76,26 @@ def test_the_tests_that_killed_mutants_of_the_same_line_run_first_then_the_modul
         "t.py::trained_first",
         "t.py::other",
     ]
+
+
+def test_a_pytest_that_stops_without_a_failing_test_kills_the_mutant_only_where_it_passes_unmutated():
+    """A mutant that breaks what every test goes through (an audit hook raising at each event) stops pytest before any
+    test fails: the mutant's doing where the same tests pass on the unmutated code, a fault of the run where not."""
+    stopped = "INTERNALERROR> AttributeError: 'NoneType' object has no attribute 'judge'\n"
+    asked = []
+
+    def unmutated(fails: bool):
+        def check(tests: list[str]) -> bool:
+            asked.append(tests)
+            return fails
+
+        return check
+
+    killed = mutants.judged("m", 3, "a → b", False, stopped, ["t.py::x", "t.py::y"], unmutated(fails=False))
+    assert killed.killed and "unlike unmutated: INTERNALERROR>" in killed.by
+    assert asked == [["t.py::x", "t.py::y"]], "the same tests, unmutated"
+    assert not mutants.judged("m", 3, "a → b", False, stopped, ["t.py::x"], unmutated(fails=True)).killed
+    failing = "F\nFAILED t.py::x - AssertionError\n1 failed\n"
+    assert mutants.judged("m", 3, "a → b", False, failing, ["t.py::x"], unmutated(fails=False)).by == "t.py::x"
+    assert asked[-1] == ["t.py::x"]
+    assert not mutants.judged("m", 3, "a → b", True, "", ["t.py::x"], unmutated(fails=False)).killed
