@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.conf import ConfigSourceInfo
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
@@ -21,6 +22,7 @@ from project.engine.config import (
     check_added_keys,
     check_config,
     command_line_overrides,
+    config_source_arguments,
     give_hints,
     mistyped_value,
     taken_arguments,
@@ -144,6 +146,11 @@ def test_a_value_that_refers_to_a_key_the_config_lacks_is_one_line_naming_both(t
         (["optimized_mode=up"], "error: optimized_mode must be min or max, got 'up'"),
         (["results_from=first"], "error: results_from must be last or best, got 'first'"),
         (
+            ["results_from=best", "callbacks=none"],
+            "error: results_from=best needs the best checkpoint, which only callbacks=default saves: use "
+            "callbacks=default, or results_from=last",
+        ),
+        (
             ["results_from=best", "debug=fast"],
             "error: trainer.fast_dev_run (debug=fast) saves no checkpoint, so results_from=best has none: add "
             "results_from=last",
@@ -157,6 +164,33 @@ def test_how_the_results_are_picked_is_checked_in_one_line_saying_what_is_allowe
     with pytest.raises(UserError) as raised:
         check_config(cfg)
     assert error_line(raised.value) == line
+
+
+@pytest.mark.parametrize(("seed", "refused"), [(0, False), (2**32 - 1, False), (2**32, True), (-1, True)])
+def test_a_seed_is_an_integer_that_fits_32_bits(tmp_path: Path, seed: int, refused: bool):
+    """The seeds numpy and the loader workers take: from 0 to 2**32 - 1."""
+    cfg = compose_train(tmp_path, f"seed={seed}")
+    if refused:
+        with pytest.raises(UserError, match=rf"^seed must be an integer from 0 to 2\*\*32 - 1, got {seed}$"):
+            check_config(cfg)
+    else:
+        check_config(cfg)
+
+
+def test_a_process_a_run_starts_is_given_its_config_name_and_the_config_dirs_of_its_command_line_alone(
+    tmp_path: Path,
+):
+    """A DDP rank or the reference path composes what its launcher composed: `--config-dir` is where the user's own
+    configs came from; Hydra's own, the main conf dir, the search path and a plugin's find their way by themselves."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=[f"hydra.searchpath=[file://{tmp_path}]"], return_hydra_config=True)
+    for provider, path in (("command-line", "/my/conf"), ("a-plugin", "/plugin/conf")):
+        cfg.hydra.runtime.config_sources.append(ConfigSourceInfo(path=path, schema="file", provider=provider))
+    HydraConfig.instance().set_config(cfg)
+    try:
+        assert config_source_arguments() == ["--config-name=train", "--config-dir=/my/conf"]
+    finally:
+        HydraConfig.instance().cfg = None
 
 
 def test_an_override_that_refers_to_another_key_is_taken_as_given(tmp_path: Path):

@@ -3,9 +3,12 @@ module, project/engine/upstream.py, each with the upstream issue that would remo
 
 import ast
 import json.decoder
+import sys
 from pathlib import Path
 
 import pytest
+import torch
+from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 
 from project.engine import upstream
 
@@ -89,3 +92,27 @@ def test_a_dotted_name_is_located_as_hydra_finds_a_target_and_one_naming_nothing
     assert upstream.located("json.decoder.JSONDecoder") is json.decoder.JSONDecoder
     assert upstream.located("json.no_such_module.Decoder") is None
     assert upstream.located("no_such_package.Decoder") is None
+
+
+def test_a_submodule_not_yet_imported_is_located_by_importing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A package need not import its submodules: the name is found as Hydra finds it, importing each in turn."""
+    package = tmp_path / "package_of_the_user"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "networks.py").write_text("class Net:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "package_of_the_user", raising=False)
+    monkeypatch.delitem(sys.modules, "package_of_the_user.networks", raising=False)
+    found = upstream.located("package_of_the_user.networks.Net")
+    assert found is sys.modules["package_of_the_user.networks"].Net
+    assert upstream.located("package_of_the_user.networks") is sys.modules["package_of_the_user.networks"]
+
+
+def test_a_logged_metrics_mean_weighs_each_batch_by_its_samples():
+    """`mean_of_samples` (Lightning-AI/pytorch-lightning#21859): 1.0 over 2 samples and 0.0 over 1 is 2/3, in floats."""
+    meta = _Metadata(fx="validation_step", name="val/loss", reduce_fx="mean")
+    meta.sync = _Sync()  # one process: the identity
+    metric = _ResultMetric(meta, is_tensor=True)
+    metric.update(torch.tensor(1.0), batch_size=2)
+    metric.update(torch.tensor(0.0), batch_size=1)
+    assert torch.isclose(upstream.mean_of_samples(metric), torch.tensor(2 / 3))
