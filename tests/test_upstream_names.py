@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 
 from project.engine import upstream
+from project.engine.checkpoints import check_shards
 
 PROJECT = Path(__file__).resolve().parents[1] / "project"
 UPSTREAM = PROJECT / "engine" / "upstream.py"
@@ -116,3 +118,10 @@ def test_a_logged_metrics_mean_weighs_each_batch_by_its_samples():
     metric.update(torch.tensor(1.0), batch_size=2)
     metric.update(torch.tensor(0.0), batch_size=1)
     assert torch.isclose(upstream.mean_of_samples(metric), torch.tensor(2 / 3))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP saving in one process, as asked
+def test_the_classes_dcp_writes_in_its_index_of_shards_are_those_the_index_reader_takes(tmp_path: Path):
+    """`SHARDS_INDEX_CLASSES`: a sharded checkpoint of a tensor and plain values, as DCP writes it here, opens."""
+    dcp.save({"weight": torch.zeros(2, 3), "step": 7, "name": "run"}, checkpoint_id=tmp_path)
+    check_shards(tmp_path)
