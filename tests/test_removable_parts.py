@@ -9,6 +9,7 @@ the part is the quick tests' finding: no file outside it imports it as it loads.
 """
 
 import ast
+import functools
 import re
 import shutil
 import subprocess
@@ -34,7 +35,8 @@ PRESENT = [name for name in PARTS if part_present(name)]
 DOCS_COMMANDS = ("python -m ", "torchrun ")
 
 
-def repository_files() -> list[str]:
+@functools.cache  # read once per test process: every part's tests go through the same files
+def repository_files() -> tuple[str, ...]:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=REPO,
@@ -42,7 +44,7 @@ def repository_files() -> list[str]:
         text=True,
         check=True,
     )
-    return [name for name in listed.stdout.splitlines() if (REPO / name).is_file()]
+    return tuple(name for name in listed.stdout.splitlines() if (REPO / name).is_file())
 
 
 def belongs_to(path: str, paths: list[str]) -> bool:
@@ -93,7 +95,24 @@ def named_modules(source: str) -> set[str]:
     return found
 
 
-def names_any(found: set[str], modules: list[str]) -> list[str]:
+@functools.cache
+def names_in(name: str) -> tuple[str, frozenset[str], frozenset[str]]:
+    """A repository file's text, the modules it imports as it loads, and those it names anywhere: parsed once per
+    test process, not once per part."""
+    source = (REPO / name).read_text()
+    return source, frozenset(imported_at_load(source)), frozenset(named_modules(source))
+
+
+@functools.cache
+def imported_anywhere(name: str) -> frozenset[str]:
+    """The modules a repository file imports, at load or inside a function."""
+    tree = ast.parse((REPO / name).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return frozenset(imported)
+
+
+def names_any(found: set[str] | frozenset[str], modules: list[str]) -> list[str]:
     return sorted(name for name in found for module in modules if name == module or name.startswith(module + "."))
 
 
@@ -107,9 +126,9 @@ def test_nothing_outside_a_part_imports_it_or_names_its_modules(part: str):
     users = {}
     for name in files:
         if name.endswith(".py") and name.startswith(CODE_ROOTS) and not belongs_to(name, paths):
-            source = (REPO / name).read_text()
+            source, at_load, anywhere = names_in(name)
             guarded = name.startswith("tests/") and re.search(rf"requires\([^)]*\"{part}\"", source)
-            named = names_any(imported_at_load(source) if guarded else named_modules(source), modules)
+            named = names_any(at_load if guarded else anywhere, modules)
             if named:
                 users[name] = named
     assert users == {}, f"outside {part}, these name its modules: {users}"
@@ -146,10 +165,7 @@ def test_the_packages_only_a_part_needs_are_imported_only_there(part: str):
     users = {}
     for name in repository_files():
         if name.endswith(".py") and not belongs_to(name, paths) and name != "tests/preloaded_python.py":
-            tree = ast.parse((REPO / name).read_text())
-            imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-            imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-            named = names_any(imported, packages)
+            named = names_any(imported_anywhere(name), packages)
             if named:
                 users[name] = named
     assert users == {}, f"outside {part}, these import what only it needs: {users}"
