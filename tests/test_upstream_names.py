@@ -3,6 +3,8 @@ module, project/engine/upstream.py, each with the upstream issue that would remo
 
 import ast
 import json.decoder
+import logging
+import re
 import sys
 from pathlib import Path
 
@@ -125,3 +127,15 @@ def test_the_classes_dcp_writes_in_its_index_of_shards_are_those_the_index_reade
     """`SHARDS_INDEX_CLASSES`: a sharded checkpoint of a tensor and plain values, as DCP writes it here, opens."""
     dcp.save({"weight": torch.zeros(2, 3), "step": 7, "name": "run"}, checkpoint_id=tmp_path)
     check_shards(tmp_path)
+
+
+def test_each_upstream_log_message_is_dropped_from_the_logger_that_emits_it_and_nothing_else_is():
+    """`LOG_MESSAGES`: a logger's filter drops its own listed noise; the project's own lines through the same logger
+    (`rank_zero_info`), and another logger's listed text, pass."""
+    upstream.silence_upstream_noise()
+    texts = {emitter: re.sub(r"\\(.)", r"\1", pattern) + " ..." for emitter, pattern, _, _ in upstream.LOG_MESSAGES}
+    for emitter in texts:
+        [dropping] = [found for found in logging.getLogger(emitter).filters if isinstance(found, upstream.DropMessages)]
+        for other, text in texts.items():
+            assert dropping.filter(logging.makeLogRecord({"msg": text})) is (other != emitter), (emitter, text)
+        assert dropping.filter(logging.makeLogRecord({"msg": "model.network: names no dropout: left out"}))
