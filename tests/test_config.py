@@ -4,6 +4,7 @@ files say what they hold."""
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from omegaconf.errors import InterpolationKeyError
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine.build import build, instantiate_group
 from project.engine.config import (
+    check_a_search_is_a_sweep,
     check_added_keys,
     check_config,
     command_line_overrides,
@@ -164,6 +166,62 @@ def test_how_the_results_are_picked_is_checked_in_one_line_saying_what_is_allowe
     with pytest.raises(UserError) as raised:
         check_config(cfg)
     assert error_line(raised.value) == line
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        (["trainer.devices=-1"], None),
+        (["trainer.devices=-2"], "trainer.devices must be a positive number of devices (or -1 for all), got -2"),
+        (["trainer.devices=0"], "trainer.devices must be a positive number of devices (or -1 for all), got 0"),
+        (["trainer.strategy=auto"], None),
+        (["trainer.strategy=ddp"], None),
+        (["trainer.strategy=abc"], "trainer.strategy='abc' is not a known strategy: pick a trainer config"),
+    ],
+)
+def test_a_count_of_devices_and_a_strategy_name_are_checked_before_lightning_reads_them(
+    tmp_path: Path, overrides: list[str], refused: str | None
+):
+    """-1 is every device; a name is `auto` or one of Lightning's registry (an unknown one fails deep inside it)."""
+    cfg = compose_train(tmp_path, *overrides)
+    if refused is None:
+        check_config(cfg)
+        return
+    with pytest.raises(UserError, match="^" + re.escape(refused)):
+        check_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("mode", "rank", "typed", "sweeper", "refused"),
+    [
+        ("RUN", "0", [], "optuna", True),
+        ("MULTIRUN", "0", [], "optuna", False),
+        ("RUN", "1", [], "optuna", False),
+        ("RUN", "0", ["hydra.mode=RUN"], "optuna", False),
+        ("RUN", "0", [], "basic", False),
+    ],
+    ids=["one-run", "a-sweeps-job", "rank-1", "one-trial-re-run", "no-search"],
+)
+def test_a_search_chosen_for_one_run_is_refused_by_rank_zero_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, rank: str, typed: list[str], sweeper: str, refused: bool
+):
+    """A sweeper without `-m` would train once: refused, on rank 0 (which speaks for the run), unless `hydra.mode=RUN`
+    is typed (one trial re-run with its search's settings); a sweep's job, or the basic sweeper, is no such case."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=[f"run_dir={tmp_path}"], return_hydra_config=True)
+    cfg.hydra.runtime.choices["hydra/sweeper"] = sweeper
+    cfg.hydra.mode = mode
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(sys, "argv", ["project/train.py", *typed])
+    HydraConfig.instance().set_config(cfg)
+    try:
+        if refused:
+            with pytest.raises(UserError, match=r"^hydra/sweeper=optuna runs a search, a sweep of runs, .*add -m"):
+                check_a_search_is_a_sweep()
+        else:
+            check_a_search_is_a_sweep()
+    finally:
+        HydraConfig.instance().cfg = None
 
 
 @pytest.mark.parametrize(("seed", "refused"), [(0, False), (2**32 - 1, False), (2**32, True), (-1, True)])

@@ -6,12 +6,15 @@ import json.decoder
 import logging
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
+from omegaconf import OmegaConf
 
 from project.engine import upstream
 from project.engine.checkpoints import check_shards
@@ -139,3 +142,29 @@ def test_each_upstream_log_message_is_dropped_from_the_logger_that_emits_it_and_
         for other, text in texts.items():
             assert dropping.filter(logging.makeLogRecord({"msg": text})) is (other != emitter), (emitter, text)
         assert dropping.filter(logging.makeLogRecord({"msg": "model.network: names no dropout: left out"}))
+
+
+def test_a_resolver_is_registered_through_the_api_of_the_omegaconf_installed_without_a_warning():
+    """`register_resolver`: OmegaConf 2.4 deprecates 2.3's `register_new_resolver` (the Hydra 1.4 pass runs this)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        upstream.register_resolver("tests_upstream_names_one", lambda: 1, replace=True)
+    assert OmegaConf.create({"value": "${tests_upstream_names_one:}"}).value == 1
+
+
+def test_a_checkpoint_callback_saves_as_lightnings_unless_the_metric_it_monitors_was_not_logged(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """`TopKCheckpoint`: without a metric to monitor, or with it logged, Lightning's own top-k saving; with it missing,
+    `monitor_not_logged` (where Lightning 2.6 raises)."""
+    saved, not_logged = [], []
+    monkeypatch.setattr(ModelCheckpoint, "_save_topk_checkpoint", lambda self, trainer, _: saved.append(self.monitor))
+
+    class Watched(upstream.TopKCheckpoint):
+        def monitor_not_logged(self, trainer, monitor_candidates) -> None:
+            not_logged.append(self.monitor)
+
+    logged = {"val/loss": torch.tensor(0.5)}
+    for monitor in (None, "val/loss", "val/acc"):
+        Watched(monitor=monitor)._save_topk_checkpoint(None, logged)
+    assert saved == [None, "val/loss"] and not_logged == ["val/acc"]
