@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 from omegaconf import OmegaConf
 
@@ -168,3 +169,11 @@ def test_a_checkpoint_callback_saves_as_lightnings_unless_the_metric_it_monitors
     for monitor in (None, "val/loss", "val/acc"):
         Watched(monitor=monitor)._save_topk_checkpoint(None, logged)
     assert saved == [None, "val/loss"] and not_logged == ["val/acc"]
+
+
+def test_the_open_bars_of_a_progress_bar_are_the_ones_it_holds():
+    """`open_tqdm_bars`, which the engine closes on an exception: a stage that has no bar (yet) adds none."""
+    progress = TQDMProgressBar()
+    assert upstream.open_tqdm_bars(progress) == []
+    progress.train_progress_bar = Tqdm(disable=True)
+    assert upstream.open_tqdm_bars(progress) == [progress.train_progress_bar]
