@@ -12,8 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 from omegaconf import OmegaConf
 
@@ -177,3 +181,50 @@ def test_the_open_bars_of_a_progress_bar_are_the_ones_it_holds():
     assert upstream.open_tqdm_bars(progress) == []
     progress.train_progress_bar = Tqdm(disable=True)
     assert upstream.open_tqdm_bars(progress) == [progress.train_progress_bar]
+
+
+@pytest.mark.parametrize("start_method", ["popen", "spawn"])
+def test_a_strategy_with_its_own_script_launcher_uses_it_where_lightning_would_rerun_the_script(start_method: str):
+    """`OwnScriptLauncher` (Lightning-AI/pytorch-lightning#18175): where Lightning would re-run the script for ranks
+    1..N-1 (`ddp`), the strategy's own launcher does; `ddp_spawn`'s launcher stays Lightning's."""
+
+    class Own(upstream.ScriptLauncher):
+        pass
+
+    class Strategy(upstream.OwnScriptLauncher, DDPStrategy):
+        def script_launcher(self) -> Own:
+            return Own(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    devices = [torch.device("cpu")] * 2
+    strategy = Strategy(parallel_devices=devices, cluster_environment=LightningEnvironment(), start_method=start_method)
+    strategy._configure_launcher()
+    assert (
+        isinstance(strategy.launcher, Own) if start_method == "popen" else upstream.is_spawn_launcher(strategy.launcher)
+    )
+
+
+def test_a_class_or_function_is_named_where_it_is_defined_and_nothing_else_is_named():
+    """`defined_name`: what Hydra 1.4's whitelist and a trusted package's check compare (`json.JSONDecoder` is
+    defined in `json.decoder`)."""
+    assert upstream.defined_name(json.JSONDecoder) == "json.decoder.JSONDecoder"
+    assert upstream.defined_name(json.dumps) == "json.dumps"
+    assert upstream.defined_name(json) is None and upstream.defined_name(json.JSONDecoder().decode) is None
+
+
+def test_a_resolver_registered_again_under_its_name_is_refused_unless_it_replaces_the_first():
+    upstream.register_resolver("tests_upstream_names_twice", lambda: 1, replace=True)
+    with pytest.raises(ValueError, match="tests_upstream_names_twice"):
+        upstream.register_resolver("tests_upstream_names_twice", lambda: 2)
+    assert OmegaConf.create({"value": "${tests_upstream_names_twice:}"}).value == 1
+
+
+@pytest.mark.skipif(
+    not upstream.HAS_EXECUTION_WHITELIST, reason="Hydra 1.3 has no execution whitelist: the 1.4 pass runs it"
+)
+def test_a_whitelist_inside_another_replaces_it():
+    """`execution_whitelist`: what a checkpoint's config may build is its own trust, not the job's whitelist around
+    it as well."""
+    with upstream.execution_whitelist(lambda: ["json.dumps"]), upstream.execution_whitelist(lambda: ["json.loads"]):
+        assert instantiate({"_target_": "json.loads", "s": "1"}) == 1
+        with pytest.raises(InstantiationException, match="'json.dumps' is not in the Hydra execution whitelist"):
+            instantiate({"_target_": "json.dumps", "obj": 1})
