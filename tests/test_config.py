@@ -5,7 +5,9 @@ import os
 import re
 import shutil
 import sys
+import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.conf import ConfigSourceInfo
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
@@ -23,8 +26,10 @@ from project.engine.config import (
     check_a_search_is_a_sweep,
     check_added_keys,
     check_config,
+    check_launched_on_every_node,
     command_line_overrides,
     config_source_arguments,
+    fits,
     give_hints,
     mistyped_value,
     taken_arguments,
@@ -251,6 +256,49 @@ def test_a_process_a_run_starts_is_given_its_config_name_and_the_config_dirs_of_
         HydraConfig.instance().cfg = None
 
 
+@pytest.mark.parametrize(
+    ("nodes", "environment", "refused"),
+    [(1, {}, False), (2, {}, True), (2, {"LOCAL_RANK": "0"}, False)],
+    ids=["one-node", "two-nodes-nothing-starts-them", "two-nodes-started-outside"],
+)
+def test_more_than_one_node_is_refused_where_nothing_starts_each_nodes_processes(
+    nodes: int, environment: dict, refused: bool, monkeypatch: pytest.MonkeyPatch
+):
+    """Rank 0 would wait for the other nodes forever; srun or torchrun (LOCAL_RANK set) starts them."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    trainer = SimpleNamespace(num_nodes=nodes, strategy=SimpleNamespace(cluster_environment=LightningEnvironment()))
+    if refused:
+        with pytest.raises(UserError, match=r"^trainer.num_nodes=2 but nothing starts the other nodes' processes"):
+            check_launched_on_every_node(trainer)
+    else:
+        check_launched_on_every_node(trainer)
+
+
+@pytest.mark.parametrize(
+    ("override", "refused"),
+    [("+lerning_rate=0.1", True), ("++lerning_rate=0.1", False), ("+model.extra=1", False), ("+data=toy", False)],
+)
+def test_an_added_top_level_key_that_nothing_reads_is_refused_unless_added_on_purpose(
+    tmp_path: Path, override: str, refused: bool, monkeypatch: pytest.MonkeyPatch
+):
+    """`+name=value` of no config group is most likely a typo; `++` says it is meant, and a dotted key or a group is
+    read."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=[f"run_dir={tmp_path}"], return_hydra_config=True)
+    cfg.hydra.overrides.task = [override]
+    HydraConfig.instance().set_config(cfg)
+    try:
+        if refused:
+            with pytest.raises(UserError, match=r"^\+lerning_rate=0.1 adds a top-level key that nothing reads"):
+                check_added_keys()
+        else:
+            check_added_keys()
+    finally:
+        HydraConfig.instance().cfg = None
+
+
 def test_an_override_that_refers_to_another_key_is_taken_as_given(tmp_path: Path):
     """The command line's `${...}` belongs to the value it sets: the check for misspelt keys must not resolve it."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
@@ -286,6 +334,15 @@ def test_values_are_judged_by_any_targets_annotations():
     )
     unknown = OmegaConf.create({"_target_": "no.such.Class", "size": "big"})
     assert mistyped_value(unknown, "model") is None
+
+
+def test_an_int_fits_a_float_a_bool_fits_no_number_and_a_hint_of_other_types_judges_nothing():
+    """A momentum of `1` is a float; `True` is no count; SGD's `lr: float | Tensor` is no hint a command line's plain
+    values are judged by, so a failing constructor says its own words."""
+    assert fits(1, float) and fits(1.5, float) and not fits(1.5, int) and not fits(True, int)
+    optimizer = OmegaConf.create({"_target_": "torch.optim.SGD", "lr": 0.1, "momentum": 1})
+    assert fits(0.1, typing.get_type_hints(torch.optim.SGD.__init__)["lr"]) is None
+    assert mistyped_value(optimizer, "model.optimizer") is None
 
 
 class NetworkThatFails(torch.nn.Module):
