@@ -415,6 +415,27 @@ def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(tmp_
     assert instantiate(cfg.model.network)(torch.zeros(2, 3, 32, 32)).shape == (2, 2)
 
 
+class TakesAnything:
+    """A module of the user's whose constructor takes any keyword (`**settings`)."""
+
+    def __init__(self, **settings: object) -> None:
+        self.settings = settings
+
+
+def test_a_group_chosen_on_the_command_line_keeps_every_key_its_yaml_gives(tmp_path: Path):
+    """Only a `_target_` replaced by name leaves out the old target's keys: `model=<option>` is the option's YAML as
+    written, whatever its constructor declares (here `**settings`)."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("train", overrides=["model=toy", *kept_in(tmp_path)], return_hydra_config=True)
+    cfg.model = OmegaConf.create({"_target_": f"{__name__}.TakesAnything", "width": 3})
+    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
+    try:
+        give_hints(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    assert instantiate(cfg.model).settings == {"width": 3}
+
+
 def test_optimizer_arguments_need_no_plus_and_a_swapped_optimizer_gets_only_those_it_names(tmp_path: Path):
     """The toy's SGD lists momentum and weight decay; AdamW by `_target_` is not handed SGD's momentum."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
