@@ -249,3 +249,15 @@ def test_a_job_whose_config_cannot_be_read_for_its_whitelist_runs_to_say_so_in_i
     job = upstream.hydra_main("conf", "train", unreadable)(ran.append).__wrapped__
     job(OmegaConf.create({"x": 1}))
     assert ran == [{"x": 1}]
+
+
+@HYDRA_1_4_ONLY
+def test_the_job_hydra_main_runs_on_hydra_1_4_stands_as_the_entry_points_function():
+    """Hydra takes the config path as relative to the task function's module: the job wrapping it must carry the
+    entry point's module and name, not upstream.py's."""
+
+    def train(cfg: DictConfig) -> None:
+        """An entry point's task."""
+
+    job = upstream.hydra_main("conf", "train", lambda cfg: [])(train).__wrapped__
+    assert (job.__module__, job.__qualname__, job.__doc__) == (train.__module__, train.__qualname__, train.__doc__)
