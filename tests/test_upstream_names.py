@@ -220,6 +220,14 @@ def test_a_class_or_function_is_named_where_it_is_defined_and_nothing_else_is_na
     assert upstream.defined_name(json) is None and upstream.defined_name(json.JSONDecoder().decode) is None
 
 
+def test_a_resolver_is_asked_again_at_each_resolution_unless_told_to_cache():
+    """`${subfolders:<dir>}` counts a dir's folders as they are now, not as they were the first time."""
+    calls = iter(range(10))
+    upstream.register_resolver("tests_upstream_names_counted", lambda: next(calls), replace=True)
+    config = OmegaConf.create({"value": "${tests_upstream_names_counted:}"})
+    assert (config.value, config.value) == (0, 1)
+
+
 def test_a_resolver_registered_again_under_its_name_is_refused_unless_it_replaces_the_first():
     upstream.register_resolver("tests_upstream_names_twice", lambda: 1, replace=True)
     with pytest.raises(ValueError, match="tests_upstream_names_twice"):
