@@ -1,6 +1,7 @@
 """Every option of every config group composes and builds as `project.train` builds it (no training), and the
 files say what they hold."""
 
+import logging
 import os
 import re
 import shutil
@@ -17,10 +18,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import ProgressBar
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
+from project.engine import config
 from project.engine.build import build, instantiate_group
 from project.engine.config import (
     check_a_search_is_a_sweep,
@@ -30,8 +32,10 @@ from project.engine.config import (
     command_line_overrides,
     config_source_arguments,
     fits,
+    give,
     give_hints,
     mistyped_value,
+    switched_on,
     taken_arguments,
 )
 from project.engine.errors import UserError, error_line, find_user_error
@@ -229,7 +233,9 @@ def test_a_search_chosen_for_one_run_is_refused_by_rank_zero_alone(
         HydraConfig.instance().cfg = None
 
 
-@pytest.mark.parametrize(("seed", "refused"), [(0, False), (2**32 - 1, False), (2**32, True), (-1, True)])
+@pytest.mark.parametrize(
+    ("seed", "refused"), [(0, False), (2**32 - 1, False), (2**32, True), (2**33, True), (-1, True)]
+)
 def test_a_seed_is_an_integer_that_fits_32_bits(tmp_path: Path, seed: int, refused: bool):
     """The seeds numpy and the loader workers take: from 0 to 2**32 - 1."""
     cfg = compose_train(tmp_path, f"seed={seed}")
@@ -340,6 +346,7 @@ def test_an_int_fits_a_float_a_bool_fits_no_number_and_a_hint_of_other_types_jud
     """A momentum of `1` is a float; `True` is no count; SGD's `lr: float | Tensor` is no hint a command line's plain
     values are judged by, so a failing constructor says its own words."""
     assert fits(1, float) and fits(1.5, float) and not fits(1.5, int) and not fits(True, int)
+    assert not fits(True, float) and not fits(1, str) and fits("a", str) and fits(None, int | None)
     optimizer = OmegaConf.create({"_target_": "torch.optim.SGD", "lr": 0.1, "momentum": 1})
     assert fits(0.1, typing.get_type_hints(torch.optim.SGD.__init__)["lr"]) is None
     assert mistyped_value(optimizer, "model.optimizer") is None
@@ -395,24 +402,53 @@ def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_o
     )
 
 
-def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(tmp_path: Path):
-    """`model.network._target_=torchvision.models.resnet18` over model=cnn: the CNN's keys of the model's YAML are
-    left out; what the command line gives (num_classes) is kept; the network builds."""
+def hinted(tmp_path: Path, *overrides: str) -> DictConfig:
+    """The train config of `overrides` after `give_hints`, as a run holds it."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        overrides = [
-            "model=cnn",
-            "model.network._target_=torchvision.models.resnet18",
-            "model.network.num_classes=2",
-            *kept_in(tmp_path),
-        ]
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        cfg = compose("train", overrides=[*overrides, *kept_in(tmp_path)], return_hydra_config=True)
     HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
     try:
         give_hints(cfg)
     finally:
         HydraConfig.instance().cfg = None
+    return cfg
+
+
+def test_a_network_swapped_by_target_alone_gets_only_the_arguments_it_names(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """`model.network._target_=torchvision.models.resnet18` over model=cnn: the CNN's keys of the model's YAML are
+    left out, in one line saying so; what the command line gives (num_classes) is kept; the network builds."""
+    caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
+    swapped = ["model.network._target_=torchvision.models.resnet18", "model.network.num_classes=2"]
+    cfg = hinted(tmp_path, "model=cnn", *swapped)
     assert OmegaConf.to_container(cfg.model.network) == {"_target_": "torchvision.models.resnet18", "num_classes": 2}
     assert instantiate(cfg.model.network)(torch.zeros(2, 3, 32, 32)).shape == (2, 2)
+    [said] = [record.getMessage() for record in caplog.records if "left out" in record.getMessage()]
+    assert said.startswith("model.network: torchvision.models.resnet18 names no in_channels, ")
+    caplog.clear()
+    hinted(tmp_path, "model=cnn", "model.network._target_=project.example.networks.ConvolutionalNetwork")
+    assert not [record for record in caplog.records if "left out" in record.getMessage()], "nothing left out"
+
+
+def test_a_callback_is_switched_on_unless_null_or_enabled_false():
+    assert switched_on({}) and switched_on({"enabled": True}) and switched_on(OmegaConf.create({"every_n": 2}))
+    assert not switched_on(None) and not switched_on({"enabled": False})
+
+
+@pytest.mark.parametrize(("typed", "given"), [(set(), True), ({"model.scheduler"}, False)])
+def test_a_hint_for_a_part_the_config_leaves_null_gives_it_whole_unless_typed_null(typed: set[str], given: bool):
+    """`hints:` completes what the user left out: a part the recipe leaves null is given as the hint has it; one the
+    command line switched off (`model.scheduler=null`) stays off."""
+    cfg = OmegaConf.create({"model": {"_target_": "project.example.module.ClassifierModule", "scheduler": None}})
+    give(cfg, OmegaConf.create({"model": {"scheduler": {"total_steps": 10}}}), "", typed)
+    assert cfg.model.scheduler == ({"total_steps": 10} if given else None)
+
+
+def test_the_project_imported_again_in_one_process_registers_its_resolvers_again():
+    """As a notebook's `importlib.reload(project)` does: each registration replaces the one before."""
+    config.register_resolvers()
+    config.register_resolvers()
 
 
 class TakesAnything:
