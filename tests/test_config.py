@@ -445,6 +445,15 @@ def test_a_hint_for_a_part_the_config_leaves_null_gives_it_whole_unless_typed_nu
     assert cfg.model.scheduler == ({"total_steps": 10} if given else None)
 
 
+def test_subfolders_counts_a_dirs_folders_and_a_dir_not_made_yet_as_none(tmp_path: Path):
+    """`${subfolders:<dir>}`: files are not counted; before the first run the dir is not there."""
+    assert config.subfolders(str(tmp_path / "not_yet")) == 0
+    for name in ("0", "1"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "multirun.yaml").write_text("")
+    assert config.subfolders(str(tmp_path)) == 2
+
+
 def test_the_project_imported_again_in_one_process_registers_its_resolvers_again():
     """As a notebook's `importlib.reload(project)` does: each registration replaces the one before."""
     config.register_resolvers()
