@@ -1,12 +1,15 @@
 """Every option of every config group composes and builds as `project.train` builds it (no training), and the
 files say what they hold."""
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import sys
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,6 +60,16 @@ def kept_in(tmp_path: Path) -> list[str]:
 
 def options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+
+
+@contextmanager
+def held_by_hydra(cfg: DictConfig) -> Iterator[None]:
+    """`cfg` as a run's `HydraConfig` holds it, while the block lasts."""
+    HydraConfig.instance().set_config(cfg)
+    try:
+        yield
+    finally:
+        HydraConfig.instance().cfg = None
 
 
 def compose_train(tmp_path: Path, *overrides: str):
@@ -222,15 +235,9 @@ def test_a_search_chosen_for_one_run_is_refused_by_rank_zero_alone(
     cfg.hydra.mode = mode
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr(sys, "argv", ["project/train.py", *typed])
-    HydraConfig.instance().set_config(cfg)
-    try:
-        if refused:
-            with pytest.raises(UserError, match=r"^hydra/sweeper=optuna runs a search, a sweep of runs, .*add -m"):
-                check_a_search_is_a_sweep()
-        else:
-            check_a_search_is_a_sweep()
-    finally:
-        HydraConfig.instance().cfg = None
+    said = r"^hydra/sweeper=optuna runs a search, a sweep of runs, .*add -m"
+    with held_by_hydra(cfg), pytest.raises(UserError, match=said) if refused else contextlib.nullcontext():
+        check_a_search_is_a_sweep()
 
 
 @pytest.mark.parametrize(
@@ -255,11 +262,8 @@ def test_a_process_a_run_starts_is_given_its_config_name_and_the_config_dirs_of_
         cfg = compose("train", overrides=[f"hydra.searchpath=[file://{tmp_path}]"], return_hydra_config=True)
     for provider, path in (("command-line", "/my/conf"), ("a-plugin", "/plugin/conf")):
         cfg.hydra.runtime.config_sources.append(ConfigSourceInfo(path=path, schema="file", provider=provider))
-    HydraConfig.instance().set_config(cfg)
-    try:
+    with held_by_hydra(cfg):
         assert config_source_arguments() == ["--config-name=train", "--config-dir=/my/conf"]
-    finally:
-        HydraConfig.instance().cfg = None
 
 
 @pytest.mark.parametrize(
@@ -294,15 +298,9 @@ def test_an_added_top_level_key_that_nothing_reads_is_refused_unless_added_on_pu
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=[f"run_dir={tmp_path}"], return_hydra_config=True)
     cfg.hydra.overrides.task = [override]
-    HydraConfig.instance().set_config(cfg)
-    try:
-        if refused:
-            with pytest.raises(UserError, match=r"^\+lerning_rate=0.1 adds a top-level key that nothing reads"):
-                check_added_keys()
-        else:
-            check_added_keys()
-    finally:
-        HydraConfig.instance().cfg = None
+    said = r"^\+lerning_rate=0.1 adds a top-level key that nothing reads"
+    with held_by_hydra(cfg), pytest.raises(UserError, match=said) if refused else contextlib.nullcontext():
+        check_added_keys()
 
 
 def test_an_override_that_refers_to_another_key_is_taken_as_given(tmp_path: Path):
@@ -406,11 +404,8 @@ def hinted(tmp_path: Path, *overrides: str) -> DictConfig:
     """The train config of `overrides` after `give_hints`, as a run holds it."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=[*overrides, *kept_in(tmp_path)], return_hydra_config=True)
-    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
-    try:
+    with held_by_hydra(OmegaConf.masked_copy(cfg, "hydra")):
         give_hints(cfg)
-    finally:
-        HydraConfig.instance().cfg = None
     return cfg
 
 
@@ -473,11 +468,8 @@ def test_a_group_chosen_on_the_command_line_keeps_every_key_its_yaml_gives(tmp_p
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=["model=toy", *kept_in(tmp_path)], return_hydra_config=True)
     cfg.model = OmegaConf.create({"_target_": f"{__name__}.TakesAnything", "width": 3})
-    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
-    try:
+    with held_by_hydra(OmegaConf.masked_copy(cfg, "hydra")):
         give_hints(cfg)
-    finally:
-        HydraConfig.instance().cfg = None
     assert instantiate(cfg.model).settings == {"width": 3}
 
 
