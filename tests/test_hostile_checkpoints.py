@@ -609,6 +609,19 @@ def test_a_config_source_that_is_not_there_does_not_hide_the_sources_after_it(
     assert named_in_config_files() == {"my_project.Module"}
 
 
+def test_a_config_package_on_the_search_path_names_the_targets_of_its_yaml_files_at_any_depth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`hydra.searchpath=[pkg://<package>]`: configs shipped in a package vouch for their targets as a dir's do."""
+    package = tmp_path / "configs_of_the_user"
+    (package / "model").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "model" / "mine.yaml").write_text("_target_: my_project.Module\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(trusted_targets_module, "config_sources", lambda: [("pkg", "configs_of_the_user")])
+    assert named_in_config_files() == {"my_project.Module"}
+
+
 def test_a_config_file_that_is_not_yaml_is_passed_over_and_the_others_still_name_their_targets(tmp_path: Path):
     """Hydra reports such a file where a run composes it; a run that does not use it still trusts the rest."""
     (tmp_path / "model").mkdir()
