@@ -4,6 +4,7 @@ and a data module of your own that names no classes and has no images."""
 import csv
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -194,11 +195,21 @@ def test_a_data_module_of_your_own_gets_its_labels_as_class_names_and_no_mistake
 POINTS = (torch.zeros(4, 1), torch.ones(4, 1))  # a batch of (inputs, targets)
 
 
-def test_a_forward_that_does_not_take_the_batch_asks_for_a_predict_step_in_one_line():
+def called_below(frames: int, call: Callable[[], object]) -> object:
+    """`call()` made `frames` calls deeper: where a traceback meets Lightning's predict_step depends on how deep the
+    run that caught it was."""
+    return call() if frames == 0 else called_below(frames - 1, call)
+
+
+DEPTHS = pytest.mark.parametrize("frames", [0, 3, 5, 20])
+
+
+@DEPTHS
+def test_a_forward_that_does_not_take_the_batch_asks_for_a_predict_step_in_one_line(frames: int):
     """Lightning's default predict_step calls forward(batch); a forward of (inputs, targets) cannot take it."""
     module = PairForwardModule()
     with pytest.raises(UserError) as refused, predict_step_needed(module):
-        module.predict_step(POINTS, 0)
+        called_below(frames, lambda: module.predict_step(POINTS, 0))
     assert str(refused.value).startswith("PairForwardModule defines no predict_step, and Lightning's default one")
     assert "missing 1 required positional argument: 'targets'" in str(refused.value)
     assert str(refused.value).endswith(
@@ -213,16 +224,17 @@ class ForwardFailingInside(PairForwardModule):
         return self.layers(batch)  # a tuple, not a tensor: torch's TypeError, from inside forward
 
 
+@DEPTHS
 @pytest.mark.parametrize(
     ("module", "batch"),
     [(ForwardFailingInside(), POINTS), (RegressionModule(), None)],
     ids=["inside-its-forward", "its-own-predict-step"],
 )
-def test_a_type_error_of_the_modules_own_code_keeps_its_traceback(module, batch):
+def test_a_type_error_of_the_modules_own_code_keeps_its_traceback(module, batch, frames: int):
     """Only the default predict_step's call of forward is reworded: not a TypeError inside forward, nor one of a
     predict_step of the module's own."""
     with pytest.raises(TypeError), predict_step_needed(module):
-        module.predict_step(batch, 0)
+        called_below(frames, lambda: module.predict_step(batch, 0))
 
 
 def test_a_type_error_before_any_predict_step_keeps_its_traceback():

@@ -42,3 +42,10 @@ def test_the_table_has_a_column_per_value_and_none_is_written_for_images(tmp_pat
     assert not write_table({"image": torch.zeros(2, 1, 2, 2)}, tmp_path / "images.csv")
     assert not write_table({}, tmp_path / "nothing.csv")
     assert not (tmp_path / "images.csv").exists()
+
+
+def test_an_output_with_no_value_per_sample_adds_no_column(tmp_path: Path):
+    """A column is a value of every row: an output of shape (samples, 0) has none."""
+    table = tmp_path / "predictions.csv"
+    assert write_table({"label": torch.tensor([1, 0]), "nothing": torch.zeros(2, 0)}, table)
+    assert table.read_text().splitlines() == ["index,label", "0,1", "1,0"]

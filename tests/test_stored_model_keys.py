@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from project.engine.errors import UserError
-from project.engine.trained_run import with_model_given
+from project.engine.trained_run import missing_file_given_by, with_model_given
 from tests.csv_project import write_backbone, write_png_dataset
 from tests.helpers import check_ok, error_lines, train_own
 
@@ -57,4 +57,32 @@ def test_a_model_key_given_replaces_the_stored_one_and_a_key_it_lacks_is_refused
     assert str(refused.value) == (
         "model.backbone_weight: the checkpoint's model (tests.csv_project.BackboneClassifier) has no such key; it has "
         "num_classes, backbone_weights"
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "given"),
+    [
+        ("model.backbone_weights", "+model.backbone_weights"),
+        ("model.root", "+model.root"),  # a model's key of the same name as the data config's
+        ("data.root", "data.root"),  # a key of the data config the command line composes: no plus
+        ("data.labels_file", "+data.labels_file"),
+    ],
+)
+def test_a_stored_path_that_is_gone_is_named_with_the_override_that_points_elsewhere(where: str, given: str):
+    """The key whose value is the missing file, found among paths that sort before it, and the override that gives it
+    a new value; the file's name as the constructor built it (`str(Path(value))`, an equal string, not the same)."""
+    missing = "/data/moved/file"
+    config = {
+        "model": {"_target_": "my_project.Model", "backbone_weights": "/a", "root": "/a", "network": {"size": 3}},
+        "data": {"_target_": "my_project.Data", "root": "/a", "labels_file": "/a"},
+    }
+    group, key = where.split(".")
+    config[group][key] = missing
+    cfg = OmegaConf.create({"ckpt_path": "run/last.ckpt", "data": {"root": "/elsewhere"}})
+    error = RuntimeError("building the model failed")
+    error.__cause__ = FileNotFoundError(2, "No such file or directory", str(Path(missing)))
+    assert str(missing_file_given_by(error, cfg, config)) == (
+        f"ckpt_path=run/last.ckpt: its stored {where}={missing}: no such file (moved, or trained on another machine): "
+        f"give {given}=<where it is now>"
     )
