@@ -16,10 +16,20 @@ from hydra.utils import instantiate
 from project.engine.checkpoints import load_lightning_checkpoint
 from project.engine.errors import UserError
 from project.engine.reports import format_value
+from project.engine.trained_run import confinement_of, rebuild_trained
 from project.engine.trusted_targets import TrustedTargets
 from project.engine.upstream import VERSION_BASE
+from project.example.data import ToyDataModule
 from tests.foreign_modules import RegressionData, RegressionModule
-from tests.helpers import CONF_DIR, REGRESSION, check_ok, error_lines, run_module, train_own
+from tests.helpers import (
+    CONF_DIR,
+    REGRESSION,
+    check_ok,
+    error_lines,
+    run_module,
+    train_own,
+    untrained_toy_checkpoint,
+)
 
 TOY = ("model=toy", "data=toy")
 
@@ -187,3 +197,31 @@ def test_a_file_torch_reads_that_is_no_lightning_checkpoint_is_named_by_what_it_
         "give a checkpoint project.train wrote (<run dir>/checkpoints/last.ckpt), "
         "or one of Lightning's Trainer.save_checkpoint"
     )
+
+
+def test_a_data_modules_state_stored_in_the_checkpoint_is_restored_where_its_run_is_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """evaluate and predict rebuild the data module as it trained: the state Lightning stored under its class's name
+    (a vocabulary, a normalisation) is loaded into it."""
+    checkpoint = untrained_toy_checkpoint(tmp_path)
+    stored = torch.load(checkpoint, weights_only=True)
+    stored["ToyDataModule"] = {"vocabulary": ["circle", "stripe"]}
+    torch.save(stored, checkpoint)
+    loaded = []
+    monkeypatch.setattr(ToyDataModule, "load_state_dict", lambda self, state: loaded.append(state), raising=False)
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        datamodule, _ = rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}"]), "evaluate")
+    assert isinstance(datamodule, ToyDataModule) and loaded == [{"vocabulary": ["circle", "stripe"]}]
+
+
+@pytest.mark.parametrize(
+    ("given", "may_connect"), [([], False), (["data.download=true"], True), (["data.download=1"], False)]
+)
+def test_building_a_checkpoints_stored_config_connects_out_only_where_the_command_line_says_download_true(
+    given: list[str], may_connect: bool
+):
+    """A download is the user's to allow, in the words of the config (`true`), never the checkpoint's."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("evaluate", overrides=["ckpt_path=last.ckpt", *given])
+    assert confinement_of(cfg).may_connect is may_connect
