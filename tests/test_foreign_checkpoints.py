@@ -13,10 +13,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from project.engine import trusted_targets
 from project.engine.checkpoints import load_lightning_checkpoint
 from project.engine.errors import UserError
 from project.engine.reports import format_value
-from project.engine.trained_run import confinement_of, rebuild_trained
+from project.engine.trained_run import confinement_of, prepares_within, rebuild_trained
 from project.engine.trusted_targets import TrustedTargets
 from project.engine.upstream import VERSION_BASE
 from project.example.data import ToyDataModule
@@ -225,3 +226,31 @@ def test_building_a_checkpoints_stored_config_connects_out_only_where_the_comman
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("evaluate", overrides=["ckpt_path=last.ckpt", *given])
     assert confinement_of(cfg).may_connect is may_connect
+
+
+def test_a_rebuilt_data_modules_prepare_data_and_setup_run_inside_the_confinement(tmp_path: Path):
+    """Lightning calls them as the run starts, after the build: they are where a data module fetches and unpacks its
+    files, so the net that watched its construction watches them too."""
+    seen = []
+
+    class Data:
+        def prepare_data(self) -> None:
+            seen.append(trusted_targets.ACTIVE_CONFINEMENT)
+
+        def setup(self, stage: str) -> None:
+            seen.append(trusted_targets.ACTIVE_CONFINEMENT)
+
+    data, confinement = Data(), trusted_targets.Confinement("ckpt_path=x", (tmp_path,), False, "fix")
+    prepares_within(confinement, data)
+    data.prepare_data()
+    data.setup("test")
+    assert seen == [confinement, confinement] and trusted_targets.ACTIVE_CONFINEMENT is None
+
+
+def test_a_data_key_the_checkpoints_data_lacks_is_refused_naming_the_keys_it_has(tmp_path: Path):
+    checkpoint = untrained_toy_checkpoint(tmp_path)
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), pytest.raises(UserError) as refused:
+        rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}", "+data.nope=1"]), "evaluate")
+    said = str(refused.value)
+    assert said.startswith("data.nope: the checkpoint's data (project.example.data.ToyDataModule) has no such key")
+    assert said.split("; it has ")[1].startswith("batch_size, drop_last, seed, folds"), said
