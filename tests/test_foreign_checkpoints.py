@@ -217,12 +217,14 @@ def test_a_data_modules_state_stored_in_the_checkpoint_is_restored_where_its_run
 
 
 @pytest.mark.parametrize(
-    ("given", "may_connect"), [([], False), (["data.download=true"], True), (["data.download=1"], False)]
+    ("given", "may_connect"),
+    [([], False), (["data.download=true"], True), (["data.download=1"], False), (["data=mnist"], False)],
 )
 def test_building_a_checkpoints_stored_config_connects_out_only_where_the_command_line_says_download_true(
     given: list[str], may_connect: bool
 ):
-    """A download is the user's to allow, in the words of the config (`true`), never the checkpoint's."""
+    """A download is the user's to allow, in the words of the config (`true`) given as a key of the checkpoint's data,
+    never the checkpoint's own, nor a data config chosen whole (`data=mnist`, which says `download: true` itself)."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("evaluate", overrides=["ckpt_path=last.ckpt", *given])
     assert confinement_of(cfg).may_connect is may_connect

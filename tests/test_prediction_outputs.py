@@ -49,3 +49,9 @@ def test_an_output_with_no_value_per_sample_adds_no_column(tmp_path: Path):
     table = tmp_path / "predictions.csv"
     assert write_table({"label": torch.tensor([1, 0]), "nothing": torch.zeros(2, 0)}, table)
     assert table.read_text().splitlines() == ["index,label", "0,1", "1,0"]
+
+
+def test_outputs_of_different_numbers_of_samples_are_no_table(tmp_path: Path):
+    """A row per sample: outputs that disagree on how many samples there were fail, rather than lose rows."""
+    with pytest.raises(ValueError):
+        write_table({"label": torch.tensor([1, 0, 1]), "p": torch.tensor([0.5, 0.5])}, tmp_path / "predictions.csv")
