@@ -55,3 +55,20 @@ def test_outputs_of_different_numbers_of_samples_are_no_table(tmp_path: Path):
     """A row per sample: outputs that disagree on how many samples there were fail, rather than lose rows."""
     with pytest.raises(ValueError):
         write_table({"label": torch.tensor([1, 0, 1]), "p": torch.tensor([0.5, 0.5])}, tmp_path / "predictions.csv")
+
+
+def test_batches_whose_outputs_are_named_otherwise_are_refused_in_one_line():
+    """A column per output over every batch: one batch's extra or missing output has no place in it."""
+    with pytest.raises(UserError) as refused:
+        joined([{"label": torch.tensor([1]), "p": torch.tensor([0.5])}, {"label": torch.tensor([0])}])
+    assert str(refused.value) == (
+        "predict_step returned outputs ['label', 'p'] for batch 0 and ['label'] for batch 1: project.predict joins "
+        "each output over the batches, so return the same outputs for every batch"
+    )
+    reordered = joined(
+        [
+            {"label": torch.tensor([1]), "p": torch.tensor([0.5])},
+            {"p": torch.tensor([0.25]), "label": torch.tensor([0])},
+        ]
+    )
+    assert reordered["p"].tolist() == [0.5, 0.25], "the same outputs in another order are the same outputs"

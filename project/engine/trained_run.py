@@ -271,11 +271,19 @@ def named(batch_output: object) -> Outputs:
 
 
 def joined(batches: list[object]) -> Outputs:
-    """Every batch's outputs, joined along the samples."""
+    """Every batch's outputs, joined along the samples; a batch whose outputs are named otherwise than the first's
+    has no place in the same columns."""
     per_batch = [named(batch) for batch in batches]
     if not per_batch:
         return {}
-    return {name: torch.cat([outputs[name].detach().cpu() for outputs in per_batch]) for name in per_batch[0]}
+    names = list(per_batch[0])
+    for index, outputs in enumerate(per_batch):
+        if set(outputs) != set(names):
+            raise UserError(
+                f"predict_step returned outputs {names} for batch 0 and {list(outputs)} for batch {index}: project."
+                "predict joins each output over the batches, so return the same outputs for every batch"
+            )
+    return {name: torch.cat([outputs[name].detach().cpu() for outputs in per_batch]) for name in names}
 
 
 def interleave(shares: list[Outputs]) -> Outputs:
