@@ -17,7 +17,7 @@ from project.engine import trusted_targets
 from project.engine.checkpoints import load_lightning_checkpoint
 from project.engine.errors import UserError
 from project.engine.reports import format_value
-from project.engine.trained_run import confinement_of, prepares_within, rebuild_trained
+from project.engine.trained_run import confinement_of, prepares_within, rebuild_from_stored_config, rebuild_trained
 from project.engine.trusted_targets import TrustedTargets
 from project.engine.upstream import VERSION_BASE
 from project.example.data import ToyDataModule
@@ -249,10 +249,28 @@ def test_a_rebuilt_data_modules_prepare_data_and_setup_run_inside_the_confinemen
     assert seen == [confinement, confinement] and trusted_targets.ACTIVE_CONFINEMENT is None
 
 
-def test_a_data_key_the_checkpoints_data_lacks_is_refused_naming_the_keys_it_has(tmp_path: Path):
+def test_a_data_key_the_checkpoints_data_lacks_is_refused_naming_the_first_and_the_keys_it_has(tmp_path: Path):
     checkpoint = untrained_toy_checkpoint(tmp_path)
+    given = [f"ckpt_path={checkpoint}", "+data.zzz=1", "+data.nope=1"]
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), pytest.raises(UserError) as refused:
-        rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}", "+data.nope=1"]), "evaluate")
+        rebuild_trained(compose("evaluate", overrides=given), "evaluate")
     said = str(refused.value)
     assert said.startswith("data.nope: the checkpoint's data (project.example.data.ToyDataModule) has no such key")
     assert said.split("; it has ")[1].startswith("batch_size, drop_last, seed, folds"), said
+
+
+@pytest.mark.parametrize(
+    ("stored", "said"),
+    [
+        ({"model": {"_target_": "my_project.Model"}}, "its stored config has no data to rebuild"),
+        ({"data": {"_target_": "my_project.Data"}}, "its stored config has no model to rebuild"),
+        ({}, "its stored config has no data to rebuild"),
+        ({"data": {}, "model": {"_target_": "my_project.Model"}}, "data.a: the run of ckpt_path=x had no data module"),
+    ],
+    ids=["no-data", "no-model", "neither", "data=none"],
+)
+def test_a_stored_config_lacking_what_to_rebuild_is_refused_naming_the_first_part_missing(stored: dict, said: str):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        cfg = compose("evaluate", overrides=["ckpt_path=x", "+data.b=1", "+data.a=2"])
+    with pytest.raises(UserError, match=re.escape(said)):
+        rebuild_from_stored_config(cfg, stored)

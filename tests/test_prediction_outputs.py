@@ -40,6 +40,7 @@ def test_the_table_has_a_column_per_value_and_none_is_written_for_images(tmp_pat
     assert write_table({"label": torch.tensor([1, 0]), "p": torch.tensor([[0.25, 0.75], [0.5, 0.5]])}, table)
     assert table.read_text().splitlines() == ["index,label,p_0,p_1", "0,1,0.25,0.75", "1,0,0.5,0.5"]
     assert not write_table({"image": torch.zeros(2, 1, 2, 2)}, tmp_path / "images.csv")
+    assert not write_table({"sequence": torch.zeros(2, 3, 4)}, tmp_path / "images.csv"), "a value per step: no cell"
     assert not write_table({}, tmp_path / "nothing.csv")
     assert not (tmp_path / "images.csv").exists()
 
