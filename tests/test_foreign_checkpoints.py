@@ -249,6 +249,21 @@ def test_a_rebuilt_data_modules_prepare_data_and_setup_run_inside_the_confinemen
     assert seen == [confinement, confinement] and trusted_targets.ACTIVE_CONFINEMENT is None
 
 
+def test_evaluate_and_predict_prepare_the_rebuilt_data_inside_the_confinement_through_its_own_hooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The rebuilt data module's and module's `prepare_data` and `setup` are confined, and still stand as the
+    hooks they wrap (their names, for Lightning's and the user's own checks)."""
+    seen = []
+    monkeypatch.setattr(ToyDataModule, "prepare_data", lambda self: seen.append(trusted_targets.ACTIVE_CONFINEMENT))
+    checkpoint = untrained_toy_checkpoint(tmp_path)
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        datamodule, module = rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}"]), "evaluate")
+    datamodule.prepare_data()
+    assert isinstance(seen[0], trusted_targets.Confinement) and trusted_targets.ACTIVE_CONFINEMENT is None
+    assert (datamodule.setup.__name__, module.prepare_data.__name__) == ("setup", "prepare_data")
+
+
 def test_a_data_key_the_checkpoints_data_lacks_is_refused_naming_the_first_and_the_keys_it_has(tmp_path: Path):
     checkpoint = untrained_toy_checkpoint(tmp_path)
     given = [f"ckpt_path={checkpoint}", "+data.zzz=1", "+data.nope=1"]
