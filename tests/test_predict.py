@@ -224,11 +224,18 @@ class ForwardFailingInside(PairForwardModule):
         return self.layers(batch)  # a tuple, not a tensor: torch's TypeError, from inside forward
 
 
+class ForwardFailingInItsOwnLine(PairForwardModule):
+    """A forward that takes the batch, and fails in a line of its own (no torch frame below it)."""
+
+    def forward(self, batch: tuple) -> torch.Tensor:
+        return batch + "a tuple plus text"
+
+
 @DEPTHS
 @pytest.mark.parametrize(
     ("module", "batch"),
-    [(ForwardFailingInside(), POINTS), (RegressionModule(), None)],
-    ids=["inside-its-forward", "its-own-predict-step"],
+    [(ForwardFailingInside(), POINTS), (ForwardFailingInItsOwnLine(), POINTS), (RegressionModule(), None)],
+    ids=["inside-its-forward", "in-its-forwards-own-line", "its-own-predict-step"],
 )
 def test_a_type_error_of_the_modules_own_code_keeps_its_traceback(module, batch, frames: int):
     """Only the default predict_step's call of forward is reworded: not a TypeError inside forward, nor one of a
