@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -20,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from project.engine.errors import RunStopped
-from project.engine.job import isolated_job
+from project.engine.job import isolated_job, silence_line
 from tests.faults import (
     DDP,
     ENV,
@@ -186,3 +187,11 @@ def test_a_stalled_dataloader_worker_ends_the_job_in_one_line_naming_the_data_mo
     while (left := started_here()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"the stalled worker outlived its loader: {left}"
+
+
+def test_the_silence_line_says_how_long_the_run_waited_in_seconds_to_the_millisecond():
+    """torch says `waiting 2500ms`; the line says 2.5 s, not a rounded 2."""
+    trainer = SimpleNamespace(checkpoint_callbacks=[])
+    line = silence_line(RuntimeError("Timed out waiting 2500ms for recv"), [1], trainer)
+    assert line.startswith("rank 1 of the run did not answer for 2.5 s (stopped, hung, or far slower")
+    assert "did not answer (stopped" in silence_line(RuntimeError("Connection closed"), [], trainer)
