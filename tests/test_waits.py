@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from project.engine.errors import RunStopped
-from project.engine.job import isolated_job, silence_line
+from project.engine.job import close_loggers, isolated_job, silence_line
 from tests.faults import (
     DDP,
     ENV,
@@ -195,3 +195,22 @@ def test_the_silence_line_says_how_long_the_run_waited_in_seconds_to_the_millise
     line = silence_line(RuntimeError("Timed out waiting 2500ms for recv"), [1], trainer)
     assert line.startswith("rank 1 of the run did not answer for 2.5 s (stopped, hung, or far slower")
     assert "did not answer (stopped" in silence_line(RuntimeError("Connection closed"), [], trainer)
+
+
+def test_a_failed_jobs_own_error_is_reported_not_its_loggers_while_a_finished_jobs_logger_error_is():
+    """Each logger is ended with the job's status; one that fails to end hides nothing a failed job has to say, and
+    is itself the error of a job that had none."""
+
+    class BreakingLogger:
+        def __init__(self) -> None:
+            self.statuses: list[str] = []
+
+        def finalize(self, status: str) -> None:
+            self.statuses.append(status)
+            raise OSError("No space left on device")
+
+    logger = BreakingLogger()
+    close_loggers(SimpleNamespace(loggers=[logger]), failed=True)
+    with pytest.raises(OSError, match="No space left"):
+        close_loggers(SimpleNamespace(loggers=[logger]), failed=False)
+    assert logger.statuses == ["failed", "success"]
