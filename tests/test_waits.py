@@ -7,6 +7,7 @@ in-process: the behaviour is the job's end (`project.engine.job.isolated_job`), 
 torchrun's own waits are in tests/optional/torchrun/test_torchrun.py.
 """
 
+import contextlib
 import gc
 import os
 import signal
@@ -18,10 +19,13 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Dataset
 
+from project.engine import job
+from project.engine.ddp import HydraJobRanks
 from project.engine.errors import RunStopped
-from project.engine.job import close_loggers, isolated_job, silence_line
+from project.engine.job import close_loggers, isolated_job, silence_line, stop_if_signalled
 from tests.faults import (
     DDP,
     ENV,
@@ -214,3 +218,24 @@ def test_a_failed_jobs_own_error_is_reported_not_its_loggers_while_a_finished_jo
     with pytest.raises(OSError, match="No space left"):
         close_loggers(SimpleNamespace(loggers=[logger]), failed=False)
     assert logger.statuses == ["failed", "success"]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "group", "signalled", "stops"),
+    [(True, True, True, True), (True, True, False, False), (True, False, True, False), (False, True, True, False)],
+    ids=["a-rank-was-signalled", "none-was", "no-process-group", "not-the-engines-ranks"],
+)
+def test_a_sigterm_a_rank_got_outside_the_training_steps_ends_the_run_between_fit_and_test(
+    ranks: bool, group: bool, signalled: bool, stops: bool, monkeypatch: pytest.MonkeyPatch
+):
+    """The ranks agree on a SIGTERM between training steps only: one that reached a rank in the last validation is
+    acted on after fit, where the engine's ranks can ask each other."""
+
+    class Strategy(HydraJobRanks if ranks else object):
+        def sigterm_on_any_rank(self) -> bool:
+            return signalled
+
+    monkeypatch.setattr(job.dist, "is_initialized", lambda: group)
+    trainer = SimpleNamespace(strategy=Strategy())
+    with pytest.raises(SIGTERMException) if stops else contextlib.nullcontext():
+        stop_if_signalled(trainer)
