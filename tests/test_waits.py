@@ -7,7 +7,6 @@ in-process: the behaviour is the job's end (`project.engine.job.isolated_job`), 
 torchrun's own waits are in tests/optional/torchrun/test_torchrun.py.
 """
 
-import contextlib
 import gc
 import os
 import signal
@@ -19,13 +18,10 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Dataset
 
-from project.engine import job
-from project.engine.ddp import HydraJobRanks
 from project.engine.errors import RunStopped
-from project.engine.job import close_loggers, isolated_job, silence_line, stop_if_signalled
+from project.engine.job import isolated_job, silence_line
 from tests.faults import (
     DDP,
     ENV,
@@ -199,43 +195,3 @@ def test_the_silence_line_says_how_long_the_run_waited_in_seconds_to_the_millise
     line = silence_line(RuntimeError("Timed out waiting 2500ms for recv"), [1], trainer)
     assert line.startswith("rank 1 of the run did not answer for 2.5 s (stopped, hung, or far slower")
     assert "did not answer (stopped" in silence_line(RuntimeError("Connection closed"), [], trainer)
-
-
-def test_a_failed_jobs_own_error_is_reported_not_its_loggers_while_a_finished_jobs_logger_error_is():
-    """Each logger is ended with the job's status; one that fails to end hides nothing a failed job has to say, and
-    is itself the error of a job that had none."""
-
-    class BreakingLogger:
-        def __init__(self) -> None:
-            self.statuses: list[str] = []
-
-        def finalize(self, status: str) -> None:
-            self.statuses.append(status)
-            raise OSError("No space left on device")
-
-    logger = BreakingLogger()
-    close_loggers(SimpleNamespace(loggers=[logger]), failed=True)
-    with pytest.raises(OSError, match="No space left"):
-        close_loggers(SimpleNamespace(loggers=[logger]), failed=False)
-    assert logger.statuses == ["failed", "success"]
-
-
-@pytest.mark.parametrize(
-    ("ranks", "group", "signalled", "stops"),
-    [(True, True, True, True), (True, True, False, False), (True, False, True, False), (False, True, True, False)],
-    ids=["a-rank-was-signalled", "none-was", "no-process-group", "not-the-engines-ranks"],
-)
-def test_a_sigterm_a_rank_got_outside_the_training_steps_ends_the_run_between_fit_and_test(
-    ranks: bool, group: bool, signalled: bool, stops: bool, monkeypatch: pytest.MonkeyPatch
-):
-    """The ranks agree on a SIGTERM between training steps only: one that reached a rank in the last validation is
-    acted on after fit, where the engine's ranks can ask each other."""
-
-    class Strategy(HydraJobRanks if ranks else object):
-        def sigterm_on_any_rank(self) -> bool:
-            return signalled
-
-    monkeypatch.setattr(job.dist, "is_initialized", lambda: group)
-    trainer = SimpleNamespace(strategy=Strategy())
-    with pytest.raises(SIGTERMException) if stops else contextlib.nullcontext():
-        stop_if_signalled(trainer)
