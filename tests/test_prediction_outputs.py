@@ -39,6 +39,8 @@ def test_the_table_has_a_column_per_value_and_none_is_written_for_images(tmp_pat
     table = tmp_path / "predictions.csv"
     assert write_table({"label": torch.tensor([1, 0]), "p": torch.tensor([[0.25, 0.75], [0.5, 0.5]])}, table)
     assert table.read_text().splitlines() == ["index,label,p_0,p_1", "0,1,0.25,0.75", "1,0,0.5,0.5"]
+    assert write_table({"p": torch.tensor([[0.25, 0.75], [0.5, 0.5], [1.0, 0.0]])}, table)
+    assert table.read_text().splitlines()[0] == "index,p_0,p_1", "a column per value, not per sample"
     assert not write_table({"image": torch.zeros(2, 1, 2, 2)}, tmp_path / "images.csv")
     assert not write_table({"sequence": torch.zeros(2, 3, 4)}, tmp_path / "images.csv"), "a value per step: no cell"
     assert not write_table({}, tmp_path / "nothing.csv")
@@ -50,8 +52,6 @@ def test_an_output_with_no_value_per_sample_adds_no_column(tmp_path: Path):
     table = tmp_path / "predictions.csv"
     assert write_table({"label": torch.tensor([1, 0]), "nothing": torch.zeros(2, 0)}, table)
     assert table.read_text().splitlines() == ["index,label", "0,1", "1,0"]
-    assert write_table({"p": torch.tensor([[0.25, 0.75], [0.5, 0.5], [1.0, 0.0]])}, table)
-    assert table.read_text().splitlines()[0] == "index,p_0,p_1", "a column per value, not per sample"
 
 
 def test_outputs_of_different_numbers_of_samples_are_no_table(tmp_path: Path):

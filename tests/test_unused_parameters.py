@@ -57,12 +57,7 @@ def test_the_ddp_configs_pass_distributed_data_parallels_switches_without_a_plus
     assert strategy._ddp_kwargs == {"find_unused_parameters": True, "static_graph": True}
 
 
-# Fresh interpreters for ddp_spawn's refusal: spawned workers forked from the tests' preloaded Python leave
-# multiprocessing's resource tracker a warning to print after the error line, which a user's run does not.
-SPAWNED_FRESH = pytest.mark.fresh
-
-
-def launches(spawned: tuple = ()) -> pytest.MarkDecorator:
+def launches(spawned: pytest.MarkDecorator | tuple = ()) -> pytest.MarkDecorator:
     """The three ways to meet parameters a loss leaves out; `spawned`: the marks of the ddp_spawn one."""
     return pytest.mark.parametrize(
         ("module", "launch"),
@@ -78,8 +73,10 @@ def run_name(module: list[str], launch: list[str]) -> str:
     return "-".join(arg.split("=")[1] for arg in module[:1] + launch[:1])
 
 
+# Fresh interpreters for ddp_spawn's refusal: spawned workers forked from the tests' preloaded Python leave
+# multiprocessing's resource tracker a warning to print after the error line, which a user's run does not.
 @pytest.mark.slow
-@launches(spawned=SPAWNED_FRESH)
+@launches(spawned=pytest.mark.fresh)
 def test_parameters_a_loss_leaves_out_end_the_run_in_one_line_naming_the_key(
     user_dir: Path, module: list[str], launch: list[str]
 ):

@@ -28,9 +28,9 @@ from project.engine.checkpoints import check_shards
 PROJECT = Path(__file__).resolve().parents[1] / "project"
 UPSTREAM = PROJECT / "engine" / "upstream.py"
 # Names with a leading underscore that are public: Hydra's config keys, and `os._exit`.
+PUBLIC = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_", "_exit"}
 # What only Hydra 1.4 has (`make test-hydra1.4`, which CI runs after `make test`, runs these).
 HYDRA_1_4_ONLY = pytest.mark.skipif(not upstream.HAS_EXECUTION_WHITELIST, reason="Hydra 1.3 has no execution whitelist")
-PUBLIC = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_", "_exit"}
 
 
 def private_names(source: str) -> set[str]:
@@ -123,20 +123,21 @@ def test_a_submodule_not_yet_imported_is_located_by_importing_it(tmp_path: Path,
     assert upstream.located("package_of_the_user.networks") is sys.modules["package_of_the_user.networks"]
 
 
-def test_a_logged_metrics_mean_weighs_each_batch_by_its_samples():
-    """`mean_of_samples` (Lightning-AI/pytorch-lightning#21859): 1.0 over 2 samples and 0.0 over 1 is 2/3, in floats."""
-    meta = _Metadata(fx="validation_step", name="val/loss", reduce_fx="mean")
+def logged_metric(reduce_fx: str, *values: tuple[float, int]) -> _ResultMetric:
+    """A metric of one process logged as `(value, batch size)` pairs, reduced by `reduce_fx`."""
+    meta = _Metadata(fx="validation_step", name="val/metric", reduce_fx=reduce_fx)
     meta.sync = _Sync()  # one process: the identity
     metric = _ResultMetric(meta, is_tensor=True)
-    metric.update(torch.tensor(1.0), batch_size=2)
-    metric.update(torch.tensor(0.0), batch_size=1)
-    assert torch.isclose(upstream.mean_of_samples(metric), torch.tensor(2 / 3))
-    summed = _Metadata(fx="validation_step", name="val/count", reduce_fx="sum")
-    summed.sync = _Sync()
-    metric = _ResultMetric(summed, is_tensor=True)
-    metric.update(torch.tensor(1.0), batch_size=2)
-    metric.update(torch.tensor(3.0), batch_size=1)
-    assert upstream.mean_of_samples(metric) == 4.0, "a sum is Lightning's to reduce"
+    for value, batch_size in values:
+        metric.update(torch.tensor(value), batch_size=batch_size)
+    return metric
+
+
+def test_a_logged_metrics_mean_weighs_each_batch_by_its_samples():
+    """`mean_of_samples` (Lightning-AI/pytorch-lightning#21859): 1.0 over 2 samples and 0.0 over 1 is 2/3, in floats."""
+    assert torch.isclose(upstream.mean_of_samples(logged_metric("mean", (1.0, 2), (0.0, 1))), torch.tensor(2 / 3))
+    summed = logged_metric("sum", (1.0, 2), (3.0, 1))
+    assert upstream.mean_of_samples(summed) == 4.0, "a sum is Lightning's to reduce"
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP saving in one process, as asked

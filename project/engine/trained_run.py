@@ -276,14 +276,14 @@ def joined(batches: list[object]) -> Outputs:
     per_batch = [named(batch) for batch in batches]
     if not per_batch:
         return {}
-    names = list(per_batch[0])
-    for index, outputs in enumerate(per_batch):
-        if set(outputs) != set(names):
+    first = per_batch[0]
+    for index, outputs in enumerate(per_batch[1:], start=1):
+        if outputs.keys() != first.keys():  # compared as sets: the same outputs in another order are the same
             raise UserError(
-                f"predict_step returned outputs {names} for batch 0 and {list(outputs)} for batch {index}: project."
-                "predict joins each output over the batches, so return the same outputs for every batch"
+                f"predict_step returned outputs {list(first)} for batch 0 and {list(outputs)} for batch {index}: "
+                "project.predict joins each output over the batches, so return the same outputs for every batch"
             )
-    return {name: torch.cat([outputs[name].detach().cpu() for outputs in per_batch]) for name in names}
+    return {name: torch.cat([outputs[name].detach().cpu() for outputs in per_batch]) for name in first}
 
 
 def interleave(shares: list[Outputs]) -> Outputs:
