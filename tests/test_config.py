@@ -308,12 +308,9 @@ def test_an_override_that_refers_to_another_key_is_taken_as_given(tmp_path: Path
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         overrides = ["model.optimizer.lr=${data.batch_size}", f"run_dir={tmp_path}"]
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))  # as a run holds it: without the job's keys
-    try:
+    with held_by_hydra(OmegaConf.masked_copy(cfg, "hydra")):  # as a run holds it: without the job's keys
         check_added_keys()
         assert command_line_overrides()[0] == "model.optimizer.lr=${data.batch_size}"
-    finally:
-        HydraConfig.instance().cfg = None
 
 
 def test_a_value_of_the_wrong_type_for_the_network_names_the_key_and_the_type_it_takes(tmp_path: Path, monkeypatch):
@@ -388,12 +385,8 @@ def test_a_callback_key_set_where_the_callbacks_config_has_no_such_callback_is_o
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         overrides = ["callbacks=none", "+callbacks.early_stopping.enabled=true", *kept_in(tmp_path)]
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
-    try:
-        with pytest.raises(UserError) as raised:
-            build(OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), tmp_path / "outputs")
-    finally:
-        HydraConfig.instance().cfg = None
+    with held_by_hydra(OmegaConf.masked_copy(cfg, "hydra")), pytest.raises(UserError) as raised:
+        build(OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), tmp_path / "outputs")
     assert error_line(raised.value) == (
         "error: callbacks.early_stopping has no _target_: callbacks=none defines no early_stopping for its keys to "
         "set; use callbacks=default, or give callbacks.early_stopping._target_"
@@ -449,10 +442,12 @@ def test_subfolders_counts_a_dirs_folders_and_a_dir_not_made_yet_as_none(tmp_pat
     assert config.subfolders(str(tmp_path)) == 2
 
 
-def test_the_project_imported_again_in_one_process_registers_its_resolvers_again():
-    """As a notebook's `importlib.reload(project)` does: each registration replaces the one before."""
+def test_the_project_imported_again_in_one_process_registers_its_resolvers_again(tmp_path: Path):
+    """As a notebook's `importlib.reload(project)` does: each registration replaces the one before, and resolves."""
     config.register_resolvers()
     config.register_resolvers()
+    (tmp_path / "0").mkdir()
+    assert OmegaConf.create({"runs": f"${{subfolders:{tmp_path}}}"}).runs == 1
 
 
 class TakesAnything:
@@ -475,17 +470,10 @@ def test_a_group_chosen_on_the_command_line_keeps_every_key_its_yaml_gives(tmp_p
 
 def test_optimizer_arguments_need_no_plus_and_a_swapped_optimizer_gets_only_those_it_names(tmp_path: Path):
     """The toy's SGD lists momentum and weight decay; AdamW by `_target_` is not handed SGD's momentum."""
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        momentum = compose("train", overrides=["model.optimizer.momentum=0.9", f"run_dir={tmp_path}"])
-        overrides = ["model.optimizer._target_=torch.optim.AdamW", "model.optimizer.weight_decay=0.1"]
-        cfg = compose("train", overrides=[*overrides, *kept_in(tmp_path)], return_hydra_config=True)
+    momentum = compose_train(tmp_path, "model.optimizer.momentum=0.9")
     parameters = [torch.nn.Parameter(torch.zeros(2))]
     assert instantiate(momentum.model.optimizer)(parameters).defaults["momentum"] == 0.9
-    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
-    try:
-        give_hints(cfg)
-    finally:
-        HydraConfig.instance().cfg = None
+    cfg = hinted(tmp_path, "model.optimizer._target_=torch.optim.AdamW", "model.optimizer.weight_decay=0.1")
     adamw = instantiate(cfg.model.optimizer)(parameters)
     assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["weight_decay"] == 0.1
 
@@ -506,13 +494,7 @@ def test_a_recipes_hint_never_overwrites_a_value_typed_on_the_command_line(tmp_p
     """`hints:` completes what the user left out: a typed `num_classes` stays, an untyped `in_channels` is given."""
     overrides = ["model=cnn", "model.network.num_classes=3", "+hints.model.network.num_classes=7"]
     overrides += ["+hints.model.network.in_channels=5"]
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("train", overrides=[*overrides, *kept_in(tmp_path)], return_hydra_config=True)
-    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
-    try:
-        give_hints(cfg)
-    finally:
-        HydraConfig.instance().cfg = None
+    cfg = hinted(tmp_path, *overrides)
     assert (cfg.model.network.num_classes, cfg.model.network.in_channels) == (3, 5)
 
 
@@ -542,13 +524,9 @@ def test_a_constructor_refusing_a_value_names_the_overrides_of_its_group_you_typ
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         overrides = ["data.batch_size=4", "+model.error=ValueError", "trainer.max_epochs=2", f"run_dir={tmp_path}"]
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
-    try:
-        refusing = OmegaConf.create({"_target_": f"{__name__}.NetworkThatFails", "error": "ValueError"})
-        with pytest.raises(UserError) as refused:
-            instantiate_group("model", refusing)
-    finally:
-        HydraConfig.instance().cfg = None
+    refusing = OmegaConf.create({"_target_": f"{__name__}.NetworkThatFails", "error": "ValueError"})
+    with held_by_hydra(OmegaConf.masked_copy(cfg, "hydra")), pytest.raises(UserError) as refused:
+        instantiate_group("model", refusing)
     assert str(refused.value) == "model (your overrides: +model.error=ValueError): the network's own ValueError"
 
 
