@@ -596,7 +596,8 @@ def test_a_ddp_sweep_stopped_in_its_second_job_is_carried_on_by_the_same_command
     """Job 0 finished: not run again. Job 1 stopped: resumes from its own last.ckpt on both ranks. Job 2: fresh.
     A sweep dir that holds a sweep of other overrides is refused before any job."""
     sweep_dir = tmp_path / "sweep"
-    sweep = ["-m", "model.optimizer.lr=0.1,0.2,0.3", *DDP, "logger=none", "trainer.max_epochs=40"]
+    # Only job 1 has to be caught mid-run: jobs 0 and 2 are short.
+    sweep = ["-m", "trainer.max_epochs=3,40,4", *DDP, "logger=none"]
     sweep.append(f"hydra.sweep.dir={sweep_dir}")
     with background_run(sweep, tmp_path) as proc:
         wait_for_file(sweep_dir / "1" / "checkpoints" / "last.ckpt", proc, tmp_path)
@@ -610,7 +611,7 @@ def test_a_ddp_sweep_stopped_in_its_second_job_is_carried_on_by_the_same_command
     stopped_at = int(re.search(r"\(step (\d+)\)$", line).group(1))
     finished = (sweep_dir / "0" / "results.json").read_bytes()
 
-    other = run_module("project.train", *[o.replace("0.3", "0.4") for o in sweep], cwd=tmp_path, env=ENV)
+    other = run_module("project.train", *[o.replace("3,40,4", "3,40,5") for o in sweep], cwd=tmp_path, env=ENV)
     line = assert_ends_in_error_line(other.returncode, other.stdout, other.stderr, USER_ERROR, f"={sweep_dir} ")
     assert "holds another sweep" in line and not (sweep_dir / "2").exists(), line
 

@@ -1,8 +1,5 @@
 """Each strategy is one config word, and a run is one directory whatever its process count."""
 
-import os
-import signal
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,7 +8,6 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from project.engine.ddp import check_even_batches
 from project.engine.errors import UserError
-from tests.faults import alive, descendants
 from tests.helpers import (
     SRUN_TASK_ZERO,
     check_ok,
@@ -20,7 +16,6 @@ from tests.helpers import (
     read_json,
     run_module,
     simulated_slurm_nodes,
-    start_module,
 )
 
 pytestmark = pytest.mark.slow
@@ -134,41 +129,6 @@ def test_sweep_over_device_counts_gives_each_job_its_world_size(tmp_path: Path):
     one, two = sweep_jobs(sweep_dir)
     assert [(h["world_size"], h["epoch_samples"]) for h in histories(one)] == [(1, [4, 4, 4])]
     assert [(h["world_size"], h["epoch_samples"]) for h in histories(two)] == [(2, [2, 2, 2])] * 2
-
-
-@pytest.mark.parametrize("victim", ["rank 1", "rank 0"])
-def test_a_killed_rank_stops_the_whole_run(tmp_path: Path, mnist_root: Path, victim: str):
-    """Killed once the first epoch's checkpoint is written (both ranks are training), either rank takes the whole run
-    down with it, and no process of it is left; the deadlines only keep a hang from hanging the suite."""
-    run_dir = tmp_path / "run"
-    args = mnist_overrides(
-        mnist_root,
-        "trainer=ddp",
-        "trainer.devices=2",
-        "trainer.max_epochs=1000",
-        "data.batch_size=5",
-        f"hydra.run.dir={run_dir}",
-    )
-    main = start_module("project.train", args, tmp_path, tmp_path / "stdout.txt", tmp_path / "stderr.txt")
-    try:
-        deadline = time.monotonic() + 300
-        while not (run_dir / "checkpoints" / "last.ckpt").exists():
-            assert main.poll() is None and time.monotonic() < deadline, "the run did not get through an epoch"
-            time.sleep(0.1)
-        everyone = [main.pid, *descendants(main.pid)]
-        os.kill(everyone[1] if victim == "rank 1" else main.pid, signal.SIGKILL)
-        main.wait(timeout=300)
-        assert main.returncode != 0
-        deadline = time.monotonic() + 300
-        while any(alive(pid) for pid in everyone) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(alive(pid) for pid in everyone), "a process of the run outlived it"
-        if victim == "rank 1":
-            assert "error: rank 1 (pid" in (tmp_path / "stderr.txt").read_text()
-    finally:
-        for pid in [main.pid, *descendants(main.pid)]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,7 @@ def test_ddp_inside_each_job_runs_its_two_ranks_on_the_jobs_own_devices_at_the_s
             "seed=1,2",
             "trainer=ddp",
             "trainer.devices=2",
-            "trainer.max_epochs=200",
+            "trainer.max_epochs=150",
             "logger=none",
             *SIDE_BY_SIDE,
             f"hydra.sweep.dir={sweep_dir}",
