@@ -30,8 +30,9 @@ from tests.helpers import check_ok, mnist_overrides, requires, run_module
 
 pytestmark = pytest.mark.slow
 SIDE_BY_SIDE = ("hydra/launcher=parallel", "hydra.launcher.devices=[0,1,2,3]", "hydra.launcher.devices_per_job=2")
-# Long enough that the stop comes while both first jobs train.
-EPOCHS = 300
+# The stopped sweep's jobs: the first two long enough that the stop comes while both train; the third, which runs
+# only once the sweep is carried on, short.
+EPOCHS = (300, 299, 5)
 GIVEN = re.compile(r"it sees CUDA_VISIBLE_DEVICES=(?P<gpus>[\w,]+), cores (?P<cores>[\d,]+)")
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]", re.MULTILINE)
 
@@ -91,8 +92,7 @@ def test_a_stopped_sweep_stops_every_job_leaves_no_process_and_carries_on_where_
     sweep_dir = tmp_path / "sweep"
     command = [
         "-m",
-        "seed=1,2,3",
-        f"trainer.max_epochs={EPOCHS}",
+        f"trainer.max_epochs={','.join(map(str, EPOCHS))}",
         "logger=none",
         *SIDE_BY_SIDE,
         f"hydra.sweep.dir={sweep_dir}",
@@ -125,7 +125,7 @@ def test_a_stopped_sweep_stops_every_job_leaves_no_process_and_carries_on_where_
     check_ok(run_module("project.train", *command, cwd=tmp_path))
     for job in range(3):
         job_dir = sweep_dir / str(job)
-        assert json.loads((job_dir / "results.json").read_text())["epochs"] == EPOCHS
+        assert json.loads((job_dir / "results.json").read_text())["epochs"] == EPOCHS[job]
         resumed = f"Restored all states from the checkpoint at {job_dir / 'checkpoints' / 'last.ckpt'}"
         assert (resumed in (job_dir / "train.log").read_text()) == (str(job) in stopped), job
     assert_no_process_left(tmp_path)
