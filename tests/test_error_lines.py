@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
@@ -21,6 +22,7 @@ from project.engine.errors import (
     exit_on_user_error,
     find_user_error,
     quoted,
+    run_hydra_app,
     unwritable,
 )
 from project.engine.upstream import VERSION_BASE
@@ -50,6 +52,57 @@ def test_a_disk_that_refuses_for_another_reason_is_named_with_its_own_words(chec
         f"error: could not write {checkpoints}/epoch=1.ckpt: Input/output error: write the run elsewhere "
         "(hydra.run.dir); kept: last.ckpt"
     )
+
+
+def test_memory_running_out_in_torchs_cpu_allocator_says_how_much_was_asked_for_in_gib():
+    """torch 2.14's CPU allocator, in its own words (as `torch.empty(2**45)` says it), counts bytes; the line gives
+    GiB, as CUDA's own message does."""
+    refused = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 1610612736 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    assert error_line(refused) == (
+        "error: out of memory (1.5 GiB asked for): lower the batch size or the model's size, or run where there is "
+        "more memory"
+    )
+
+
+def load_yaml(path: Path) -> None:
+    with path.open() as file:
+        yaml.safe_load(file)
+
+
+def refuse_unmarked(path: Path) -> None:
+    """A YAML error that says no place (PyYAML's errors may leave it out)."""
+    raise yaml.MarkedYAMLError(problem="found a tab")
+
+
+@pytest.mark.parametrize(
+    ("main", "line"),
+    [
+        (
+            load_yaml,
+            "error: {broken}, line 3, column 6 is not valid YAML (while parsing a flow sequence: expected ',' or ']', "
+            "but got ':'): correct the file",
+        ),
+        (
+            refuse_unmarked,
+            "error: a config file is not valid YAML (found a tab): correct the file",
+        ),
+    ],
+    ids=["where-the-parser-stopped", "nowhere-said"],
+)
+def test_a_config_file_that_is_not_valid_yaml_is_one_line_naming_where_it_is_broken(
+    main, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """Lines and columns counted from 1, as an editor counts them (the parser counts from 0)."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # run_hydra_app sets it; the test leaves it as it was
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: broken\nlayers: [1, 2\nwidth: 3\n")
+    with pytest.raises(SystemExit) as ended:
+        run_hydra_app(lambda: main(broken))
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == line.format(broken=broken) + "\n"
 
 
 def test_an_os_error_of_a_full_disk_is_the_users_whichever_writer_met_it(checkpoints: Path):
@@ -168,6 +221,17 @@ def test_a_bug_in_a_sweeps_job_fails_that_job_alone(sweep_job: Path, log_file: P
     assert (sweep_job / ERROR_FILE).read_text() == "error: KeyError: 'weights'\n"
     log = log_file.read_text()
     assert "in buggy_job" in log and log.rstrip().endswith("error: KeyError: 'weights'")
+
+
+def test_a_run_file_the_disk_refuses_names_the_checkpoints_the_run_kept(sweep_job: Path):
+    """A file of the run that is not a checkpoint (a logger's events, the log): the run dir's checkpoints are kept."""
+    (sweep_job / "checkpoints").mkdir()
+    (sweep_job / "checkpoints" / "last.ckpt").write_bytes(b"")
+    line = error_line(unwritable(sweep_job / "events.out", errno.EIO, detail="Input/output error"))
+    assert line == (
+        f"error: could not write {sweep_job}/events.out: Input/output error: write the run elsewhere (hydra.run.dir); "
+        "kept: last.ckpt"
+    )
 
 
 def raise_while_cleaning_up_after(error: BaseException) -> None:
