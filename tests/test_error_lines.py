@@ -3,6 +3,7 @@
 
 import errno
 import logging
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,6 +104,29 @@ def test_a_config_file_that_is_not_valid_yaml_is_one_line_naming_where_it_is_bro
         run_hydra_app(lambda: main(broken))
     assert ended.value.code == 2
     assert capsys.readouterr().err == line.format(broken=broken) + "\n"
+
+
+def test_a_disk_with_less_than_a_mebibyte_free_is_full_whatever_the_writer_said(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """torch.save's own report of a full disk carries no error number: the free space tells."""
+    usage = shutil.disk_usage(checkpoints)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=(1 << 20) - 1))
+    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", None, detail="file write failed"))
+    assert line == (
+        f"error: could not write {checkpoints}/epoch=1.ckpt: no space left on the disk of {checkpoints} (1048575 "
+        "bytes free): make room there, or write the run elsewhere (hydra.run.dir); kept: last.ckpt"
+    )
+
+
+def test_an_error_number_past_the_disks_own_is_said_in_its_own_words(checkpoints: Path):
+    """An encrypted folder whose key was removed (ENOKEY, numbered above the quota's and the read-only disk's) is
+    neither of those."""
+    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", errno.ENOKEY, detail="Required key not available"))
+    assert line == (
+        f"error: could not write {checkpoints}/epoch=1.ckpt: Required key not available: write the run elsewhere "
+        "(hydra.run.dir); kept: last.ckpt"
+    )
 
 
 def test_an_os_error_of_a_full_disk_is_the_users_whichever_writer_met_it(checkpoints: Path):
@@ -224,14 +248,45 @@ def test_a_bug_in_a_sweeps_job_fails_that_job_alone(sweep_job: Path, log_file: P
 
 
 def test_a_run_file_the_disk_refuses_names_the_checkpoints_the_run_kept(sweep_job: Path):
-    """A file of the run that is not a checkpoint (a logger's events, the log): the run dir's checkpoints are kept."""
+    """A file of the run that is not a checkpoint (TensorBoard's events, named as its writer names them; the log):
+    the run dir's checkpoints are kept."""
     (sweep_job / "checkpoints").mkdir()
     (sweep_job / "checkpoints" / "last.ckpt").write_bytes(b"")
-    line = error_line(unwritable(sweep_job / "events.out", errno.EIO, detail="Input/output error"))
+    events = sweep_job / "tensorboard" / "events.out.tfevents.1765000000.node1.4242.0"
+    line = error_line(unwritable(events, errno.EIO, detail="Input/output error"))
     assert line == (
-        f"error: could not write {sweep_job}/events.out: Input/output error: write the run elsewhere (hydra.run.dir); "
-        "kept: last.ckpt"
+        f"error: could not write {events}: Input/output error: write the run elsewhere (hydra.run.dir); kept: last.ckpt"
     )
+
+
+def test_a_checkpoint_written_outside_the_run_names_the_checkpoints_of_its_own_folder(sweep_job: Path, tmp_path: Path):
+    """A ModelCheckpoint of the user's with a dirpath of its own: that folder's checkpoints are the ones kept."""
+    (sweep_job / "checkpoints").mkdir()
+    (sweep_job / "checkpoints" / "last.ckpt").write_bytes(b"")
+    elsewhere = tmp_path / "best"
+    elsewhere.mkdir()
+    (elsewhere / "epoch=1.ckpt").write_bytes(b"")
+    line = error_line(unwritable(elsewhere / "epoch=2.ckpt", errno.EIO, detail="Input/output error"))
+    assert line.endswith("(hydra.run.dir); kept: epoch=1.ckpt"), line
+
+
+@exit_on_user_error
+def refused_job() -> None:
+    raise UserError("data.root=/nowhere: no such dir")
+
+
+def test_a_sweep_jobs_error_file_is_rank_0s_alone(
+    sweep_job: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """Every rank of a DDP job says its line; only rank 0 writes the job's error.txt, which the sweep's table reads
+    (another rank's line may differ: it would overwrite rank 0's)."""
+    monkeypatch.setenv("RANK", "1")
+    assert refused_job() is None, "the sweep goes on to its next job"
+    assert capsys.readouterr().err.splitlines()[-1] == "error: data.root=/nowhere: no such dir"
+    assert not (sweep_job / ERROR_FILE).exists()
+    monkeypatch.setenv("RANK", "0")
+    assert refused_job() is None
+    assert (sweep_job / ERROR_FILE).read_text() == "error: data.root=/nowhere: no such dir\n"
 
 
 def raise_while_cleaning_up_after(error: BaseException) -> None:
