@@ -3,6 +3,7 @@
 
 import errno
 import logging
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from project.engine.errors import (
     ERROR_FILE,
     UserError,
+    disk_refuses,
     error_line,
     exit_on_user_error,
     find_user_error,
@@ -117,6 +119,22 @@ def test_a_disk_with_less_than_a_mebibyte_free_is_full_whatever_the_writer_said(
         f"error: could not write {checkpoints}/epoch=1.ckpt: no space left on the disk of {checkpoints} (1048575 "
         "bytes free): make room there, or write the run elsewhere (hydra.run.dir); kept: last.ckpt"
     )
+
+
+@pytest.mark.parametrize(
+    ("free", "writable", "refuses"),
+    [(1 << 30, True, False), (1 << 20, True, False), ((1 << 20) - 1, True, True), (1 << 30, False, True)],
+    ids=["a-gibibyte-free", "a-mebibyte-free", "under-a-mebibyte", "not-writable"],
+)
+def test_a_failed_write_that_said_no_error_number_is_the_disks_where_the_disk_is_full_or_not_writable(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch, free: int, writable: bool, refuses: bool
+):
+    """torch.save's RuntimeError says no error number: the disk is asked, and where it has room and may be written
+    the failure is not the disk's (a checkpoint that cannot be pickled keeps its traceback)."""
+    usage = shutil.disk_usage(checkpoints)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free))
+    monkeypatch.setattr(os, "access", lambda path, mode: writable)
+    assert disk_refuses(checkpoints / "epoch=1.ckpt") is refuses
 
 
 def test_an_error_number_past_the_disks_own_is_said_in_its_own_words(checkpoints: Path):
