@@ -15,15 +15,18 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from omegaconf.errors import InterpolationResolutionError
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.errors import (
     ERROR_FILE,
+    RunStopped,
     UserError,
     disk_refuses,
     error_line,
     exit_on_user_error,
     find_user_error,
+    lost_a_loader_worker,
     quoted,
     run_hydra_app,
     unwritable,
@@ -169,13 +172,38 @@ def test_an_error_that_is_not_the_users_is_its_type_and_message_on_one_line():
     assert error_line(KeyError("weights")) == "error: KeyError: 'weights'"
 
 
+def test_a_bug_that_python_reports_over_several_lines_is_its_last_the_exception_itself():
+    """A SyntaxError (a module of the user's that does not parse) is reported with its file, code and caret first."""
+    with pytest.raises(SyntaxError) as failed:
+        compile("width = (3,\n", "my_model.py", "exec")
+    assert error_line(failed.value) == "error: SyntaxError: '(' was never closed"
+
+
+def test_a_resolvers_refusal_behind_omegaconfs_error_is_its_own_line():
+    """A resolver of the project (`${run_steps:...}`) refuses a value with a UserError, which OmegaConf wraps."""
+    try:
+        try:
+            raise UserError("run_steps: trainer.max_epochs=0 gives no step: set a positive number of epochs")
+        except UserError as refusal:
+            raise InterpolationResolutionError("while resolving ${run_steps:2}") from refusal
+    except InterpolationResolutionError as error:
+        line = error_line(error)
+    assert line == "error: run_steps: trainer.max_epochs=0 gives no step: set a positive number of epochs"
+
+
+def test_torchs_word_of_a_killed_loader_worker_is_a_lost_worker():
+    assert lost_a_loader_worker(RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. "))
+    assert not lost_a_loader_worker(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
 def test_a_user_error_a_spawned_worker_raised_is_its_one_line_and_exit_status():
     """ddp_spawn's parent gets only the worker's traceback, as text: the user error in it is rebuilt, chained
     exceptions before it ignored; a bug's traceback stays a bug."""
     worker = (
         "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
-        '  File "x.py", line 1, in f\nValueError: an earlier one\n\nThe above exception was the direct cause of the '
-        'following exception:\n\nTraceback (most recent call last):\n  File "y.py", line 2, in g\n'
+        '  File "x.py", line 1, in f\ntorch.distributed.DistBackendError: an earlier one\n\n'
+        "The above exception was the direct cause of the following exception:\n\n"
+        'Traceback (most recent call last):\n  File "y.py", line 2, in g\n'
         "project.engine.history.Diverged: training diverged at step 3 (loss nan): lower the learning rate\n"
     )
     refusal = find_user_error(ProcessRaisedException(worker, 1, 123))
@@ -307,6 +335,27 @@ def test_a_sweep_jobs_error_file_is_rank_0s_alone(
     assert (sweep_job / ERROR_FILE).read_text() == "error: data.root=/nowhere: no such dir\n"
 
 
+@exit_on_user_error
+def stopped_rank() -> None:
+    raise RunStopped("stopped by SIGTERM in epoch 2: resume with ckpt_path=last", 143, on_every_rank=True)
+
+
+@pytest.mark.parametrize(("rank", "said"), [("1", False), ("0", True)])
+def test_a_stop_every_rank_meets_is_said_by_rank_0_and_logged_by_the_ranks_it_started(
+    rank: str, said: bool, log_file: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """Lightning's DDP launcher starts ranks 1.. from rank 0, whose line is the run's: theirs would repeat it."""
+    for variable in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as ended:
+        stopped_rank()
+    assert ended.value.code == 143
+    line = "error: stopped by SIGTERM in epoch 2: resume with ckpt_path=last"
+    assert capsys.readouterr().err == (f"{line}\n" if said else "")
+    assert log_file.read_text().rstrip().endswith(line)
+
+
 def raise_while_cleaning_up_after(error: BaseException) -> None:
     """A clean-up that fails inside an `except` block without `from`: `error` is only its implicit `__context__`."""
     try:
@@ -344,6 +393,7 @@ def test_a_user_error_behind_a_failed_clean_up_ends_in_its_line_not_a_traceback(
         ([1, 2], "a list of 2"),
         ("x\x1b[2J", "'x\\x1b[2J'"),
         ("a" * 100, "'" + "a" * 66 + "..."),
+        ("a" * 68, "'" + "a" * 68 + "'"),
     ],
 )
 def test_a_value_read_from_a_file_is_quoted_escaped_cut_or_named_by_its_kind(value, line):
