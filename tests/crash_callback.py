@@ -111,3 +111,15 @@ class HoldAtStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
         if trainer.global_step == self.step:
             time.sleep(self.seconds)
+
+
+class RaiseAtEpochStart(L.Callback):
+    """Raises a KeyError (a bug) when epoch `epoch` starts, in the process of global rank `rank` alone: the others go
+    on into the epoch's first collective."""
+
+    def __init__(self, epoch: int, rank: int) -> None:
+        self.epoch, self.rank = epoch, rank
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == self.epoch and trainer.global_rank == self.rank:
+            raise KeyError(f"a bug of rank {self.rank}'s")

@@ -402,6 +402,24 @@ def test_rank_1_killed_stops_the_run_naming_it(tmp_path: Path):
     assert_no_process_left(tmp_path)
 
 
+def test_a_bug_of_rank_0_alone_ends_the_run_in_its_traceback_and_kills_the_rank_left_in_a_collective(tmp_path: Path):
+    """Rank 1 waits in the epoch's first collective for a rank 0 that will never come: it is killed, not waited for,
+    and the bug is the line (no rank died before it)."""
+    bug = [
+        "+callbacks.bug._target_=tests.crash_callback.RaiseAtEpochStart",
+        "+callbacks.bug.epoch=1",
+        "+callbacks.bug.rank=0",
+    ]
+    with background_run([*LONG_TOY_RUN, *DDP, *bug, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path) as proc:
+        status = end_of(proc, tmp_path, timeout=30)
+    stdout, stderr = output_of(tmp_path)
+    assert status == 1, stderr[-3000:]
+    # torch prefixes the traceback of a rank's uncaught exception with the rank.
+    assert last_line(stderr) == '[rank0]: KeyError: "a bug of rank 0\'s"', stderr[-3000:]
+    assert "error:" not in stderr, "a bug is no error line of the user's"
+    assert_no_process_left(tmp_path)
+
+
 def test_rank_0_killed_takes_its_ranks_along_and_leaves_last_checkpoint_whole(tmp_path: Path):
     """SIGKILL cannot be handled: what counts is that last.ckpt is whole and no rank is left in a collective.
 
