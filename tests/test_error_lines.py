@@ -14,8 +14,9 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from project.engine.errors import (
@@ -354,6 +355,39 @@ def test_a_stop_every_rank_meets_is_said_by_rank_0_and_logged_by_the_ranks_it_st
     line = "error: stopped by SIGTERM in epoch 2: resume with ckpt_path=last"
     assert capsys.readouterr().err == (f"{line}\n" if said else "")
     assert log_file.read_text().rstrip().endswith(line)
+
+
+def test_a_stopped_sweep_job_ends_the_sweep_and_writes_no_error_file(sweep_job: Path, log_file: Path, capsys):
+    """A stop (SIGTERM, Ctrl-C) is no failure of the job: the sweep ends with its status, to be carried on."""
+    with pytest.raises(SystemExit) as ended:
+        stopped_rank()
+    assert ended.value.code == 143
+    assert capsys.readouterr().err == "error: stopped by SIGTERM in epoch 2: resume with ckpt_path=last\n"
+    assert not (sweep_job / ERROR_FILE).exists()
+
+
+def raise_hydras(cause: BaseException | None) -> None:
+    """Hydra's failure to merge an override, with the OmegaConf error behind it where there is one."""
+    raise ConfigCompositionException("Error merging override trainer.devices=[0") from cause
+
+
+@pytest.mark.parametrize(
+    ("cause", "printed"),
+    [
+        (None, ""),
+        (GrammarParseError("mismatched input '<EOF>' expecting ']'"), "mismatched input '<EOF>' expecting ']'\n"),
+    ],
+    ids=["alone", "with-omegaconfs-cause"],
+)
+def test_hydras_other_errors_print_as_hydra_prints_them_with_exit_1(
+    cause: BaseException | None, printed: str, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """Not a typo the engine can name: Hydra's own message, then the OmegaConf error behind it where there is one."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        run_hydra_app(lambda: raise_hydras(cause))
+    assert ended.value.code == 1
+    assert capsys.readouterr().err == "Error merging override trainer.devices=[0\n" + printed
 
 
 def raise_while_cleaning_up_after(error: BaseException) -> None:
