@@ -357,6 +357,22 @@ def test_a_stop_every_rank_meets_is_said_by_rank_0_and_logged_by_the_ranks_it_st
     assert log_file.read_text().rstrip().endswith(line)
 
 
+@exit_on_user_error
+def rank_left_alone() -> None:
+    raise RunStopped("another rank of the run is gone (Connection closed by peer); resume with ckpt_path=last", 1)
+
+
+def test_a_stop_one_rank_meets_alone_is_said_by_that_rank(log_file: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    """Rank 0 may be the one gone: rank 1's line is then the only one."""
+    for variable in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as ended:
+        rank_left_alone()
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.startswith("error: another rank of the run is gone")
+
+
 def test_a_stopped_sweep_job_ends_the_sweep_and_writes_no_error_file(sweep_job: Path, log_file: Path, capsys):
     """A stop (SIGTERM, Ctrl-C) is no failure of the job: the sweep ends with its status, to be carried on."""
     with pytest.raises(SystemExit) as ended:
