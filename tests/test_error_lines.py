@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from omegaconf import OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 from torch.multiprocessing.spawn import ProcessRaisedException
 
@@ -23,16 +24,18 @@ from project.engine.errors import (
     ERROR_FILE,
     RunStopped,
     UserError,
+    collective_timed_out,
     disk_refuses,
     error_line,
     exit_on_user_error,
     find_user_error,
+    loader_timed_out,
     lost_a_loader_worker,
     quoted,
     run_hydra_app,
     unwritable,
 )
-from project.engine.upstream import VERSION_BASE
+from project.engine.upstream import VERSION_BASE, register_resolver
 from tests.foreign_modules import RegressionData, RegressionModule
 from tests.helpers import CONF_DIR
 
@@ -180,21 +183,69 @@ def test_a_bug_that_python_reports_over_several_lines_is_its_last_the_exception_
     assert error_line(failed.value) == "error: SyntaxError: '(' was never closed"
 
 
-def test_a_resolvers_refusal_behind_omegaconfs_error_is_its_own_line():
-    """A resolver of the project (`${run_steps:...}`) refuses a value with a UserError, which OmegaConf wraps."""
+def refuse_the_value(value: int) -> None:
+    raise UserError(f"${{refusing:{value}}}: {value} gives no step: set a positive number of epochs")
+
+
+@pytest.fixture
+def refusing_resolver() -> Iterator[None]:
+    """`${refusing:...}`: a resolver that refuses its value with a UserError, as the project's own may."""
+    register_resolver("refusing", refuse_the_value)
     try:
-        try:
-            raise UserError("run_steps: trainer.max_epochs=0 gives no step: set a positive number of epochs")
-        except UserError as refusal:
-            raise InterpolationResolutionError("while resolving ${run_steps:2}") from refusal
-    except InterpolationResolutionError as error:
-        line = error_line(error)
-    assert line == "error: run_steps: trainer.max_epochs=0 gives no step: set a positive number of epochs"
+        yield
+    finally:
+        OmegaConf.clear_resolver("refusing")
+
+
+@pytest.mark.usefixtures("refusing_resolver")
+def test_a_resolvers_refusal_behind_omegaconfs_errors_is_its_own_line():
+    """OmegaConf wraps a resolver's exception in an error it raises while handling its own (the refusal is only the
+    implicit context of the error that reaches the entry point)."""
+    config = OmegaConf.create({"scheduler": {"total_steps": "${refusing:0}"}})
+    with pytest.raises(InterpolationResolutionError) as failed:
+        OmegaConf.to_container(config, resolve=True)
+    assert error_line(failed.value) == "error: ${refusing:0}: 0 gives no step: set a positive number of epochs"
+
+
+def test_a_value_naming_no_key_of_the_config_is_named_by_its_own_key():
+    config = OmegaConf.create({"data": {"batch_size": "${oops.size}"}})
+    with pytest.raises(InterpolationResolutionError) as failed:
+        OmegaConf.to_container(config, resolve=True)
+    assert error_line(failed.value) == (
+        "error: data.batch_size: Interpolation key 'oops.size' not found: point the ${...} at a key the config has "
+        "(--cfg job prints the config unresolved), or give the value itself"
+    )
 
 
 def test_torchs_word_of_a_killed_loader_worker_is_a_lost_worker():
     assert lost_a_loader_worker(RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. "))
     assert not lost_a_loader_worker(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
+class RefusingImages(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        raise ValueError(f"image {index} is not an image")
+
+
+def test_a_bug_met_in_the_loader_or_a_broken_connection_elsewhere_is_no_lost_worker():
+    """Only a broken connection inside torch's DataLoader is a worker that died handing over a batch."""
+    with pytest.raises(ValueError) as failed:
+        next(iter(torch.utils.data.DataLoader(RefusingImages())))
+    assert not lost_a_loader_worker(failed.value)
+    assert not lost_a_loader_worker(ConnectionResetError("the tracking server closed the connection"))
+
+
+def test_only_torchs_word_of_a_loader_that_sent_nothing_in_time_is_a_loader_timeout():
+    assert loader_timed_out(RuntimeError("DataLoader timed out after 5 seconds"))
+    assert not loader_timed_out(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
+def test_a_collectives_words_outside_a_process_group_are_no_timeout():
+    """A library's own "Timed out waiting" (a lock, a server) where this process is in no group of ranks."""
+    assert not collective_timed_out(RuntimeError("Timed out waiting for the lock on the study"))
 
 
 def test_a_user_error_a_spawned_worker_raised_is_its_one_line_and_exit_status():
@@ -448,6 +499,11 @@ def test_a_user_error_behind_a_failed_clean_up_ends_in_its_line_not_a_traceback(
 )
 def test_a_value_read_from_a_file_is_quoted_escaped_cut_or_named_by_its_kind(value, line):
     assert quoted(value, longest=70) == line
+
+
+def test_a_value_read_from_a_file_is_quoted_in_at_most_60_characters_unless_asked_otherwise():
+    assert quoted("a" * 58) == "'" + "a" * 58 + "'"
+    assert quoted("a" * 59) == "'" + "a" * 56 + "..."
 
 
 @pytest.mark.parametrize("name", ["EarlyStopping", "ModelCheckpoint"])
