@@ -144,6 +144,30 @@ def test_a_failed_write_that_said_no_error_number_is_the_disks_where_the_disk_is
     assert disk_refuses(checkpoints / "epoch=1.ckpt") is refuses
 
 
+@pytest.mark.parametrize(
+    ("error_number", "free", "why"),
+    [
+        (
+            errno.EROFS,
+            1 << 30,
+            "{checkpoints} cannot be written (a read-only disk, or no permission): make it writable, or",
+        ),
+        (None, 1 << 20, "file write failed:"),
+    ],
+    ids=["read-only-disk", "a-mebibyte-free"],
+)
+def test_a_read_only_disk_is_named_so_and_a_disk_with_a_mebibyte_free_is_not_full(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch, error_number: int | None, free: int, why: str
+):
+    usage = shutil.disk_usage(checkpoints)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free))
+    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", error_number, detail="file write failed"))
+    assert line == (
+        f"error: could not write {checkpoints}/epoch=1.ckpt: {why.format(checkpoints=checkpoints)} write the run "
+        "elsewhere (hydra.run.dir); kept: last.ckpt"
+    )
+
+
 def test_an_error_number_past_the_disks_own_is_said_in_its_own_words(checkpoints: Path):
     """An encrypted folder whose key was removed (ENOKEY, numbered above the quota's and the read-only disk's) is
     neither of those."""
