@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigKeyError
 
-from project.engine.errors import dotted_keys, nearest_keys, run_hydra_app, typo_message
+from project.engine.errors import dotted_keys, nearest_keys, run_hydra_app, typo_message, unknown_option
 from project.engine.upstream import VERSION_BASE
 from tests.helpers import CONF_DIR
 
@@ -34,6 +34,20 @@ def test_the_nearest_keys_are_beside_the_misspelt_one_or_under_the_nearest_paren
     keys: list[str], misspelt: str, nearest: list[str]
 ):
     assert nearest_keys(misspelt, keys) == nearest
+
+
+def test_at_most_three_nearest_keys_and_options_are_suggested_the_nearest_first(keys: list[str]):
+    """A config with Lightning's `limit_predict_batches` too (a user's): four `limit_*_batches` are near one
+    misspelling; a group of torch's optimizers: four are near `adamm`."""
+    assert nearest_keys("trainer.limit_train_bathes", [*keys, "trainer.limit_predict_batches"]) == [
+        "trainer.limit_train_batches",
+        "trainer.limit_val_batches",
+        "trainer.limit_test_batches",
+    ]
+    assert unknown_option("optimizer/adamm", ["adam", "adamw", "adamax", "nadam", "radam", "sgd"]) == (
+        "optimizer=adamm is not an option of optimizer: did you mean optimizer=adam or optimizer=radam or "
+        "optimizer=nadam? (optimizer has: adam, adamw, adamax, nadam, radam, sgd)"
+    )
 
 
 @pytest.mark.parametrize(
