@@ -15,6 +15,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from omegaconf import OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError
@@ -92,7 +93,7 @@ def refuse_unmarked(path: Path) -> None:
     [
         (
             load_yaml,
-            "error: {broken}, line 3, column 6 is not valid YAML (while parsing a flow sequence: expected ',' or ']', "
+            "error: {broken}, line 4, column 6 is not valid YAML (while parsing a flow sequence: expected ',' or ']', "
             "but got ':'): correct the file",
         ),
         (
@@ -108,7 +109,7 @@ def test_a_config_file_that_is_not_valid_yaml_is_one_line_naming_where_it_is_bro
     """Lines and columns counted from 1, as an editor counts them (the parser counts from 0)."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # run_hydra_app sets it; the test leaves it as it was
     broken = tmp_path / "broken.yaml"
-    broken.write_text("name: broken\nlayers: [1, 2\nwidth: 3\n")
+    broken.write_text("name: broken\nwidth: 3\nlayers: [1, 2\ndepth: 5\n")
     with pytest.raises(SystemExit) as ended:
         run_hydra_app(lambda: main(broken))
     assert ended.value.code == 2
@@ -369,15 +370,16 @@ def test_a_bug_in_a_sweeps_job_fails_that_job_alone(sweep_job: Path, log_file: P
     assert "in buggy_job" in log and log.rstrip().endswith("error: KeyError: 'weights'")
 
 
-def test_a_run_file_the_disk_refuses_names_the_checkpoints_the_run_kept(sweep_job: Path):
+@pytest.mark.parametrize("name", ["tensorboard/events.out.tfevents.1765000000.node1.4242.0", "train.log"])
+def test_a_run_file_the_disk_refuses_names_the_checkpoints_the_run_kept(sweep_job: Path, name: str):
     """A file of the run that is not a checkpoint (TensorBoard's events, named as its writer names them; the log):
     the run dir's checkpoints are kept."""
     (sweep_job / "checkpoints").mkdir()
     (sweep_job / "checkpoints" / "last.ckpt").write_bytes(b"")
-    events = sweep_job / "tensorboard" / "events.out.tfevents.1765000000.node1.4242.0"
-    line = error_line(unwritable(events, errno.EIO, detail="Input/output error"))
+    line = error_line(unwritable(sweep_job / name, errno.EIO, detail="Input/output error"))
     assert line == (
-        f"error: could not write {events}: Input/output error: write the run elsewhere (hydra.run.dir); kept: last.ckpt"
+        f"error: could not write {sweep_job / name}: Input/output error: write the run elsewhere (hydra.run.dir); "
+        "kept: last.ckpt"
     )
 
 
@@ -446,6 +448,18 @@ def test_a_stop_one_rank_meets_alone_is_said_by_that_rank(log_file: Path, monkey
         rank_left_alone()
     assert ended.value.code == 1
     assert capsys.readouterr().err.startswith("error: another rank of the run is gone")
+
+
+@exit_on_user_error
+def misconfigured_run() -> None:
+    raise MisconfigurationException("`Trainer(limit_val_batches=-1)` must be an int or a float")
+
+
+def test_a_lightning_misconfiguration_ends_the_run_in_its_line_with_a_user_errors_status(capsys):
+    with pytest.raises(SystemExit) as ended:
+        misconfigured_run()
+    assert ended.value.code == UserError.exit_status
+    assert capsys.readouterr().err == "error: `Trainer(limit_val_batches=-1)` must be an int or a float\n"
 
 
 def test_a_stopped_sweep_job_ends_the_sweep_and_writes_no_error_file(sweep_job: Path, log_file: Path, capsys):
