@@ -411,7 +411,8 @@ def test_a_bug_of_rank_0_alone_ends_the_run_in_its_traceback_and_kills_the_rank_
         "+callbacks.bug.rank=0",
     ]
     with background_run([*LONG_TOY_RUN, *DDP, *bug, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path) as proc:
-        status = end_of(proc, tmp_path, timeout=30)
+        # Well short of the minute a rank is waited for after a success (`HydraJobLauncher.finish`), start-up included.
+        status = end_of(proc, tmp_path, timeout=50)
     stdout, stderr = output_of(tmp_path)
     assert status == 1, stderr[-3000:]
     # torch prefixes the traceback of a rank's uncaught exception with the rank.
