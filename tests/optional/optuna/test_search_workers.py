@@ -30,7 +30,8 @@ STORAGES = {  # the URL, and the storage to read the study back with
 
 def worker_arguments(tmp_path: Path, worker: int, storage: str) -> list[str]:
     """Toy trials of a few epochs, each worker its own sweep dir, one storage for all; heartbeats each second, a
-    trial without one for 2 s taken for one whose worker is gone."""
+    trial without one for 6 s taken for one whose worker is gone. A live worker's heartbeat can miss 2 s on a busy
+    2-core machine (CI's, beside the suite's other processes): its trial would be taken for a dead one's."""
     return [
         "hydra.mode=MULTIRUN",
         "hparams_search=mnist_optuna",
@@ -40,7 +41,7 @@ def worker_arguments(tmp_path: Path, worker: int, storage: str) -> list[str]:
         f"hydra.sweeper.n_trials={TRIALS}",
         f"hydra.sweeper.storage={STORAGES[storage][0].format(dir=tmp_path)}",
         "hydra.sweeper.heartbeat_interval=1",
-        "hydra.sweeper.grace_period=2",
+        "hydra.sweeper.grace_period=6",
         f"hydra.sweep.dir={tmp_path}/worker-{worker}",
     ]
 
