@@ -26,8 +26,9 @@ import torch.distributed
 import torch.multiprocessing
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from project.engine.checkpoints import is_sharded, plain_checkpoint
 from project.engine.ddp import reserved_port
@@ -137,6 +138,16 @@ def fresh_interpreters() -> Iterator[None]:
         yield
     finally:
         FRESH = False
+
+
+@contextmanager
+def held_by_hydra(cfg: DictConfig) -> Iterator[None]:
+    """`cfg` as a run's `HydraConfig` holds it (what `hydra.main` sets), while the block lasts."""
+    HydraConfig.instance().set_config(cfg)
+    try:
+        yield
+    finally:
+        HydraConfig.instance().cfg = None
 
 
 def python() -> str:

@@ -8,8 +8,6 @@ import re
 import shutil
 import sys
 import typing
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +15,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.conf import ConfigSourceInfo
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import ProgressBar
@@ -44,7 +41,7 @@ from project.engine.config import (
 from project.engine.errors import UserError, error_line, find_user_error
 from project.engine.upstream import VERSION_BASE
 from tests.foreign_modules import FOREIGN_CONF
-from tests.helpers import CONF_DIR, SRUN_TASK_ZERO
+from tests.helpers import CONF_DIR, SRUN_TASK_ZERO, held_by_hydra
 
 GROUPS = sorted(path.name for path in CONF_DIR.iterdir() if path.is_dir() and path.name != "hydra")
 NEEDS_GPU = {("trainer", "gpu")}
@@ -60,16 +57,6 @@ def kept_in(tmp_path: Path) -> list[str]:
 
 def options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
-
-
-@contextmanager
-def held_by_hydra(cfg: DictConfig) -> Iterator[None]:
-    """`cfg` as a run's `HydraConfig` holds it, while the block lasts."""
-    HydraConfig.instance().set_config(cfg)
-    try:
-        yield
-    finally:
-        HydraConfig.instance().cfg = None
 
 
 def compose_train(tmp_path: Path, *overrides: str):

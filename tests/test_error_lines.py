@@ -13,7 +13,6 @@ import pytest
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
@@ -38,7 +37,7 @@ from project.engine.errors import (
 )
 from project.engine.upstream import VERSION_BASE, register_resolver
 from tests.foreign_modules import RegressionData, RegressionModule
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, held_by_hydra
 
 
 @pytest.fixture
@@ -338,11 +337,8 @@ def sweep_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     cfg.hydra.runtime.output_dir = str(output_dir)
-    HydraConfig.instance().set_config(cfg)
-    try:
+    with held_by_hydra(cfg):
         yield output_dir
-    finally:
-        HydraConfig.instance().cfg = None
 
 
 @exit_on_user_error

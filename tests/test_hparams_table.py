@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -16,7 +15,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from project.engine.reports import log_hyperparameters, log_to_tensorboard
 from project.engine.upstream import VERSION_BASE
-from tests.helpers import CONF_DIR, requires
+from tests.helpers import CONF_DIR, held_by_hydra, requires
 
 
 @pytest.mark.parametrize(
@@ -67,17 +66,14 @@ def logged_table(directory: Path, overrides: list[str]) -> EventAccumulator:
     """What TensorBoard reads of the table `log_to_tensorboard` writes for a run of `overrides`, right after."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=[*overrides, f"run_dir={directory}"], return_hydra_config=True)
-    HydraConfig.instance().set_config(OmegaConf.masked_copy(cfg, "hydra"))
-    logger = TensorBoardLogger(directory, name="tensorboard", version="", default_hp_metric=False)
-    config = OmegaConf.to_container(cfg)
-    for key in ("hydra", "run_dir"):  # as project.train logs it: the run dir is the run's name in the table
-        config.pop(key)
-    try:
+    with held_by_hydra(OmegaConf.masked_copy(cfg, "hydra")):
+        logger = TensorBoardLogger(directory, name="tensorboard", version="", default_hp_metric=False)
+        config = OmegaConf.to_container(cfg)
+        for key in ("hydra", "run_dir"):  # as project.train logs it: the run dir is the run's name in the table
+            config.pop(key)
         metrics = {"hp/train_loss": 0.25, "hp/val_loss": 0.5, "hp/val_acc": 0.75}  # one sorts before the first
         first = "/".join(["hp", "val_acc"])  # built as the run builds it, not the same object as the key
         log_to_tensorboard(logger, config, metrics, first_metric=first)
-    finally:
-        HydraConfig.instance().cfg = None
     events = EventAccumulator(str(directory / "tensorboard"))
     events.Reload()
     return events
