@@ -5,7 +5,7 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import lightning as L
@@ -42,25 +42,55 @@ from tests.helpers import CONF_DIR, held_by_hydra
 
 @pytest.fixture
 def checkpoints(tmp_path: Path) -> Path:
-    folder = tmp_path / "run" / "checkpoints"
+    return checkpoints_kept_in(tmp_path / "run")
+
+
+def checkpoints_kept_in(run_dir: Path) -> Path:
+    """The run's checkpoints folder, holding a last.ckpt."""
+    folder = run_dir / "checkpoints"
     folder.mkdir(parents=True)
     (folder / "last.ckpt").write_bytes(b"")
     return folder
 
 
-def test_a_disk_over_its_quota_is_named_so_with_the_checkpoints_kept(checkpoints: Path):
-    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", errno.EDQUOT))
-    assert line == (
-        f"error: could not write {checkpoints}/epoch=1.ckpt: the disk quota of {checkpoints} is used up: make room "
-        "there, or write the run elsewhere (hydra.run.dir); kept: last.ckpt"
-    )
+def with_free_space(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+    """Every disk as `shutil.disk_usage` reports it, with `free` bytes free."""
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free))
 
 
-def test_a_disk_that_refuses_for_another_reason_is_named_with_its_own_words(checkpoints: Path):
-    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", errno.EIO, detail="Input/output\n error"))
+@pytest.mark.parametrize(
+    ("error_number", "free", "detail", "why"),
+    [
+        (errno.EDQUOT, 1 << 30, "", "the disk quota of {checkpoints} is used up: make room there, or"),
+        (errno.EIO, 1 << 30, "Input/output\n error", "Input/output error:"),
+        # torch.save's own report of a full disk carries no error number: the free space tells.
+        (
+            None,
+            (1 << 20) - 1,
+            "file write failed",
+            "no space left on the disk of {checkpoints} (1048575 bytes free): make room there, or",
+        ),
+        (None, 1 << 20, "file write failed", "file write failed:"),
+        (
+            errno.EROFS,
+            1 << 30,
+            "file write failed",
+            "{checkpoints} cannot be written (a read-only disk, or no permission): make it writable, or",
+        ),
+        # An encrypted folder whose key was removed: numbered above the quota's and the read-only disk's, neither.
+        (errno.ENOKEY, 1 << 30, "Required key not available", "Required key not available:"),
+    ],
+    ids=["over-its-quota", "another-reason", "under-a-mebibyte-free", "a-mebibyte-free", "read-only", "key-removed"],
+)
+def test_a_write_the_disk_refused_is_named_with_why_and_the_checkpoints_kept(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch, error_number: int | None, free: int, detail: str, why: str
+):
+    with_free_space(monkeypatch, free)
+    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", error_number, detail=detail))
     assert line == (
-        f"error: could not write {checkpoints}/epoch=1.ckpt: Input/output error: write the run elsewhere "
-        "(hydra.run.dir); kept: last.ckpt"
+        f"error: could not write {checkpoints}/epoch=1.ckpt: {why.format(checkpoints=checkpoints)} write the run "
+        "elsewhere (hydra.run.dir); kept: last.ckpt"
     )
 
 
@@ -115,19 +145,6 @@ def test_a_config_file_that_is_not_valid_yaml_is_one_line_naming_where_it_is_bro
     assert capsys.readouterr().err == line.format(broken=broken) + "\n"
 
 
-def test_a_disk_with_less_than_a_mebibyte_free_is_full_whatever_the_writer_said(
-    checkpoints: Path, monkeypatch: pytest.MonkeyPatch
-):
-    """torch.save's own report of a full disk carries no error number: the free space tells."""
-    usage = shutil.disk_usage(checkpoints)
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=(1 << 20) - 1))
-    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", None, detail="file write failed"))
-    assert line == (
-        f"error: could not write {checkpoints}/epoch=1.ckpt: no space left on the disk of {checkpoints} (1048575 "
-        "bytes free): make room there, or write the run elsewhere (hydra.run.dir); kept: last.ckpt"
-    )
-
-
 @pytest.mark.parametrize(
     ("free", "writable", "refuses"),
     [(1 << 30, True, False), (1 << 20, True, False), ((1 << 20) - 1, True, True), (1 << 30, False, True)],
@@ -138,44 +155,9 @@ def test_a_failed_write_that_said_no_error_number_is_the_disks_where_the_disk_is
 ):
     """torch.save's RuntimeError says no error number: the disk is asked, and where it has room and may be written
     the failure is not the disk's (a checkpoint that cannot be pickled keeps its traceback)."""
-    usage = shutil.disk_usage(checkpoints)
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free))
+    with_free_space(monkeypatch, free)
     monkeypatch.setattr(os, "access", lambda path, mode: writable)
     assert disk_refuses(checkpoints / "epoch=1.ckpt") is refuses
-
-
-@pytest.mark.parametrize(
-    ("error_number", "free", "why"),
-    [
-        (
-            errno.EROFS,
-            1 << 30,
-            "{checkpoints} cannot be written (a read-only disk, or no permission): make it writable, or",
-        ),
-        (None, 1 << 20, "file write failed:"),
-    ],
-    ids=["read-only-disk", "a-mebibyte-free"],
-)
-def test_a_read_only_disk_is_named_so_and_a_disk_with_a_mebibyte_free_is_not_full(
-    checkpoints: Path, monkeypatch: pytest.MonkeyPatch, error_number: int | None, free: int, why: str
-):
-    usage = shutil.disk_usage(checkpoints)
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free))
-    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", error_number, detail="file write failed"))
-    assert line == (
-        f"error: could not write {checkpoints}/epoch=1.ckpt: {why.format(checkpoints=checkpoints)} write the run "
-        "elsewhere (hydra.run.dir); kept: last.ckpt"
-    )
-
-
-def test_an_error_number_past_the_disks_own_is_said_in_its_own_words(checkpoints: Path):
-    """An encrypted folder whose key was removed (ENOKEY, numbered above the quota's and the read-only disk's) is
-    neither of those."""
-    line = error_line(unwritable(checkpoints / "epoch=1.ckpt", errno.ENOKEY, detail="Required key not available"))
-    assert line == (
-        f"error: could not write {checkpoints}/epoch=1.ckpt: Required key not available: write the run elsewhere "
-        "(hydra.run.dir); kept: last.ckpt"
-    )
 
 
 def test_an_os_error_of_a_full_disk_is_the_users_whichever_writer_met_it(checkpoints: Path):
@@ -370,8 +352,7 @@ def test_a_bug_in_a_sweeps_job_fails_that_job_alone(sweep_job: Path, log_file: P
 def test_a_run_file_the_disk_refuses_names_the_checkpoints_the_run_kept(sweep_job: Path, name: str):
     """A file of the run that is not a checkpoint (TensorBoard's events, named as its writer names them; the log):
     the run dir's checkpoints are kept."""
-    (sweep_job / "checkpoints").mkdir()
-    (sweep_job / "checkpoints" / "last.ckpt").write_bytes(b"")
+    checkpoints_kept_in(sweep_job)
     line = error_line(unwritable(sweep_job / name, errno.EIO, detail="Input/output error"))
     assert line == (
         f"error: could not write {sweep_job / name}: Input/output error: write the run elsewhere (hydra.run.dir); "
@@ -381,8 +362,7 @@ def test_a_run_file_the_disk_refuses_names_the_checkpoints_the_run_kept(sweep_jo
 
 def test_a_checkpoint_written_outside_the_run_names_the_checkpoints_of_its_own_folder(sweep_job: Path, tmp_path: Path):
     """A ModelCheckpoint of the user's with a dirpath of its own: that folder's checkpoints are the ones kept."""
-    (sweep_job / "checkpoints").mkdir()
-    (sweep_job / "checkpoints" / "last.ckpt").write_bytes(b"")
+    checkpoints_kept_in(sweep_job)
     elsewhere = tmp_path / "best"
     elsewhere.mkdir()
     (elsewhere / "epoch=1.ckpt").write_bytes(b"")
@@ -414,14 +394,20 @@ def stopped_rank() -> None:
     raise RunStopped("stopped by SIGTERM in epoch 2: resume with ckpt_path=last", 143, on_every_rank=True)
 
 
-@pytest.mark.parametrize(("rank", "said"), [("1", False), ("0", True)])
-def test_a_stop_every_rank_meets_is_said_by_rank_0_and_logged_by_the_ranks_it_started(
-    rank: str, said: bool, log_file: Path, monkeypatch: pytest.MonkeyPatch, capsys
-):
-    """Lightning's DDP launcher starts ranks 1.. from rank 0, whose line is the run's: theirs would repeat it."""
+@pytest.fixture
+def lightning_rank(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Sets this process's rank as Lightning's DDP launcher announces it: RANK alone (no srun, no torchrun)."""
     for variable in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
         monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("RANK", rank)
+    return lambda rank: monkeypatch.setenv("RANK", rank)
+
+
+@pytest.mark.parametrize(("rank", "said"), [("1", False), ("0", True)])
+def test_a_stop_every_rank_meets_is_said_by_rank_0_and_logged_by_the_ranks_it_started(
+    rank: str, said: bool, log_file: Path, lightning_rank: Callable[[str], None], capsys
+):
+    """Lightning's DDP launcher starts ranks 1.. from rank 0, whose line is the run's: theirs would repeat it."""
+    lightning_rank(rank)
     with pytest.raises(SystemExit) as ended:
         stopped_rank()
     assert ended.value.code == 143
@@ -435,11 +421,11 @@ def rank_left_alone() -> None:
     raise RunStopped("another rank of the run is gone (Connection closed by peer); resume with ckpt_path=last", 1)
 
 
-def test_a_stop_one_rank_meets_alone_is_said_by_that_rank(log_file: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+def test_a_stop_one_rank_meets_alone_is_said_by_that_rank(
+    log_file: Path, lightning_rank: Callable[[str], None], capsys
+):
     """Rank 0 may be the one gone: rank 1's line is then the only one."""
-    for variable in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("RANK", "1")
+    lightning_rank("1")
     with pytest.raises(SystemExit) as ended:
         rank_left_alone()
     assert ended.value.code == 1
