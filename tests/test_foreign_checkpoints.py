@@ -200,6 +200,12 @@ def test_a_file_torch_reads_that_is_no_lightning_checkpoint_is_named_by_what_it_
     )
 
 
+def rebuilt_for_evaluate(*overrides: str) -> tuple:
+    """The data module and module `project.evaluate` rebuilds from the checkpoint `overrides` name."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        return rebuild_trained(compose("evaluate", overrides=list(overrides)), "evaluate")
+
+
 def test_a_data_modules_state_stored_in_the_checkpoint_is_restored_where_its_run_is_rebuilt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -211,8 +217,7 @@ def test_a_data_modules_state_stored_in_the_checkpoint_is_restored_where_its_run
     torch.save(stored, checkpoint)
     loaded = []
     monkeypatch.setattr(ToyDataModule, "load_state_dict", lambda self, state: loaded.append(state), raising=False)
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        datamodule, _ = rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}"]), "evaluate")
+    datamodule, _ = rebuilt_for_evaluate(f"ckpt_path={checkpoint}")
     assert isinstance(datamodule, ToyDataModule) and loaded == [{"vocabulary": ["circle", "stripe"]}]
 
 
@@ -257,8 +262,7 @@ def test_evaluate_and_predict_prepare_the_rebuilt_data_inside_the_confinement_th
     seen = []
     monkeypatch.setattr(ToyDataModule, "prepare_data", lambda self: seen.append(trusted_targets.ACTIVE_CONFINEMENT))
     checkpoint = untrained_toy_checkpoint(tmp_path)
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        datamodule, module = rebuild_trained(compose("evaluate", overrides=[f"ckpt_path={checkpoint}"]), "evaluate")
+    datamodule, module = rebuilt_for_evaluate(f"ckpt_path={checkpoint}")
     datamodule.prepare_data()
     assert isinstance(seen[0], trusted_targets.Confinement) and trusted_targets.ACTIVE_CONFINEMENT is None
     assert (datamodule.setup.__name__, module.prepare_data.__name__) == ("setup", "prepare_data")
@@ -267,8 +271,8 @@ def test_evaluate_and_predict_prepare_the_rebuilt_data_inside_the_confinement_th
 def test_a_data_key_the_checkpoints_data_lacks_is_refused_naming_the_first_and_the_keys_it_has(tmp_path: Path):
     checkpoint = untrained_toy_checkpoint(tmp_path)
     given = [f"ckpt_path={checkpoint}", "+data.zzz=1", "+data.nope=1"]
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE), pytest.raises(UserError) as refused:
-        rebuild_trained(compose("evaluate", overrides=given), "evaluate")
+    with pytest.raises(UserError) as refused:
+        rebuilt_for_evaluate(*given)
     said = str(refused.value)
     assert said.startswith("data.nope: the checkpoint's data (project.example.data.ToyDataModule) has no such key")
     assert said.split("; it has ")[1].startswith("batch_size, drop_last, seed, folds"), said
