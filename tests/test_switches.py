@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 from project.engine import run_dir
@@ -27,7 +28,7 @@ from project.engine.ddp import (
     check_same_config_on_every_rank,
     differing_keys,
 )
-from project.engine.errors import RunStopped, UserError
+from project.engine.errors import RunStopped, UserError, exit_on_user_error
 from project.engine.job import isolated_job, stop_if_signalled
 from project.engine.upstream import VERSION_BASE
 from tests.collective_counter import count_collectives
@@ -323,6 +324,78 @@ def test_a_sigterm_noted_on_any_rank_after_fit_stops_the_job_there_in_one_line(t
     assert not left_behind, "the job's end takes its process group down, for the next job's"
     assert stopped.value.exit_status == 128 + signal.SIGTERM
     assert str(stopped.value) == "stopped by SIGTERM in epoch 2: it had written no checkpoint yet: run it again"
+
+
+@pytest.mark.parametrize(("rank", "said"), [("1", False), ("0", True)])
+@pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl-C"])
+def test_a_stop_that_reaches_every_rank_is_said_by_rank_0_alone(
+    stop: str, rank: str, said: bool, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """A scheduler's SIGTERM and a terminal's Ctrl-C reach every rank of the run at once: each rank stops with the
+    signal's status, and rank 1's line would only repeat rank 0's (Lightning's launcher started it, RANK alone)."""
+    for variable in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("RANK", rank)
+
+    @exit_on_user_error
+    def job() -> None:
+        with isolated_job(ended_job(interrupted=True, current_epoch=2)):
+            if stop == "SIGTERM":
+                raise SIGTERMException
+            sys.exit(1)  # Lightning's, on Ctrl-C
+
+    with pytest.raises(SystemExit) as ended:
+        job()
+    assert ended.value.code == 128 + (signal.SIGTERM if stop == "SIGTERM" else signal.SIGINT)
+    line = "stopped by SIGTERM in epoch 2" if stop == "SIGTERM" else "interrupted by the user (Ctrl-C)"
+    assert capsys.readouterr().err.startswith(f"error: {line}: ") is said
+
+
+# What a collective says where another rank has died: gloo's one line, and NCCL's several.
+GLOO_LOST_PEER = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:31669. This is "
+    "typically caused by a remote worker crashing. Check the logs of the remote worker before reporting an error."
+)
+NCCL_LOST_PEER = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, remote process exited or there "
+    "was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a network error or a "
+    "remote process exiting prematurely.\nLast error:\nNET/Socket : socket closed"
+)
+
+
+@pytest.mark.parametrize("said", [GLOO_LOST_PEER, NCCL_LOST_PEER], ids=["gloo", "nccl"])
+def test_a_rank_whose_collective_lost_another_rank_stops_in_one_line_with_the_backends_first(said: str, tmp_path: Path):
+    """Under torchrun and srun no rank is the others' parent: a rank left behind names what its backend said, on one
+    line (NCCL's message runs on for several), and ends with status 1, as docs/torchrun.md gives."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        with pytest.raises(RunStopped) as stopped, isolated_job(ended_job()):
+            raise RuntimeError(said)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert stopped.value.exit_status == 1
+    first_line = said.splitlines()[0]
+    assert str(stopped.value) == (
+        f"another rank of the run is gone ({first_line}); it had written no checkpoint yet: run it again"
+    )
+
+
+def test_a_rank_that_dies_as_rank_zeros_collective_breaks_is_named_not_the_collective():
+    """A rank killed mid-step (out of memory, `kill -9`) breaks rank 0's collective a moment before rank 0 can see it
+    dead: rank 0's job gives its children a second, so that the line names the rank and how it ended."""
+    launcher = HydraJobLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    dying = subprocess.Popen(["sh", "-c", "read line; sleep 0.1; exit 3"], stdin=subprocess.PIPE)
+    launcher.procs.append(dying)
+    with pytest.raises(UserError) as stopped, isolated_job(ended_job(strategy=launched_by(launcher))):
+        dying.stdin.close()  # it starts to end: its connections are closed, its exit not yet seen
+        raise RuntimeError(GLOO_LOST_PEER)
+    assert re.fullmatch(r"rank 1 \(pid \d+\) exited with code 3: the run stops", str(stopped.value))
+
+
+def launched_by(launcher: HydraJobLauncher) -> object:
+    """A strategy whose launcher started the run's other ranks, as `isolated_job` reads it."""
+    return type("Strategy", (), {"launcher": launcher})()
 
 
 @pytest.mark.slow
