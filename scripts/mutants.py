@@ -6,8 +6,11 @@ that module, and only those: a mutant another module's tests catch still counts 
 maintainer would not see the failure. A mutant is killed when its guard files fail (or hang past the timeout).
 
 Mutants are applied to a scratch copy of the repository (the files git lists), never to the work tree, so a stopped
-run leaves nothing edited. A killing test is run once more on the unmutated copy: a test that fails anyway kills
-nothing, and the run says so. Mutants inside type annotations are left out (a `|` made `+` there tests nothing).
+run leaves nothing edited. On Linux the run is the first process of a PID namespace of its own (`confinement`): a
+mutant that kills by pid (`startup.end_children` made to kill every process but its children) reaches only the run's
+processes, not the user's or, as root, the machine's. A killing test is run once more on the unmutated copy: a test
+that fails anyway kills nothing, and the run says so. Mutants inside type annotations are left out (a `|` made `+`
+there tests nothing).
 
 `make mutants` installs cosmic-ray into .venv and runs this; `SAMPLE=N` runs N mutants per module, drawn with `SEED`
 (docs/testing.md, "Mutation score").
@@ -42,6 +45,51 @@ PYTHON = sys.executable
 PYTEST_OPTIONS = ["-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-p", "scripts.mutants", "-rfE", "--tb=no"]
 # pytest's `-rfE` line of a failed test: its node id, whose parameters may hold spaces, then ` - ` and the message.
 FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[.*?\])?)(?= - |$)", flags=re.MULTILINE)
+# Set in the run that `run_confined` started in a PID namespace of its own.
+CONFINED = "PROJECT_MUTANTS_CONFINED"
+
+
+def confinement() -> list[str]:
+    """The command prefix that runs a command as the first process of a PID namespace, with a /proc of its own: it
+    sees, and can signal, only its own descendants. A user other than root makes a user namespace for it too."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-current-user"]
+    # Ctrl-C, or the end of `unshare` however it ends, reaches the run as SIGINT: its scratch copy is removed.
+    return ["unshare", *user, "--pid", "--fork", "--mount-proc", "--kill-child=SIGINT"]
+
+
+def run_confined(argv: list[str]) -> int:
+    """This script again, with `argv`, inside `confinement`; an error line where this machine cannot make one."""
+    try:
+        tried = subprocess.run([*confinement(), "true"], capture_output=True, text=True)
+        why = tried.stderr.strip().splitlines()[-1] if tried.returncode else ""
+    except FileNotFoundError:
+        why = "there is no `unshare` command (util-linux)"
+    if why:
+        print(
+            f"error: the mutants run in a PID namespace of their own, as a mutant may kill every process it can see, "
+            f"and none could be made here ({why}): run as root, or where unprivileged user namespaces are allowed",
+            file=sys.stderr,
+        )
+        return 2
+    command = [*confinement(), sys.executable, str(Path(__file__).resolve()), *argv]
+    return subprocess.run(command, env=os.environ | {CONFINED: "1"}).returncode
+
+
+def restart_what_a_mutant_killed() -> None:
+    """A mutant that kills processes may have ended the preloaded Python, which the next pytest needs (this mutant's
+    check on the unmutated copy, the next mutant's): start it again. As its namespace's first process, this run is
+    also the parent of every process whose own parent ended first: reap those, which would otherwise stay zombies."""
+    from tests.preloaded_python import PreloadedPython
+
+    server = PreloadedPython.get()  # a new one where the old one is gone
+    if os.getpid() != 1:
+        return
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != server.server.pid:
+            try:
+                os.waitpid(int(entry.name), os.WNOHANG)
+            except ChildProcessError:  # not this run's child
+                continue
 
 
 def route_table_guards(page: str | None = None) -> dict[str, list[str]]:
@@ -234,13 +282,14 @@ def preloaded_pytest(copy: Path) -> Iterator[None]:
     sys.path.insert(0, str(copy))
     from tests.preloaded_python import PreloadedPython
 
-    server = PreloadedPython.get()
-    os.environ.update(server.environment())
+    os.environ.update(PreloadedPython.get().environment())
     try:
         yield
     finally:
-        server.server.stdin.close()
-        server.server.wait()
+        # The one running now: a mutant's kills may have made `restart_what_a_mutant_killed` start another.
+        server = PreloadedPython.get().server
+        server.stdin.close()
+        server.wait()
 
 
 @dataclass
@@ -371,6 +420,7 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
             result = mutate_and_test([spec], mutant_test_command(paths), timeout)
         finally:
             os.environ.pop(SELECTED_TESTS, None)
+            restart_what_a_mutant_killed()
     if result.diff is None:
         return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_APPLIED)
     survived, tests = result.test_outcome == TestOutcome.SURVIVED, selected if selected is not None else paths
@@ -579,4 +629,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-    sys.exit(main())
+    confined = sys.platform != "linux" or CONFINED in os.environ
+    sys.exit(main() if confined else run_confined(sys.argv[1:]))

@@ -2,7 +2,11 @@
 and names the test that killed it: the choice must never leave out a test that could see the mutant, nor the name
 misread a kill as a survivor."""
 
+import subprocess
+import sys
 from types import SimpleNamespace
+
+import pytest
 
 from scripts import mutants
 
@@ -99,3 +103,31 @@ def test_a_pytest_that_stops_without_a_failing_test_kills_the_mutant_only_where_
     assert mutants.judged("m", 3, "a → b", False, failing, ["t.py::x"], unmutated(fails=False)).by == "t.py::x"
     assert asked[-1] == ["t.py::x"]
     assert not mutants.judged("m", 3, "a → b", True, "", ["t.py::x"], unmutated(fails=False)).killed
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PID namespaces are Linux's: elsewhere the run is not confined")
+def test_a_mutant_sees_and_can_signal_only_the_processes_of_its_own_run():
+    """`startup.end_children` made to kill every process but its children would end, unconfined, every process of
+    the user who runs `make mutants` (of the machine, as root): confined, the run is its namespace's first process,
+    which its own processes cannot kill, and the only other one it sees."""
+    listing = "import os; print(os.getpid(), sorted(int(name) for name in os.listdir('/proc') if name.isdigit()))"
+    command = [
+        *mutants.confinement(),
+        sys.executable,
+        "-c",
+        f"import subprocess, sys; subprocess.run([sys.executable, '-c', {listing!r}])",
+    ]
+    ran = subprocess.run(command, capture_output=True, text=True)
+    if ran.returncode and "unshare" in ran.stderr:
+        pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
+    assert ran.stdout.split(maxsplit=1) == ["2", "[1, 2]\n"], ran.stderr
+
+
+def test_where_no_namespace_can_be_made_the_run_is_refused_in_one_line_naming_why(monkeypatch, capsys):
+    refusal = "unshare: unshare failed: Operation not permitted"
+    monkeypatch.setattr(mutants, "confinement", lambda: [sys.executable, "-c", f"import sys; sys.exit({refusal!r})"])
+    assert mutants.run_confined(["startup"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: the mutants run in a PID namespace of their own, as a mutant may kill every process it can see, and "
+        f"none could be made here ({refusal}): run as root, or where unprivileged user namespaces are allowed"
+    ]
