@@ -26,6 +26,7 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -72,7 +73,13 @@ def run_confined(argv: list[str]) -> int:
         )
         return 2
     command = [*confinement(), sys.executable, str(Path(__file__).resolve()), *argv]
-    return subprocess.run(command, env=os.environ | {CONFINED: "1"}).returncode
+    # A temp dir of its own: names there that carry a pid (the preloaded Python's socket dir) would otherwise meet
+    # those of a run beside it, whose pids count from 1 too.
+    own_tmp = tempfile.mkdtemp(prefix="mutants-run-")
+    try:
+        return subprocess.run(command, env=os.environ | {CONFINED: "1", "TMPDIR": own_tmp}).returncode
+    finally:
+        shutil.rmtree(own_tmp, ignore_errors=True)
 
 
 def restart_what_a_mutant_killed() -> None:
@@ -629,5 +636,10 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    if CONFINED in os.environ:
+        # `unshare` ignores both while it waits for this run, which would inherit that (and its tests, whose Ctrl-C
+        # and SIGTERM they send then do nothing); as the namespace's first process it would ignore SIGTERM anyway.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     confined = sys.platform != "linux" or CONFINED in os.environ
     sys.exit(main() if confined else run_confined(sys.argv[1:]))
