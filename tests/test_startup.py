@@ -2,6 +2,7 @@
 aside. Real signals to real runs (imports, DDP's rendezvous, a sweep's job, ddp_spawn) are in tests/test_faults.py;
 here the moments those tests cannot aim at: a SIGTERM the handler noted just before training started."""
 
+import os
 import signal
 import sys
 import threading
@@ -115,6 +116,34 @@ def test_a_rank_that_rank_zero_started_ends_without_a_line(armed, monkeypatch, c
     with pytest.raises(Exited):
         armed.stop()
     assert capsys.readouterr().err.startswith("error: stopped by SIGTERM while starting")
+
+
+def thread_reading(pipe: int) -> tuple[threading.Thread, list[int]]:
+    """The start-up's signal thread on `pipe`, started; the status it ended the process with, once it has."""
+    ended: list[int] = []
+
+    def read() -> None:
+        try:
+            startup.read_signals(pipe)
+        except Exited as exited:
+            ended.extend(exited.args)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, ended
+
+
+def test_the_thread_ends_the_run_where_the_handler_does_not_run_as_in_a_call_of_c(armed, capsys):
+    """Inside torch's rendezvous or an import of C, Python runs no handler until the call returns: the thread waits
+    its `HANDLER_WAIT` for the handler, then ends the run itself."""
+    read_end, write_end = os.pipe()
+    thread, ended = thread_reading(read_end)
+    os.write(write_end, bytes([signal.SIGTERM]))  # what Python's C handler writes to the wake-up fd
+    thread.join(timeout=10)
+    os.close(write_end)
+    os.close(read_end)
+    assert ended == [143], "the thread ended the run (10 s bounds a hang; it waits 0.2 s)"
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
 
 
 def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(monkeypatch):
