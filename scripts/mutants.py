@@ -76,6 +76,9 @@ def run_confined(argv: list[str]) -> int:
     # A temp dir of its own: names there that carry a pid (the preloaded Python's socket dir) would otherwise meet
     # those of a run beside it, whose pids count from 1 too.
     own_tmp = tempfile.mkdtemp(prefix="mutants-run-")
+    # A `kill` of this process ends the run as Ctrl-C does: `unshare` is killed, and its `--kill-child` signal stops
+    # the run inside.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return subprocess.run(command, env=os.environ | {CONFINED: "1", "TMPDIR": own_tmp}).returncode
     finally:
