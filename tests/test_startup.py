@@ -185,6 +185,7 @@ def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(m
         (["python", "--check-hash-based-pycs", "always", "-m", "project.train"], True),  # the one long option's value
         (["python", "--check-hash-based-pycs", "never", "project/train.py"], True),
         (["python", "--", "-mproject.train"], False),  # after `--`, a script's name, whatever it starts with
+        (["python", "-", "project/train.py"], False),  # `-`: the program is stdin, the rest its arguments
     ],
 )
 def test_only_a_training_launch_is_armed_as_the_package_is_imported(monkeypatch, command, training):
