@@ -187,6 +187,7 @@ def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(m
         (["python", "--", "-mproject.train"], False),  # after `--`, a script's name, whatever it starts with
         (["python", "-", "project/train.py"], False),  # `-`: the program is stdin, the rest its arguments
         (["python", "scripts/train.py"], False),  # a train.py of the user's own, in another folder
+        (["python", "-u"], False),  # the prompt, after an option
     ],
 )
 def test_only_a_training_launch_is_armed_as_the_package_is_imported(monkeypatch, command, training):
