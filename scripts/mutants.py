@@ -62,7 +62,8 @@ def run_confined(argv: list[str]) -> int:
     """This script again, with `argv`, inside `confinement`; an error line where this machine cannot make one."""
     try:
         tried = subprocess.run([*confinement(), "true"], capture_output=True, text=True)
-        why = tried.stderr.strip().splitlines()[-1] if tried.returncode else ""
+        said = tried.stderr.strip().splitlines() or [f"`unshare` exited with {tried.returncode}"]
+        why = said[-1] if tried.returncode else ""
     except FileNotFoundError:
         why = "there is no `unshare` command (util-linux)"
     if why:
