@@ -279,7 +279,7 @@ class LoggerThatCannotFinish:
 
 def ended_job(**trainer: object) -> object:
     """What `isolated_job` reads of a Trainer whose job ends before any checkpoint, on one process."""
-    strategy = trainer.pop("strategy", type("Strategy", (), {"launcher": None})())
+    strategy = trainer.pop("strategy", launched_by(None))
     plain = {"strategy": strategy, "loggers": [], "checkpoint_callbacks": [], "datamodule": None, "current_epoch": 0}
     return type("Trainer", (), plain | trainer)()
 
@@ -393,8 +393,8 @@ def test_a_rank_that_dies_as_rank_zeros_collective_breaks_is_named_not_the_colle
     assert re.fullmatch(r"rank 1 \(pid \d+\) exited with code 3: the run stops", str(stopped.value))
 
 
-def launched_by(launcher: HydraJobLauncher) -> object:
-    """A strategy whose launcher started the run's other ranks, as `isolated_job` reads it."""
+def launched_by(launcher: HydraJobLauncher | None) -> object:
+    """A strategy whose launcher started the run's other ranks (None: a single process), as `isolated_job` reads it."""
     return type("Strategy", (), {"launcher": launcher})()
 
 
