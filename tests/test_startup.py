@@ -146,6 +146,28 @@ def test_the_thread_ends_the_run_where_the_handler_does_not_run_as_in_a_call_of_
     assert capsys.readouterr().err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
 
 
+def test_the_thread_leaves_a_signal_to_the_handler_that_runs_within_its_wait(armed, monkeypatch, capsys):
+    """The thread wakes as the signal comes, before Python runs any handler: it gives the handler `HANDLER_WAIT` to
+    run. Here the handler that runs is Lightning's, set meanwhile (its graceful stop), chaining this module's: the
+    thread leaves the stop to it, and acts on the next signal no handler takes."""
+    monkeypatch.setattr(startup, "HANDLER_WAIT", 0.9)  # a wait of under a second, longer than this test's steps
+    read_end, write_end = os.pipe()
+    thread, ended = thread_reading(read_end)
+    os.write(write_end, bytes([signal.SIGTERM]))
+    thread.join(timeout=0.3)  # a thread that acts at once has ended the run by now
+    assert ended == [], "the thread waited for the handler"
+    monkeypatch.setattr(startup.signal, "getsignal", lambda number: signal.default_int_handler)
+    startup.on_sigterm(signal.SIGTERM, None)  # as Lightning's handler calls the one it found
+    monkeypatch.setattr(startup.signal, "getsignal", lambda number: startup.on_sigterm)
+    os.write(write_end, bytes([signal.SIGTERM]))  # the next, taken by no handler
+    thread.join(timeout=10)
+    os.close(write_end)
+    os.close(read_end)
+    assert ended == [143], "the thread ended the run on the next signal"
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
+
+
 def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(monkeypatch):
     """Only the main thread may set a signal's handler (elsewhere `signal.signal` raises): from another thread `arm`
     does nothing, rather than fail or take the process for armed with no handler set."""
