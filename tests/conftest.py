@@ -5,7 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -202,6 +202,14 @@ def mnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture
+def lightning_rank(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Sets this process's rank as Lightning's DDP launcher announces it: RANK alone (no srun, no torchrun)."""
+    for variable in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    return lambda rank: monkeypatch.setenv("RANK", rank)
 
 
 @pytest.fixture(scope="module")

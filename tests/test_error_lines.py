@@ -394,14 +394,6 @@ def stopped_rank() -> None:
     raise RunStopped("stopped by SIGTERM in epoch 2: resume with ckpt_path=last", 143, on_every_rank=True)
 
 
-@pytest.fixture
-def lightning_rank(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """Sets this process's rank as Lightning's DDP launcher announces it: RANK alone (no srun, no torchrun)."""
-    for variable in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
-        monkeypatch.delenv(variable, raising=False)
-    return lambda rank: monkeypatch.setenv("RANK", rank)
-
-
 @pytest.mark.parametrize(("rank", "said"), [("1", False), ("0", True)])
 def test_a_stop_every_rank_meets_is_said_by_rank_0_and_logged_by_the_ranks_it_started(
     rank: str, said: bool, log_file: Path, lightning_rank: Callable[[str], None], capsys

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,7 @@ from tests.helpers import (
     free_port,
     histories,
     mnist_overrides,
+    one_rank_process_group,
     python,
     read_json,
     requires,
@@ -308,8 +310,7 @@ def test_a_sys_exit_inside_a_job_keeps_its_status_unless_lightning_ended_it_for_
 def test_a_sigterm_noted_on_any_rank_after_fit_stops_the_job_there_in_one_line(tmp_path: Path):
     """Between fit and test (and after test) the ranks ask each other whether SIGTERM reached one of them, as no
     training step is left to agree on it; here on a group of this process alone, which the job's end takes down."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
+    with one_rank_process_group(tmp_path):
         strategy = HydraDDPStrategy()
         strategy.sigterm_agreement = DeferredAgreement(size=1)
         trainer = ended_job(strategy=strategy, current_epoch=2)
@@ -317,11 +318,7 @@ def test_a_sigterm_noted_on_any_rank_after_fit_stops_the_job_there_in_one_line(t
         strategy.sigterm_pending = True
         with pytest.raises(RunStopped) as stopped, isolated_job(trainer):
             stop_if_signalled(trainer)
-    finally:
-        left_behind = dist.is_initialized()
-        if left_behind:
-            dist.destroy_process_group()
-    assert not left_behind, "the job's end takes its process group down, for the next job's"
+        assert not dist.is_initialized(), "the job's end takes its process group down, for the next job's"
     assert stopped.value.exit_status == 128 + signal.SIGTERM
     assert str(stopped.value) == "stopped by SIGTERM in epoch 2: it had written no checkpoint yet: run it again"
 
@@ -329,13 +326,11 @@ def test_a_sigterm_noted_on_any_rank_after_fit_stops_the_job_there_in_one_line(t
 @pytest.mark.parametrize(("rank", "said"), [("1", False), ("0", True)])
 @pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl-C"])
 def test_a_stop_that_reaches_every_rank_is_said_by_rank_0_alone(
-    stop: str, rank: str, said: bool, monkeypatch: pytest.MonkeyPatch, capsys
+    stop: str, rank: str, said: bool, lightning_rank: Callable[[str], None], capsys
 ):
     """A scheduler's SIGTERM and a terminal's Ctrl-C reach every rank of the run at once: each rank stops with the
     signal's status, and rank 1's line would only repeat rank 0's (Lightning's launcher started it, RANK alone)."""
-    for variable in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("RANK", rank)
+    lightning_rank(rank)
 
     @exit_on_user_error
     def job() -> None:
@@ -367,13 +362,8 @@ NCCL_LOST_PEER = (
 def test_a_rank_whose_collective_lost_another_rank_stops_in_one_line_with_the_backends_first(said: str, tmp_path: Path):
     """Under torchrun and srun no rank is the others' parent: a rank left behind names what its backend said, on one
     line (NCCL's message runs on for several), and ends with status 1, as docs/torchrun.md gives."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        with pytest.raises(RunStopped) as stopped, isolated_job(ended_job()):
-            raise RuntimeError(said)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with one_rank_process_group(tmp_path), pytest.raises(RunStopped) as stopped, isolated_job(ended_job()):
+        raise RuntimeError(said)
     assert stopped.value.exit_status == 1
     first_line = said.splitlines()[0]
     assert str(stopped.value) == (
