@@ -14,6 +14,7 @@ from project.engine.history import (
     Diverged,
     DivergenceGuard,
     DivergenceWatch,
+    HistoryCallback,
     TrainingHistory,
     batch_size_of,
     history_carried_on,
@@ -106,6 +107,33 @@ def test_a_run_resumed_in_its_own_dir_at_its_historys_end_keeps_its_earlier_step
             elsewhere.global_step,
             [],
         )
+
+
+def test_a_history_resumed_again_in_its_own_dir_carries_on_from_where_its_last_start_ended(tmp_path: Path):
+    """A run started from another run's checkpoint (its history begins at step 2, epoch 1), resumed in its own dir
+    twice: each start carries the history on, and it lists both steps resumed at."""
+    first = TrainingHistory(first_epoch=1, first_step=2)
+    first.end_epoch([torch.tensor(0.5), torch.tensor(0.25)], samples=4)
+    first.save(tmp_path)
+    second = history_carried_on(str(tmp_path), trainer_at(2, 4))
+    assert second == dataclasses.replace(first, resumed_at_steps=[4])
+    second.end_epoch([torch.tensor(0.125), torch.tensor(0.0625)], samples=4)
+    second.save(tmp_path)
+    third = history_carried_on(str(tmp_path), trainer_at(3, 6))
+    assert (third.first_step, third.step_losses, third.resumed_at_steps) == (2, [0.5, 0.25, 0.125, 0.0625], [4, 6])
+
+
+def test_an_epochs_samples_are_its_batches_sizes_summed_and_unknown_from_a_batch_of_no_size_on():
+    """Batches of 3 and 2 samples make an epoch of 5; in the next, one batch of no readable size makes the epoch's
+    count unknown, whatever the batches after it; each epoch counts afresh."""
+    callback = HistoryCallback(run_dir="unused")
+    for batches in ([torch.zeros(3, 2), torch.zeros(2, 2)], [torch.zeros(3, 2), "text", torch.zeros(2, 2)], []):
+        callback.on_train_epoch_start(None, None)
+        for index, batch in enumerate(batches):
+            callback.on_train_batch_end(None, None, torch.tensor(1.0), batch, index)
+        callback.on_train_epoch_end(None, None)
+    assert callback.history.epoch_samples == [5, None, 0]
+    assert callback.history.step_losses == [1.0] * 5
 
 
 def trainer_logging_every(steps: int) -> SimpleNamespace:
