@@ -470,13 +470,14 @@ def chosen_mutants(module_path: Path, sample: int, seed: int) -> list:
 
 
 class Results:
-    """A module's finished mutants, one JSON line each, in outputs/mutants/<module>.jsonl, so that a full run, hours
-    long, goes on where a stopped one stopped, across sessions and commits. Each line carries the fingerprint of the
-    module and its guard files (sha256): lines of another fingerprint (a changed module or test) are done again; a
-    commit that changes neither (the docs, another module) keeps them."""
+    """A module's finished mutants, one JSON line each, in docs/mutants/<module>.jsonl, so that a full run, hours
+    long, goes on where a stopped one stopped, across sessions, commits and clones (committed, they are also the
+    record behind docs/testing.md's scores). Each line carries the fingerprint of the module and its guard files
+    (sha256): lines of another fingerprint (a changed module or test) are done again; a commit that changes neither
+    (the docs, another module) keeps them."""
 
     def __init__(self, name: str, fingerprint: str) -> None:
-        self.path = REPO / "outputs" / "mutants" / f"{name}.jsonl"
+        self.path = REPO / "docs" / "mutants" / f"{name}.jsonl"
         self.fingerprint = fingerprint
         self.done: dict[str, Outcome] = {}
         self.earlier: dict[str, Outcome] = {}  # the latest outcome of each mutant under another fingerprint
@@ -503,8 +504,8 @@ def fingerprint(module_path: Path, guard_files: list[str]) -> str:
 
 
 def test_map_of(module_path: Path, guard_files: list[str], results: Results, timeout: float) -> TestMap:
-    """The module's test map, made once per fingerprint and kept beside its results."""
-    stored = results.path.with_suffix(".map.json")
+    """The module's test map, made once per fingerprint and kept in outputs/mutants/ (a cache: made again if lost)."""
+    stored = REPO / "outputs" / "mutants" / results.path.with_suffix(".map.json").name
     if stored.is_file():
         kept = json.loads(stored.read_text())
         if kept.pop("fingerprint") == results.fingerprint:

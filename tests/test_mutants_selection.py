@@ -131,3 +131,20 @@ def test_where_no_namespace_can_be_made_the_run_is_refused_in_one_line_naming_wh
         "error: the mutants run in a PID namespace of their own, as a mutant may kill every process it can see, and "
         f"none could be made here ({refusal}): run as root, or where unprivileged user namespaces are allowed"
     ]
+
+
+def test_finished_mutants_are_kept_where_git_keeps_them_and_read_back_only_for_the_same_module_and_tests(
+    tmp_path, monkeypatch
+):
+    """A whole run of a large module takes longer than one sitting, on more than one clone: its finished mutants are
+    committed with the code (not under git-ignored outputs/), and a run goes on from them while neither the module
+    nor its guard files changed."""
+    path = mutants.Results("checkpoints", "a").path
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=mutants.REPO)
+    assert ignored.returncode == 1, f"{path} is not ignored by git"
+    monkeypatch.setattr(mutants, "REPO", tmp_path)
+    kept = mutants.Results("history", "fingerprint-a")
+    kept.add(mutants.Outcome("history", 118, "+  →  -", True, "t.py::samples", key="op:3"))
+    assert list(mutants.Results("history", "fingerprint-a").done) == ["op:3"]
+    changed = mutants.Results("history", "fingerprint-b")
+    assert changed.done == {} and changed.earlier["op:3"].by == "t.py::samples"
