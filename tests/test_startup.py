@@ -4,12 +4,15 @@ here the moments those tests cannot aim at: a SIGTERM the handler noted just bef
 
 import os
 import signal
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from project.engine import startup
+from tests.helpers import REPO, environment, python
 
 
 class Exited(Exception):
@@ -167,6 +170,50 @@ def test_the_thread_leaves_a_signal_to_the_handler_that_runs_within_its_wait(arm
     assert ended == [143], "the thread ended the run on the next signal"
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
+
+
+# A process of the run's that ends its start-up: one child of its own, then `end_children` once told to.
+ENDS_ITS_CHILDREN = """
+import subprocess, sys
+from project.engine.startup import end_children
+child = subprocess.Popen(["sleep", "60"])
+print(child.pid, flush=True)
+sys.stdin.readline()
+end_children()
+print(child.wait(), flush=True)
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (killed, it is gone or a zombie until its parent reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_stopped_start_kills_its_own_children_and_no_other_process(tmp_path: Path):
+    """A SIGTERM while starting ends the process's children (a DataLoader's workers, ranks it launched) with it; any
+    other process, here a later one's child (a pid that sorts after its own), is not its to end."""
+    script = tmp_path / "ends_its_children.py"
+    script.write_text(ENDS_ITS_CHILDREN)
+    stopping = subprocess.Popen(
+        [python(), str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment(), cwd=REPO
+    )
+    assert stopping.stdout.readline().strip().isdigit(), "its child started"
+    others = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    try:
+        others_child = int(others.stdout.readline())
+        stopping.stdin.write("\n")
+        stopping.stdin.flush()
+        assert stopping.stdout.readline().strip() == str(-signal.SIGKILL), "its own child was killed"
+        assert stopping.wait(timeout=30) == 0
+        assert running(others_child), "the other process's child lives on"
+    finally:
+        stopping.kill()
+        others.kill()
+        subprocess.run(["pkill", "-KILL", "-P", str(others.pid)])
+        others.wait()
 
 
 def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(monkeypatch):
