@@ -123,6 +123,20 @@ def test_a_history_resumed_again_in_its_own_dir_carries_on_from_where_its_last_s
     assert (third.first_step, third.step_losses, third.resumed_at_steps) == (2, [0.5, 0.25, 0.125, 0.0625], [4, 6])
 
 
+def test_a_starts_training_time_is_added_to_the_history_it_carries_on(tmp_path: Path, monkeypatch):
+    """`fit_seconds` (the speed's denominator) runs from training's start to fit's end, and a run resumed in its own
+    dir adds its start's time to the earlier starts'."""
+    earlier = TrainingHistory(fit_seconds=1.5)
+    earlier.end_epoch([torch.tensor(0.5), torch.tensor(0.25)], samples=4)
+    earlier.save(tmp_path)
+    clock = iter([100.0, 250.0])
+    monkeypatch.setattr(history.time, "perf_counter", lambda: next(clock))
+    callback = HistoryCallback(str(tmp_path))
+    callback.on_train_start(trainer_at(1, 2), None)
+    callback.on_fit_end(trainer_at(2, 4), None)
+    assert TrainingHistory.load(tmp_path / "history.rank0.json").fit_seconds == 151.5
+
+
 def test_an_epochs_samples_are_its_batches_sizes_summed_and_unknown_from_a_batch_of_no_size_on():
     """Batches of 3 and 2 samples make an epoch of 5; in the next, one batch of no readable size makes the epoch's
     count unknown, whatever the batches after it; each epoch counts afresh."""
