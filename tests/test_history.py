@@ -62,10 +62,11 @@ def test_the_training_loss_is_a_returned_tensor_or_a_dicts_loss():
     assert training_loss(None) is None  # a step that skipped the batch
 
 
-def test_the_speed_is_none_when_some_batchs_size_could_not_be_read(tmp_path: Path):
-    history = TrainingHistory(world_size=2, fit_seconds=2.0)
-    history.end_epoch([torch.tensor(1.0), torch.tensor(3.0)], samples=8)
-    assert history.run_summary(tmp_path)["samples_per_second"] == 8.0  # 8 samples on each of 2 ranks, in 2 s
+def test_an_epochs_loss_is_its_steps_mean_and_the_speed_every_ranks_samples_a_second_or_none_if_unknown(tmp_path: Path):
+    history = TrainingHistory(world_size=2, fit_seconds=4.0)
+    history.end_epoch([torch.tensor(1.0), torch.tensor(4.0)], samples=5)
+    assert history.epoch_losses == [2.5], "an epoch's loss is its steps' mean"
+    assert history.run_summary(tmp_path)["samples_per_second"] == 2.5  # 5 samples on each of 2 ranks, in 4 s
     history.end_epoch([], samples=None)
     summary = history.run_summary(tmp_path)
     assert summary["samples_per_second"] is None and summary["epochs"] == 2
@@ -200,3 +201,15 @@ def test_of_two_ranks_one_that_saw_only_finite_steps_stops_with_the_other_at_its
         Diverged, match=r"^training diverged at step 5 \(loss inf\): lower the learning rate \(now 0.1\)"
     ):
         watch.check(0.1)
+
+
+def test_ranks_agree_on_the_first_bad_step_and_the_mean_loss_and_inputs_of_the_ranks_that_stopped_there(monkeypatch):
+    """Of four ranks, one all finite, one bad from step 7 (on bad inputs), two from step 5 with finite losses (their
+    gradients were not): the run stops at step 5, with those two ranks' mean loss, blaming no inputs."""
+    monkeypatch.setattr(history.dist, "get_world_size", lambda: 4)
+
+    def all_gather_object(everyone: list, mine: tuple) -> None:
+        everyone[:] = [mine, (7, 0.5, True), (5, 1.0, False), (5, 2.0, False)]
+
+    monkeypatch.setattr(history.dist, "all_gather_object", all_gather_object)
+    assert history.agreed(-1, 0.0, False) == (5, 1.5, False)
