@@ -166,15 +166,15 @@ def steps_taken(guard: DivergenceGuard, trainer: SimpleNamespace, losses: list[f
 
 
 def test_a_divergence_between_two_checks_names_its_first_bad_step_and_that_steps_inputs():
-    """Checked every 4th step: step 2's loss is inf on finite inputs, step 3's NaN on NaN inputs, step 4's finite.
-    The line at step 4 names step 2, its loss, and the learning rate, not step 3's data."""
+    """Checked every 4th step: after a check at step 4, step 6's loss is inf on finite inputs, step 7's NaN on NaN
+    inputs, step 8's finite. The line at step 8 names step 6, its loss, and the learning rate, not step 7's data."""
     guard, trainer = DivergenceGuard(), trainer_logging_every(4)
-    steps_taken(guard, trainer, losses=[0.5, math.inf], inputs=[1.0, 1.0])
+    steps_taken(guard, trainer, losses=[0.5, 0.5, 0.5, 0.5, 0.5, math.inf], inputs=[1.0] * 6)
     steps_taken(guard, trainer, losses=[math.nan], inputs=[math.nan])
     with pytest.raises(Diverged) as raised:
         steps_taken(guard, trainer, losses=[0.3], inputs=[1.0])
     assert str(raised.value).startswith(
-        "training diverged at step 2 (loss inf): lower the learning rate (now 0.1), or clip the gradients"
+        "training diverged at step 6 (loss inf): lower the learning rate (now 0.1), or clip the gradients"
     )
 
 
