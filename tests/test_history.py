@@ -95,19 +95,36 @@ def trainer_at(epoch: int, step: int, world_size: int = 1) -> SimpleNamespace:
 
 def test_a_run_resumed_in_its_own_dir_at_its_historys_end_keeps_its_earlier_steps_and_no_other_does(tmp_path: Path):
     """One epoch of 2 steps, then training again in that dir: from epoch 1, step 2 it carries the history on; from
-    the middle of an epoch, with another number of processes, or from a step the history does not end at, it starts
-    a new one there."""
+    another epoch, with another number of processes, or from a step before or after the history's end, it starts a
+    new one there."""
     earlier = TrainingHistory(fit_seconds=1.5)
     earlier.end_epoch([torch.tensor(0.5), torch.tensor(0.25)], samples=4)
     earlier.save(tmp_path)
     assert history_carried_on(str(tmp_path), trainer_at(1, 2)) == dataclasses.replace(earlier, resumed_at_steps=[2])
-    for elsewhere in (trainer_at(0, 2), trainer_at(1, 2, world_size=2), trainer_at(1, 3)):
+    for elsewhere in (
+        trainer_at(0, 2),
+        trainer_at(2, 2),
+        trainer_at(1, 2, world_size=2),
+        trainer_at(1, 1),
+        trainer_at(1, 3),
+    ):
         carried = history_carried_on(str(tmp_path), elsewhere)
         assert (carried.first_epoch, carried.first_step, carried.step_losses) == (
             elsewhere.current_epoch,
             elsewhere.global_step,
             [],
         )
+
+
+def test_a_start_from_step_0_or_with_fewer_processes_than_the_dirs_history_starts_a_new_one(tmp_path: Path):
+    """A history of no steps (a start that ended before its first) is not carried on by a start from step 0, and
+    one of 2 processes not by a start of 1."""
+    TrainingHistory(fit_seconds=1.5).save(tmp_path)
+    assert history_carried_on(str(tmp_path), trainer_at(0, 0)) == TrainingHistory()
+    two = TrainingHistory(world_size=2, fit_seconds=1.5)
+    two.end_epoch([torch.tensor(0.5), torch.tensor(0.25)], samples=4)
+    two.save(tmp_path)
+    assert history_carried_on(str(tmp_path), trainer_at(1, 2)) == TrainingHistory(first_epoch=1, first_step=2)
 
 
 def test_a_history_resumed_again_in_its_own_dir_carries_on_from_where_its_last_start_ended(tmp_path: Path):
