@@ -230,3 +230,12 @@ def test_ranks_agree_on_the_first_bad_step_and_the_mean_loss_and_inputs_of_the_r
 
     monkeypatch.setattr(history.dist, "all_gather_object", all_gather_object)
     assert history.agreed(-1, 0.0, False) == (5, 1.5, False)
+
+
+def test_a_bad_loss_before_the_first_optimizer_step_stops_the_run():
+    """Accumulating gradients, the first batches end before any optimizer step (Lightning's step still 0): a NaN
+    loss there stops the run at the next check like any other."""
+    watch = DivergenceWatch()
+    watch.observe_step(0, torch.tensor(math.nan), (torch.ones(1, 1),))
+    with pytest.raises(Diverged, match=r"^training diverged at step \d+ \(loss nan\)"):
+        watch.check(0.1)
