@@ -2,12 +2,14 @@
 aside. Real signals to real runs (imports, DDP's rendezvous, a sweep's job, ddp_spawn) are in tests/test_faults.py;
 here the moments those tests cannot aim at: a SIGTERM the handler noted just before training started."""
 
+import io
 import os
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -216,6 +218,40 @@ def test_a_stopped_start_kills_its_own_children_and_no_other_process(tmp_path: P
         others.wait()
 
 
+def test_the_thread_acts_on_a_sigterm_after_other_signals(armed, monkeypatch, capsys):
+    """Python's C handler writes every handled signal to the wake-up fd (a SIGINT too): the thread reads past them."""
+    monkeypatch.setattr(startup, "HANDLER_WAIT", 0.0)
+    read_end, write_end = os.pipe()
+    thread, ended = thread_reading(read_end)
+    os.write(write_end, bytes([signal.SIGINT]))
+    thread.join(timeout=0.3)
+    assert thread.is_alive(), "the thread reads on"
+    os.write(write_end, bytes([signal.SIGTERM]))
+    thread.join(timeout=10)
+    os.close(write_end)
+    os.close(read_end)
+    assert ended == [143]
+
+
+def test_a_process_that_ends_while_the_children_are_sought_stops_no_search(monkeypatch):
+    """`/proc` lists a process that is gone by the time its stat is read: the search goes on to the others."""
+    me = os.readlink("/proc/self")
+    entries = [SimpleNamespace(name="self"), SimpleNamespace(name="999999999"), SimpleNamespace(name="4242")]
+    stats = {"/proc/4242/stat": f"4242 (sleep) S {me} 1 1"}
+
+    def opened(path: str) -> io.StringIO:
+        if path not in stats:
+            raise FileNotFoundError(path)
+        return io.StringIO(stats[path])
+
+    killed = []
+    monkeypatch.setattr(startup.os, "scandir", lambda path: iter(entries))
+    monkeypatch.setattr(startup, "open", opened, raising=False)
+    monkeypatch.setattr(startup.os, "kill", lambda pid, number: killed.append((pid, number)))
+    startup.end_children()
+    assert killed == [(4242, signal.SIGKILL)]
+
+
 def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(monkeypatch):
     """Only the main thread may set a signal's handler (elsewhere `signal.signal` raises): from another thread `arm`
     does nothing, rather than fail or take the process for armed with no handler set."""
@@ -242,6 +278,7 @@ def test_arming_from_a_thread_other_than_the_main_one_leaves_sigterm_as_it_was(m
         (["python", "-mproject.train", "trainer=ddp"], True),
         (["python", "-um", "project.train"], True),
         (["python", "-u", "-X", "importtime", "-Wignore", "-m", "project.train"], True),
+        (["python", "-Xfrozen_modules=off", "-m", "project.train"], True),  # an `m` inside a glued value
         (["/usr/bin/python3", "project/train.py", "logger=none"], True),
         (["python", "-B", "--", "project/train.py"], True),
         (["python", "-m", "project.evaluate", "ckpt_path=x"], False),
