@@ -225,11 +225,15 @@ def test_ranks_agree_on_the_first_bad_step_and_the_mean_loss_and_inputs_of_the_r
     gradients were not): the run stops at step 5, with those two ranks' mean loss, blaming no inputs."""
     monkeypatch.setattr(history.dist, "get_world_size", lambda: 4)
 
+    gathered = [(7, 0.5, True), (5, 1.0, False), (5, 2.0, False)]
+
     def all_gather_object(everyone: list, mine: tuple) -> None:
-        everyone[:] = [mine, (7, 0.5, True), (5, 1.0, False), (5, 2.0, False)]
+        everyone[:] = [mine, *gathered]
 
     monkeypatch.setattr(history.dist, "all_gather_object", all_gather_object)
     assert history.agreed(-1, 0.0, False) == (5, 1.5, False)
+    gathered = [(0, 3.0, True), (-1, 0.0, False), (-1, 0.0, False)]  # bad before its first optimizer step
+    assert history.agreed(-1, 0.0, False) == (0, 3.0, True)
 
 
 def test_a_bad_loss_before_the_first_optimizer_step_stops_the_run():

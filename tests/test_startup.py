@@ -236,8 +236,9 @@ def test_the_thread_acts_on_a_sigterm_after_other_signals(armed, monkeypatch, ca
 def test_a_process_that_ends_while_the_children_are_sought_stops_no_search(monkeypatch):
     """`/proc` lists a process that is gone by the time its stat is read: the search goes on to the others."""
     me = os.readlink("/proc/self")
-    entries = [SimpleNamespace(name="self"), SimpleNamespace(name="999999999"), SimpleNamespace(name="4242")]
-    stats = {"/proc/4242/stat": f"4242 (sleep) S {me} 1 1"}
+    names = ["self", "999999999", "555", "4242"]  # 555 ended between its stat's open and read: it reads empty
+    entries = [SimpleNamespace(name=name) for name in names]
+    stats = {"/proc/555/stat": "", "/proc/4242/stat": f"4242 (sleep) S {me} 1 1"}
 
     def opened(path: str) -> io.StringIO:
         if path not in stats:
