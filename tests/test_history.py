@@ -155,6 +155,15 @@ def test_a_starts_training_time_is_added_to_the_history_it_carries_on(tmp_path: 
     assert TrainingHistory.load(tmp_path / "history.rank0.json").fit_seconds == 151.5
 
 
+def test_a_long_history_is_carried_on_from_its_end(tmp_path: Path):
+    """Past step and epoch 256 (where Python's ints stop being shared objects) a history ends where it ends."""
+    earlier = TrainingHistory(first_epoch=299, first_step=1000)
+    earlier.end_epoch([torch.tensor(0.5), torch.tensor(0.25)], samples=4)
+    earlier.save(tmp_path)
+    carried = history_carried_on(str(tmp_path), trainer_at(int("300"), int("1002")))
+    assert carried.resumed_at_steps == [1002]
+
+
 def test_an_epochs_samples_are_its_batches_sizes_summed_and_unknown_from_a_batch_of_no_size_on():
     """Batches of 3 and 2 samples make an epoch of 5; in the next, one batch of no readable size makes the epoch's
     count unknown, whatever the batches after it; each epoch counts afresh."""
@@ -234,6 +243,8 @@ def test_ranks_agree_on_the_first_bad_step_and_the_mean_loss_and_inputs_of_the_r
     assert history.agreed(-1, 0.0, False) == (5, 1.5, False)
     gathered = [(0, 3.0, True), (-1, 0.0, False), (-1, 0.0, False)]  # bad before its first optimizer step
     assert history.agreed(-1, 0.0, False) == (0, 3.0, True)
+    gathered = [(int("300"), 1.0, False), (int("300"), 3.0, False), (-1, 0.0, False)]  # each rank's own int
+    assert history.agreed(-1, 0.0, False) == (300, 2.0, False)
 
 
 def test_a_bad_loss_before_the_first_optimizer_step_stops_the_run():
@@ -241,5 +252,6 @@ def test_a_bad_loss_before_the_first_optimizer_step_stops_the_run():
     loss there stops the run at the next check like any other."""
     watch = DivergenceWatch()
     watch.observe_step(0, torch.tensor(math.nan), (torch.ones(1, 1),))
-    with pytest.raises(Diverged, match=r"^training diverged at step \d+ \(loss nan\)"):
+    watch.observe_step(1, torch.tensor(math.nan), (torch.ones(1, 1),))
+    with pytest.raises(Diverged, match=r"^training diverged at step 0 \(loss nan\)"):
         watch.check(0.1)
