@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -123,30 +125,34 @@ def test_a_rank_that_rank_zero_started_ends_without_a_line(armed, monkeypatch, c
     assert capsys.readouterr().err.startswith("error: stopped by SIGTERM while starting")
 
 
-def thread_reading(pipe: int) -> tuple[threading.Thread, list[int]]:
-    """The start-up's signal thread on `pipe`, started; the status it ended the process with, once it has."""
+@contextmanager
+def thread_reading() -> Iterator[tuple[int, threading.Thread, list[int]]]:
+    """The start-up's signal thread, started on a pipe standing for Python's wake-up fd: the pipe's write end, the
+    thread, and the status it ended the process with, once it has. Both ends are closed at the block's end."""
+    read_end, write_end = os.pipe()
     ended: list[int] = []
 
     def read() -> None:
         try:
-            startup.read_signals(pipe)
+            startup.read_signals(read_end)
         except Exited as exited:
             ended.extend(exited.args)
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
-    return thread, ended
+    try:
+        yield write_end, thread, ended
+    finally:
+        os.close(write_end)
+        os.close(read_end)
 
 
 def test_the_thread_ends_the_run_where_the_handler_does_not_run_as_in_a_call_of_c(armed, capsys):
     """Inside torch's rendezvous or an import of C, Python runs no handler until the call returns: the thread waits
     its `HANDLER_WAIT` for the handler, then ends the run itself."""
-    read_end, write_end = os.pipe()
-    thread, ended = thread_reading(read_end)
-    os.write(write_end, bytes([signal.SIGTERM]))  # what Python's C handler writes to the wake-up fd
-    thread.join(timeout=10)
-    os.close(write_end)
-    os.close(read_end)
+    with thread_reading() as (write_end, thread, ended):
+        os.write(write_end, bytes([signal.SIGTERM]))  # what Python's C handler writes to the wake-up fd
+        thread.join(timeout=10)
     assert ended == [143], "the thread ended the run (10 s bounds a hang; it waits 0.2 s)"
     assert capsys.readouterr().err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
 
@@ -156,19 +162,16 @@ def test_the_thread_leaves_a_signal_to_the_handler_that_runs_within_its_wait(arm
     run. Here the handler that runs is Lightning's, set meanwhile (its graceful stop), chaining this module's: the
     thread leaves the stop to it, and acts on the next signal no handler takes."""
     monkeypatch.setattr(startup, "HANDLER_WAIT", 0.9)  # a wait of under a second, longer than this test's steps
-    read_end, write_end = os.pipe()
-    thread, ended = thread_reading(read_end)
-    os.write(write_end, bytes([signal.SIGTERM]))
-    thread.join(timeout=0.3)  # a thread that acts at once has ended the run by now
-    assert ended == [], "the thread waited for the handler"
-    monkeypatch.setattr(startup.signal, "getsignal", lambda number: signal.default_int_handler)
-    startup.on_sigterm(signal.SIGTERM, None)  # as Lightning's handler calls the one it found
-    monkeypatch.setattr(startup.signal, "getsignal", lambda number: startup.on_sigterm)
-    monkeypatch.setattr(startup, "HANDLER_WAIT", 0.0)  # the first signal's wait is under way: this test waits less
-    os.write(write_end, bytes([signal.SIGTERM]))  # the next, taken by no handler
-    thread.join(timeout=10)
-    os.close(write_end)
-    os.close(read_end)
+    with thread_reading() as (write_end, thread, ended):
+        os.write(write_end, bytes([signal.SIGTERM]))
+        thread.join(timeout=0.3)  # a thread that acts at once has ended the run by now
+        assert ended == [], "the thread waited for the handler"
+        monkeypatch.setattr(startup.signal, "getsignal", lambda number: signal.default_int_handler)
+        startup.on_sigterm(signal.SIGTERM, None)  # as Lightning's handler calls the one it found
+        monkeypatch.setattr(startup.signal, "getsignal", lambda number: startup.on_sigterm)
+        monkeypatch.setattr(startup, "HANDLER_WAIT", 0.0)  # the first signal's wait is under way: this test waits less
+        os.write(write_end, bytes([signal.SIGTERM]))  # the next, taken by no handler
+        thread.join(timeout=10)
     assert ended == [143], "the thread ended the run on the next signal"
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
@@ -221,15 +224,12 @@ def test_a_stopped_start_kills_its_own_children_and_no_other_process(tmp_path: P
 def test_the_thread_acts_on_a_sigterm_after_other_signals(armed, monkeypatch, capsys):
     """Python's C handler writes every handled signal to the wake-up fd (a SIGINT too): the thread reads past them."""
     monkeypatch.setattr(startup, "HANDLER_WAIT", 0.0)
-    read_end, write_end = os.pipe()
-    thread, ended = thread_reading(read_end)
-    os.write(write_end, bytes([signal.SIGINT]))
-    thread.join(timeout=0.3)
-    assert thread.is_alive(), "the thread reads on"
-    os.write(write_end, bytes([signal.SIGTERM]))
-    thread.join(timeout=10)
-    os.close(write_end)
-    os.close(read_end)
+    with thread_reading() as (write_end, thread, ended):
+        os.write(write_end, bytes([signal.SIGINT]))
+        thread.join(timeout=0.3)
+        assert thread.is_alive(), "the thread reads on"
+        os.write(write_end, bytes([signal.SIGTERM]))
+        thread.join(timeout=10)
     assert ended == [143]
 
 
