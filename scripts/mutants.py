@@ -9,8 +9,8 @@ Mutants are applied to a scratch copy of the repository (the files git lists), n
 run leaves nothing edited. On Linux the run is the first process of a PID namespace of its own (`confinement`): a
 mutant that kills by pid (`startup.end_children` made to kill every process but its children) reaches only the run's
 processes, not the user's or, as root, the machine's. A killing test is run once more on the unmutated copy: a test
-that fails anyway kills nothing, and the run says so. Mutants inside type annotations are left out (a `|` made `+`
-there tests nothing).
+that fails anyway (twice: `FailsUnmutated`) kills nothing, and the run says so. Mutants inside type annotations are
+left out (a `|` made `+` there tests nothing).
 
 `make mutants` installs cosmic-ray into .venv and runs this; `SAMPLE=N` runs N mutants per module, drawn with `SEED`
 (docs/testing.md, "Mutation score").
@@ -387,17 +387,26 @@ def edit_of(diff: str) -> str:
 
 
 class FailsUnmutated:
-    """Whether tests (a failing test, or a pytest that stopped) fail on the unmutated copy too, asked once per set of
-    tests: such a failure kills no mutant."""
+    """Whether tests (a failing test, or a pytest that stopped) fail on the unmutated copy too: such a failure kills no
+    mutant. A failure counts where a second run fails as well, and is asked again for the next mutant: kept, one
+    failure by chance (a machine loaded by the run beside) would spare every later mutant that selects the same
+    tests. A pass is kept: asked once per set of tests."""
 
     def __init__(self) -> None:
-        self.known: dict[tuple[str, ...], bool] = {}
+        self.passing: set[tuple[str, ...]] = set()
 
     def __call__(self, tests: list[str]) -> bool:
         key = tuple(tests)
-        if key not in self.known:
-            self.known[key] = subprocess.run(guard_tests_command(tests), capture_output=True).returncode != 0
-        return self.known[key]
+        if key in self.passing:
+            return False
+        fails = all(self.run(tests) for _ in range(2))  # a second run only after a failure
+        if not fails:
+            self.passing.add(key)
+        return fails
+
+    @staticmethod
+    def run(tests: list[str]) -> bool:
+        return subprocess.run(guard_tests_command(tests), capture_output=True).returncode != 0
 
 
 def mutant_key(spec) -> str:

@@ -105,6 +105,25 @@ def test_a_pytest_that_stops_without_a_failing_test_kills_the_mutant_only_where_
     assert not mutants.judged("m", 3, "a → b", True, "", ["t.py::x"], unmutated(fails=False)).killed
 
 
+def test_tests_fail_unmutated_where_they_fail_twice_and_a_chance_failure_is_not_kept(monkeypatch):
+    """One failure of the unmutated tests by chance (a loaded machine) spares this mutant at most: the next mutant that
+    selects the same tests asks again. A failure counts where a second run fails too; a pass is asked once."""
+    runs = iter([True, True, False, True, False])  # each run of the unmutated tests: failed?
+    asked = []
+
+    def run(tests: list[str]) -> bool:
+        asked.append(tests)
+        return next(runs)
+
+    monkeypatch.setattr(mutants.FailsUnmutated, "run", staticmethod(run))
+    fails_unmutated = mutants.FailsUnmutated()
+    assert fails_unmutated(["t.py::x"]), "failed twice"
+    assert not fails_unmutated(["t.py::x"]), "asked again for the next mutant: passed"
+    assert not fails_unmutated(["t.py::x"]), "a pass is kept"
+    assert not fails_unmutated(["t.py::y"]), "failed, then passed: a chance failure"
+    assert len(asked) == 5
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="PID namespaces are Linux's: elsewhere the run is not confined")
 def test_a_mutant_sees_and_can_signal_only_the_processes_of_its_own_run():
     """`startup.end_children` made to kill every process but its children would end, unconfined, every process of
