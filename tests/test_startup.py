@@ -233,6 +233,41 @@ def test_the_thread_acts_on_a_sigterm_after_other_signals(armed, monkeypatch, ca
     assert ended == [143]
 
 
+# A started process whose signal thread is inside its wait (reading nothing) while signals keep coming: the pipe of
+# Python's wake-up fd fills, and one more signal finds it full.
+FILLS_THE_WAKE_UP_PIPE = """
+import fcntl, os, signal, struct, termios, threading
+from project.engine import startup
+pipes = []
+waiting = threading.Event()
+startup.read_signals = lambda pipe: (pipes.append(pipe), waiting.wait())
+signal.signal(signal.SIGUSR1, lambda number, frame: None)
+startup.arm()
+while not pipes:
+    pass
+def unread():
+    return struct.unpack("i", fcntl.ioctl(pipes[0], termios.FIONREAD, bytes(4)))[0]
+while unread() < fcntl.fcntl(pipes[0], fcntl.F_GETPIPE_SZ):
+    os.kill(os.getpid(), signal.SIGUSR1)
+for _ in range(3):
+    os.kill(os.getpid(), signal.SIGUSR1)
+print("full", flush=True)
+"""
+
+
+def test_signals_that_fill_the_wake_up_pipe_print_nothing(tmp_path: Path):
+    """While the thread waits for the handler it reads nothing, and a burst of signals (Ctrl-C held down, a launcher's
+    SIGUSR1s) may fill the pipe meanwhile. The bytes it cannot take are dropped: the thread is about to act on the
+    SIGTERM that started its wait. They leave no warning in the run's output, whose last line is its error line."""
+    script = tmp_path / "fills_the_wake_up_pipe.py"
+    script.write_text(FILLS_THE_WAKE_UP_PIPE)
+    ran = subprocess.run(
+        [python(), str(script)], capture_output=True, text=True, env=environment(), cwd=REPO, timeout=60
+    )
+    assert ran.returncode == 0 and ran.stdout == "full\n", ran.stderr
+    assert ran.stderr == ""
+
+
 def test_a_process_that_ends_while_the_children_are_sought_stops_no_search(monkeypatch):
     """`/proc` lists a process that is gone by the time its stat is read: the search goes on to the others."""
     me = os.readlink("/proc/self")
