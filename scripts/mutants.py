@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,6 +102,32 @@ def restart_what_a_mutant_killed() -> None:
                 os.waitpid(int(entry.name), os.WNOHANG)
             except ChildProcessError:  # not this run's child
                 continue
+
+
+@contextmanager
+def strays_ended_after(seconds: float, keep: set[int]) -> Iterator[None]:
+    """Should the block still run `seconds` from now, kill every process of the run's PID namespace but `keep`.
+    cosmic-ray ends a mutant's pytest at its timeout by killing the process group of the command it started: that is
+    the preloaded Python's client, not the fork of the server that runs the tests, which holds the command's stdout
+    (pytest keeps it while it captures): cosmic-ray would read it for ever (a mutant that keeps a thread from ending
+    hangs that fork as it exits, 2026-12-07). As the namespace's first process this run sees its processes alone."""
+    done = threading.Event()
+
+    def end_strays() -> None:
+        if done.wait(seconds) or os.getpid() != 1:
+            return
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and int(entry.name) not in keep | {1}:
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                except ProcessLookupError:  # it ended meanwhile
+                    continue
+
+    threading.Thread(target=end_strays, daemon=True, name="strays-ended").start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def route_table_guards(page: str | None = None) -> dict[str, list[str]]:
@@ -427,6 +454,8 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
     from cosmic_ray.mutating import mutate_and_test
     from cosmic_ray.work_item import TestOutcome
 
+    from tests.preloaded_python import PreloadedPython
+
     module = spec.module_path.stem
     if not is_python(spec):
         return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_PYTHON)
@@ -437,7 +466,9 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
             chosen.flush()
             os.environ[SELECTED_TESTS] = chosen.name
         try:
-            result = mutate_and_test([spec], mutant_test_command(paths), timeout)
+            # cosmic-ray's own end of the command comes at `timeout`: the strays it leaves a moment later.
+            with strays_ended_after(timeout + 5, keep={PreloadedPython.get().server.pid}):
+                result = mutate_and_test([spec], mutant_test_command(paths), timeout)
         finally:
             os.environ.pop(SELECTED_TESTS, None)
             restart_what_a_mutant_killed()

@@ -2,6 +2,7 @@
 and names the test that killed it: the choice must never leave out a test that could see the mutant, nor the name
 misread a kill as a survivor."""
 
+import shlex
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -140,6 +141,22 @@ def test_a_mutant_sees_and_can_signal_only_the_processes_of_its_own_run():
     if ran.returncode and "unshare" in ran.stderr:
         pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
     assert ran.stdout.split(maxsplit=1) == ["2", "[1, 2]\n"], ran.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PID namespaces are Linux's: elsewhere the run is not confined")
+def test_a_mutants_pytest_that_outlives_its_timeout_ends_and_is_judged_a_timeout():
+    """cosmic-ray kills the command's process group at the timeout; a process outside it that holds the command's
+    stdout (the preloaded Python's fork that runs the tests, hung as it exits) would keep the run reading for ever."""
+    hung = "setsid sleep 300 & sleep 300"  # the setsid'd sleep: outside the group, holding stdout
+    judged = (
+        "import sys; sys.path.insert(0, '.'); from scripts import mutants; from cosmic_ray.testing import run_tests\n"
+        f"with mutants.strays_ended_after(1.0, keep=set()): print(run_tests({shlex.join(['sh', '-c', hung])!r}, 0.5))"
+    )
+    command = [*mutants.confinement(), sys.executable, "-c", judged]
+    ran = subprocess.run(command, capture_output=True, text=True, cwd=mutants.REPO, timeout=120)
+    if ran.returncode and "unshare" in ran.stderr:
+        pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
+    assert ran.stdout.strip() == "(<TestOutcome.KILLED: 'killed'>, 'timeout')", ran.stderr
 
 
 def test_where_no_namespace_can_be_made_the_run_is_refused_in_one_line_naming_why(monkeypatch, capsys):
