@@ -235,9 +235,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         Path(os.environ[MAPPING_FACTS]).write_text(json.dumps(facts))
 
 
-# A mutant left out of the count: cosmic-ray found nothing to change, or what it made is no Python (`{+params}` of
-# `{**params}`), which no test could run.
-NOT_APPLIED, NOT_PYTHON = "not applied", "not Python"
+# A mutant left out of the count: cosmic-ray found nothing to change, its operator fails on the node it names (8.7's
+# exception replacer on a dotted name: `except (ValueError, json.JSONDecodeError)`), or what it made is no Python
+# (`{+params}` of `{**params}`), which no test could run.
+NOT_APPLIED, NOT_MADE, NOT_PYTHON = "not applied", "cosmic-ray cannot make it", "not Python"
+LEFT_OUT = (NOT_APPLIED, NOT_MADE, NOT_PYTHON)
 
 
 @dataclass
@@ -246,7 +248,7 @@ class Outcome:
     line: int
     edit: str
     killed: bool
-    by: str  # the killing test, "timeout", NOT_APPLIED, NOT_PYTHON, or the guard files' last line where they survived
+    by: str  # the killing test, "timeout", one of LEFT_OUT, or the guard files' last line where they survived
     key: str = ""  # the mutant within its module: cosmic-ray's operator and occurrence
     seconds: float = 0.0
     tests: int = 0  # guard tests selected for it (0: every guard file, as --every-guard-test runs them)
@@ -383,18 +385,21 @@ def mapping_pass(module_path: Path, guard_files: list[str], timeout: float) -> T
     return TestMap(known["tests"], known["groups"], known["unmeasured"], runs)
 
 
-def is_python(spec) -> bool:
-    """Whether the module `spec` mutates still compiles."""
+def left_out(spec) -> str:
+    """Why `spec` is left out of the count (NOT_MADE, NOT_PYTHON), or "" where the module it mutates compiles."""
     import cosmic_ray.plugins
     from cosmic_ray.mutating import mutate_code
 
     operator = cosmic_ray.plugins.get_operator(spec.operator_name)(**(getattr(spec, "operator_args", None) or {}))
-    mutated = mutate_code(Path(spec.module_path).read_text(), operator, spec.occurrence)
+    try:
+        mutated = mutate_code(Path(spec.module_path).read_text(), operator, spec.occurrence)
+    except AttributeError:  # a node of another kind than the operator expects
+        return NOT_MADE
     try:
         compile(mutated or "", str(spec.module_path), "exec")
     except SyntaxError:
-        return False
-    return True
+        return NOT_PYTHON
+    return ""
 
 
 def first_lines(module_path: Path):
@@ -457,8 +462,9 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
     from tests.preloaded_python import PreloadedPython
 
     module = spec.module_path.stem
-    if not is_python(spec):
-        return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_PYTHON)
+    why = left_out(spec)
+    if why:
+        return Outcome(module, spec.start_pos[0], spec.operator_name, False, why)
     paths = guard_files if selected is None else sorted({test.split("::")[0] for test in selected})
     with tempfile.NamedTemporaryFile("w", suffix=".json") as chosen:
         if selected is not None:
@@ -616,7 +622,7 @@ def run_module_mutants(
             selected = likeliest_killers_first(selected, spec.start_pos[0], results.done.values(), killer)
         results.add(run_mutant(spec, selected, guard_files, arguments.timeout, fails_unmutated))
     outcomes = [results.done[mutant_key(spec)] for spec in specs]
-    return [outcome for outcome in outcomes if outcome.by not in (NOT_APPLIED, NOT_PYTHON)]
+    return [outcome for outcome in outcomes if outcome.by not in LEFT_OUT]
 
 
 def likeliest_killers_first(selected: list[str], line: int, done, killer: str | None = None) -> list[str]:

@@ -125,6 +125,15 @@ def test_tests_fail_unmutated_where_they_fail_twice_and_a_chance_failure_is_not_
     assert len(asked) == 5
 
 
+def test_a_mutant_cosmic_ray_cannot_make_is_left_out_not_the_end_of_the_run(tmp_path):
+    """cosmic-ray 8.7's exception replacer fails on a dotted name (`json.JSONDecodeError`): that mutant is left out,
+    saying why, rather than ending the run (as it ended a run of `sweeps` at its 324th mutant)."""
+    module = tmp_path / "module.py"
+    module.write_text("import json\n\ntry:\n    json.loads('')\nexcept (ValueError, json.JSONDecodeError):\n    pass\n")
+    replaced = [spec for spec in mutants.mutants_of(module) if spec.operator_name == "core/ExceptionReplacer"]
+    assert [mutants.left_out(spec) for spec in replaced] == ["", mutants.NOT_MADE]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="PID namespaces are Linux's: elsewhere the run is not confined")
 def test_a_mutant_sees_and_can_signal_only_the_processes_of_its_own_run():
     """`startup.end_children` made to kill every process but its children would end, unconfined, every process of
