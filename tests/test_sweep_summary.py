@@ -89,6 +89,24 @@ def assert_summary_matches_the_jobs(sweep: Path, output: str, metric: str, group
             assert_cell_shows(cells[name], numbers)
 
 
+def test_the_jobs_table_lines_its_columns_up_under_their_names(tmp_path: Path, capsys):
+    """Each job a line: the overrides padded to the longest of them and two spaces, the metric right-aligned under its
+    name, then the job's dir; rules as long as the longest line."""
+    write_job(tmp_path, 0, ["model.optimizer.lr=0.1", "seed=1"], {"val/acc": 0.91})
+    write_job(tmp_path, 1, ["seed=2"], {"val/acc": 0.875})
+    lines = end_sweep(tmp_path, capsys).splitlines()[:7]
+    rule = "-" * max(len(line) for line in lines)
+    assert [line.replace(str(tmp_path), "SWEEP") for line in lines] == [
+        rule,
+        "Sweep: 2 job(s)",
+        rule,
+        "job  overrides                           val/acc  dir",
+        "0    model.optimizer.lr=0.1 seed=1        0.9100  SWEEP/0",
+        "1    seed=2                               0.8750  SWEEP/1",
+        rule,
+    ]
+
+
 def test_a_seed_sweep_ends_with_each_configurations_mean_std_min_max_and_n(tmp_path: Path, capsys):
     """`-m model.optimizer.lr=0.1,0.5 seed=1,2,3`: one line per lr, over its three seeds."""
     for job, (lr, seed) in enumerate((lr, seed) for lr in ("0.1", "0.5") for seed in (1, 2, 3)):
