@@ -92,7 +92,7 @@ def assert_summary_matches_the_jobs(sweep: Path, output: str, metric: str, group
 def test_the_jobs_table_lines_its_columns_up_under_their_names(tmp_path: Path, capsys):
     """Each job a line: the overrides padded to the longest of them and two spaces, the metric right-aligned under its
     name, then the job's dir; rules as long as the longest line."""
-    write_job(tmp_path, 0, ["model.optimizer.lr=0.1", "seed=1"], {"val/acc": 0.91})
+    write_job(tmp_path, 0, ["model.optimizer.lr=0.25", "seed=1"], {"val/acc": 0.91})
     write_job(tmp_path, 1, ["seed=2"], {"val/acc": 0.875})
     lines = end_sweep(tmp_path, capsys).splitlines()[:7]
     rule = "-" * max(len(line) for line in lines)
@@ -101,7 +101,7 @@ def test_the_jobs_table_lines_its_columns_up_under_their_names(tmp_path: Path, c
         "Sweep: 2 job(s)",
         rule,
         "job  overrides                           val/acc  dir",
-        "0    model.optimizer.lr=0.1 seed=1        0.9100  SWEEP/0",
+        "0    model.optimizer.lr=0.25 seed=1       0.9100  SWEEP/0",
         "1    seed=2                               0.8750  SWEEP/1",
         rule,
     ]
