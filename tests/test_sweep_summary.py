@@ -166,6 +166,19 @@ def test_a_search_that_meets_a_point_twice_summarises_it_and_a_metric_nobody_log
     assert stored[0]["metrics"]["test/loss"]["std"] == pytest.approx(statistics.stdev([0.5, 0.75]))
 
 
+def test_a_metric_some_jobs_did_not_log_shows_its_own_n_in_a_sweep_of_hundreds(tmp_path: Path, capsys):
+    """A cell whose metric fewer jobs logged than the configuration counts says how many did (`[n=...]`); one all its
+    jobs logged says nothing more, also past 256 jobs (an Optuna search of 300 trials, seeds by the hundred)."""
+    for seed in range(257):
+        tested = {"test/acc": 0.5} if seed else {}
+        write_job(tmp_path, seed, [f"seed={seed}"], {"val/acc": 0.75, **tested})
+    printed = printed_summary(end_sweep(tmp_path, capsys))
+    assert printed["(none)"][:2] == (
+        257,
+        {"val/acc": "0.7500 ± 0.0000 (0.7500–0.7500)", "test/acc": "0.5000 ± 0.0000 (0.5000–0.5000) [n=256]"},
+    )
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
