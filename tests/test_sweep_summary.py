@@ -8,15 +8,18 @@ import statistics
 from pathlib import Path
 
 import pytest
+from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from project.engine.errors import ERROR_FILE
-from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, SUMMARY_FILE, SweepSummaryCallback
+from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, SUMMARY_FILE, SweepSummaryCallback, in_a_search
+from project.engine.upstream import GRID_SWEEPER
 from tests.faults import ENV
 from tests.helpers import check_ok, read_json, run_module
 
 PRINTED = 5e-5  # the summary prints 4 decimals
+NEVERGRAD = "hydra_plugins.hydra_nevergrad_sweeper.nevergrad_sweeper.NevergradSweeper"  # a search of another's
 CELL = re.compile(r"^(?P<mean>[-\d.]+)(?: ± (?P<std>[\d.]+) \((?P<min>[-\d.]+)–(?P<max>[-\d.]+)\))?(?: \[n=\d+\])?$")
 
 
@@ -177,6 +180,17 @@ def test_a_metric_some_jobs_did_not_log_shows_its_own_n_in_a_sweep_of_hundreds(t
         257,
         {"val/acc": "0.7500 ± 0.0000 (0.7500–0.7500)", "test/acc": "0.5000 ± 0.0000 (0.5000–0.5000) [n=256]"},
     )
+
+
+def test_a_job_is_in_a_search_under_any_sweeper_but_hydras_grid(monkeypatch):
+    """A search optimises what its jobs return (a job that logs no objective fails its trial); Hydra's grid sweeper,
+    and a plain run, only run them."""
+    hydra = HydraConfig.instance()
+    monkeypatch.setattr(hydra, "cfg", None)
+    assert not in_a_search(), "a plain run"
+    for sweeper, searching in [(GRID_SWEEPER, False), (NEVERGRAD, True)]:
+        monkeypatch.setattr(hydra, "cfg", OmegaConf.create({"hydra": {"sweeper": {"_target_": sweeper}}}))
+        assert in_a_search() == searching, sweeper
 
 
 @pytest.mark.parametrize(
