@@ -103,9 +103,9 @@ def test_the_jobs_table_lines_its_columns_up_under_their_names(tmp_path: Path, c
         rule,
         "Sweep: 2 job(s)",
         rule,
-        "job  overrides                           val/acc  dir",
-        "0    model.optimizer.lr=0.25 seed=1       0.9100  SWEEP/0",
-        "1    seed=2                               0.8750  SWEEP/1",
+        "job  overrides                            val/acc  dir",
+        "0    model.optimizer.lr=0.25 seed=1        0.9100  SWEEP/0",
+        "1    seed=2                                0.8750  SWEEP/1",
         rule,
     ]
 
