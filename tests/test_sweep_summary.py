@@ -13,7 +13,15 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from project.engine.errors import ERROR_FILE
-from project.engine.sweeps import INTERRUPTED_FILE, PRUNED_FILE, SUMMARY_FILE, SweepSummaryCallback, in_a_search
+from project.engine.sweeps import (
+    INTERRUPTED_FILE,
+    PRUNED_FILE,
+    SUMMARY_FILE,
+    SWEEP_CONFIG,
+    SweepSummaryCallback,
+    check_same_sweep,
+    in_a_search,
+)
 from project.engine.upstream import GRID_SWEEPER
 from tests.faults import ENV
 from tests.helpers import check_ok, read_json, run_module
@@ -191,6 +199,29 @@ def test_a_job_is_in_a_search_under_any_sweeper_but_hydras_grid(monkeypatch):
     for sweeper, searching in [(GRID_SWEEPER, False), (NEVERGRAD, True)]:
         monkeypatch.setattr(hydra, "cfg", OmegaConf.create({"hydra": {"sweeper": {"_target_": sweeper}}}))
         assert in_a_search() == searching, sweeper
+
+
+@pytest.mark.parametrize(
+    ("theirs", "mine"), [(["seed=1,2"], ["seed=3,4"]), (["seed=3,4"], ["seed=1,2"]), ([], ["seed=1"])]
+)
+def test_a_sweep_dir_holding_another_sweep_is_refused_whichever_sorts_first(tmp_path: Path, capsys, theirs, mine):
+    """Job N of the sweep there is not job N of this one: refused before any job, in one line, whatever the two
+    sweeps' overrides are; the same sweep is carried on."""
+    OmegaConf.save({"hydra": {"overrides": {"task": theirs}}}, tmp_path / SWEEP_CONFIG)
+    for overrides, refused in [(mine, True), (theirs, False)]:
+        config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "overrides": {"task": overrides}}})
+        if refused:
+            with pytest.raises(SystemExit) as ended:
+                check_same_sweep(config)
+            assert ended.value.code == 2
+            [line] = capsys.readouterr().err.splitlines()
+            assert line.startswith(f"error: hydra.sweep.dir={tmp_path} holds another sweep"), line
+        else:
+            check_same_sweep(config)
+            assert (
+                capsys.readouterr().out
+                == f"carrying on the sweep in {tmp_path}: its finished jobs are not run again, a stopped one resumes\n"
+            )
 
 
 @pytest.mark.parametrize(
