@@ -118,6 +118,32 @@ def test_the_jobs_table_lines_its_columns_up_under_their_names(tmp_path: Path, c
     ]
 
 
+def test_the_jobs_table_says_what_kept_a_job_from_its_value_and_its_title_counts_them(tmp_path: Path, capsys):
+    """A pruned, a failed and an interrupted job (stopped before Hydra saved its overrides) each say so in the value
+    column; the title counts the failed and the pruned; the failed job's error follows the lines of the jobs."""
+    write_job(tmp_path, 0, ["seed=1"], {"val/acc": 0.91})
+    write_job(tmp_path, 1, ["seed=2"], {"val/acc": 0.5}, mark=PRUNED_FILE)
+    write_job(tmp_path, 2, ["seed=3"], mark=ERROR_FILE)
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / INTERRUPTED_FILE).write_text("interrupted")
+    with pytest.raises(SystemExit):
+        end_sweep(tmp_path, capsys)
+    lines = capsys.readouterr().out.splitlines()[:10]
+    rule = "-" * max(len(line) for line in lines)
+    assert [line.replace(str(tmp_path), "SWEEP") for line in lines] == [
+        rule,
+        "Sweep: 4 job(s), 1 failed, 1 pruned",
+        rule,
+        "job  overrides         val/acc  dir",
+        "0    seed=1             0.9100  SWEEP/0",
+        "1    seed=2             pruned  SWEEP/1",
+        "2    seed=3             failed  SWEEP/2",
+        "3    (not saved)   interrupted  SWEEP/3",
+        "job 2 error.txt: ...",
+        rule,
+    ]
+
+
 def test_a_seed_sweep_ends_with_each_configurations_mean_std_min_max_and_n(tmp_path: Path, capsys):
     """`-m model.optimizer.lr=0.1,0.5 seed=1,2,3`: one line per lr, over its three seeds."""
     for job, (lr, seed) in enumerate((lr, seed) for lr in ("0.1", "0.5") for seed in (1, 2, 3)):
