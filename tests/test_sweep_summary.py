@@ -27,7 +27,9 @@ from tests.faults import ENV
 from tests.helpers import check_ok, read_json, run_module
 
 PRINTED = 5e-5  # the summary prints 4 decimals
-NEVERGRAD = "hydra_plugins.hydra_nevergrad_sweeper.nevergrad_sweeper.NevergradSweeper"  # a search of another's
+# Searches: one of Hydra's plugins, and a user's own (their names sort after and before the grid sweeper's).
+NEVERGRAD = "hydra_plugins.hydra_nevergrad_sweeper.nevergrad_sweeper.NevergradSweeper"
+USERS_OWN = "acme.sweepers.BayesSweeper"
 CELL = re.compile(r"^(?P<mean>[-\d.]+)(?: ± (?P<std>[\d.]+) \((?P<min>[-\d.]+)–(?P<max>[-\d.]+)\))?(?: \[n=\d+\])?$")
 
 
@@ -222,8 +224,9 @@ def test_a_job_is_in_a_search_under_any_sweeper_but_hydras_grid(monkeypatch):
     hydra = HydraConfig.instance()
     monkeypatch.setattr(hydra, "cfg", None)
     assert not in_a_search(), "a plain run"
-    for sweeper, searching in [(GRID_SWEEPER, False), (NEVERGRAD, True)]:
-        monkeypatch.setattr(hydra, "cfg", OmegaConf.create({"hydra": {"sweeper": {"_target_": sweeper}}}))
+    for sweeper, searching in [(GRID_SWEEPER, False), (NEVERGRAD, True), (USERS_OWN, True)]:
+        # Read from YAML, as Hydra reads a config: a string of its own, not this module's constant.
+        monkeypatch.setattr(hydra, "cfg", OmegaConf.create(f"hydra: {{sweeper: {{_target_: {sweeper}}}}}"))
         assert in_a_search() == searching, sweeper
 
 
