@@ -287,8 +287,9 @@ def test_a_job_run_again_by_the_sweep_carried_on_starts_without_its_earlier_fail
     job_dir = tmp_path / "0"
     job_dir.mkdir()
     (job_dir / ERROR_FILE).write_text("error: the earlier failure\n")
-    for mode, kept in ((RunMode.RUN, True), (RunMode.MULTIRUN, False)):
+    for mode, kept in ((RunMode.RUN, True), (RunMode.MULTIRUN, False), (RunMode.MULTIRUN, False)):
         config = OmegaConf.create({"hydra": {"mode": mode, "runtime": {"output_dir": str(job_dir)}}})
+        # The last: a job with no earlier failure (Hydra would print a callback's exception as a warning each job).
         SweepSummaryCallback().on_job_start(config)
         assert (job_dir / ERROR_FILE).is_file() == kept, mode
 
