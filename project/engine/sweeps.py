@@ -45,10 +45,10 @@ class JobRow(NamedTuple):
     value: float | None  # None (or NaN) where the job failed or its module logged no such metric
     directory: str
     error: str | None  # the job's error line, if it failed
-    interrupted: bool = False  # stopped with its search and run again (INTERRUPTED_FILE)
-    pruned: bool = False  # stopped early by its search's pruner (PRUNED_FILE)
-    saved_overrides: tuple[str, ...] | None = None  # .hydra/overrides.yaml's list; None where it was not saved
-    results: dict | None = None  # its results.json, where it left one
+    interrupted: bool  # stopped with its search and run again (INTERRUPTED_FILE)
+    pruned: bool  # stopped early by its search's pruner (PRUNED_FILE)
+    saved_overrides: tuple[str, ...] | None  # .hydra/overrides.yaml's list; None where it was not saved
+    results: dict | None  # its results.json, where it left one
 
 
 def job_rows(sweep_dir: Path, metric: str) -> list[JobRow]:
