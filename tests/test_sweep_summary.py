@@ -160,11 +160,13 @@ def test_a_seed_sweep_ends_with_each_configurations_mean_std_min_max_and_n(tmp_p
 
 
 def test_failed_interrupted_and_pruned_jobs_are_left_out_and_counted(tmp_path: Path, capsys):
-    """Only the finished job counts (n=1: its value, no spread); the sweep still ends with exit 1 for the failure."""
+    """Only the finished job counts (n=1: its value, no spread), also where the others left results (the failed job
+    wrote them before it failed, the interrupted one in an earlier run); the sweep still ends with exit 1 for the
+    failure."""
     write_job(tmp_path, 0, ["seed=1"], {"val/acc": 0.75, "test/acc": 0.5})
-    write_job(tmp_path, 1, ["seed=2"], mark=ERROR_FILE)
+    write_job(tmp_path, 1, ["seed=2"], {"val/acc": 0.125, "test/acc": 0.125}, mark=ERROR_FILE)
     write_job(tmp_path, 2, ["seed=3"], {"val/acc": 0.25, "test/acc": 0.25}, mark=PRUNED_FILE)
-    write_job(tmp_path, 3, ["seed=4"], mark=INTERRUPTED_FILE)
+    write_job(tmp_path, 3, ["seed=4"], {"val/acc": 0.375, "test/acc": 0.375}, mark=INTERRUPTED_FILE)
     with pytest.raises(SystemExit) as ended:
         end_sweep(tmp_path, capsys)
     assert ended.value.code == 1
@@ -231,9 +233,17 @@ def test_a_job_is_in_a_search_under_any_sweeper_but_hydras_grid(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("theirs", "mine"), [(["seed=1,2"], ["seed=3,4"]), (["seed=3,4"], ["seed=1,2"]), ([], ["seed=1"])]
+    ("theirs", "mine", "named"),
+    [
+        (["seed=1,2"], ["seed=3,4"], "(seed=1,2; this one: seed=3,4)"),
+        (["seed=3,4"], ["seed=1,2"], "(seed=3,4; this one: seed=1,2)"),
+        ([], ["seed=1"], "(no overrides; this one: seed=1)"),
+        (["seed=1"], [], "(seed=1; this one: no overrides)"),
+    ],
 )
-def test_a_sweep_dir_holding_another_sweep_is_refused_whichever_sorts_first(tmp_path: Path, capsys, theirs, mine):
+def test_a_sweep_dir_holding_another_sweep_is_refused_whichever_sorts_first(
+    tmp_path: Path, capsys, theirs, mine, named
+):
     """Job N of the sweep there is not job N of this one: refused before any job, in one line, whatever the two
     sweeps' overrides are; the same sweep is carried on."""
     OmegaConf.save({"hydra": {"overrides": {"task": theirs}}}, tmp_path / SWEEP_CONFIG)
@@ -244,7 +254,7 @@ def test_a_sweep_dir_holding_another_sweep_is_refused_whichever_sorts_first(tmp_
                 check_same_sweep(config)
             assert ended.value.code == 2
             [line] = capsys.readouterr().err.splitlines()
-            assert line.startswith(f"error: hydra.sweep.dir={tmp_path} holds another sweep"), line
+            assert line.startswith(f"error: hydra.sweep.dir={tmp_path} holds another sweep {named}, whose"), line
         else:
             check_same_sweep(config)
             assert (
