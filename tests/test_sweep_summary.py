@@ -102,21 +102,28 @@ def assert_summary_matches_the_jobs(sweep: Path, output: str, metric: str, group
             assert_cell_shows(cells[name], numbers)
 
 
+def jobs_table(output: str, sweep: Path) -> list[str]:
+    """The jobs table a sweep's output begins with, its rules (as long as its longest line) written RULE and the
+    sweep's dir SWEEP."""
+    lines = output.splitlines()
+    lines = lines[: lines.index(lines[0], 3) + 1]  # up to its third rule
+    rule = "-" * max(len(line) for line in lines)
+    return ["RULE" if line == rule else line.replace(str(sweep), "SWEEP") for line in lines]
+
+
 def test_the_jobs_table_lines_its_columns_up_under_their_names(tmp_path: Path, capsys):
     """Each job a line: the overrides padded to the longest of them and two spaces, the metric right-aligned under its
     name, then the job's dir; rules as long as the longest line."""
     write_job(tmp_path, 0, ["model.optimizer.lr=0.25", "seed=1"], {"val/acc": 0.91})
     write_job(tmp_path, 1, ["seed=2"], {"val/acc": 0.875})
-    lines = end_sweep(tmp_path, capsys).splitlines()[:7]
-    rule = "-" * max(len(line) for line in lines)
-    assert [line.replace(str(tmp_path), "SWEEP") for line in lines] == [
-        rule,
+    assert jobs_table(end_sweep(tmp_path, capsys), tmp_path) == [
+        "RULE",
         "Sweep: 2 job(s)",
-        rule,
+        "RULE",
         "job  overrides                            val/acc  dir",
         "0    model.optimizer.lr=0.25 seed=1        0.9100  SWEEP/0",
         "1    seed=2                                0.8750  SWEEP/1",
-        rule,
+        "RULE",
     ]
 
 
@@ -130,19 +137,17 @@ def test_the_jobs_table_says_what_kept_a_job_from_its_value_and_its_title_counts
     (tmp_path / "3" / INTERRUPTED_FILE).write_text("interrupted")
     with pytest.raises(SystemExit):
         end_sweep(tmp_path, capsys)
-    lines = capsys.readouterr().out.splitlines()[:10]
-    rule = "-" * max(len(line) for line in lines)
-    assert [line.replace(str(tmp_path), "SWEEP") for line in lines] == [
-        rule,
+    assert jobs_table(capsys.readouterr().out, tmp_path) == [
+        "RULE",
         "Sweep: 4 job(s), 1 failed, 1 pruned",
-        rule,
+        "RULE",
         "job  overrides         val/acc  dir",
         "0    seed=1             0.9100  SWEEP/0",
         "1    seed=2             pruned  SWEEP/1",
         "2    seed=3             failed  SWEEP/2",
         "3    (not saved)   interrupted  SWEEP/3",
         "job 2 error.txt: ...",
-        rule,
+        "RULE",
     ]
 
 
