@@ -11,6 +11,8 @@ import pytest
 
 from scripts import mutants
 
+MUTANTS_ONLY = "cosmic-ray is installed into .venv by `make mutants`, not by `make test`"
+
 TESTS = ["t.py::quick", "t.py::trained_first", "t.py::trained_second", "t.py::skipped_under_coverage", "t.py::other"]
 MAP = mutants.TestMap(
     tests=TESTS,
@@ -128,6 +130,7 @@ def test_tests_fail_unmutated_where_they_fail_twice_and_a_chance_failure_is_not_
 def test_a_mutant_cosmic_ray_cannot_make_is_left_out_not_the_end_of_the_run(tmp_path):
     """cosmic-ray 8.7's exception replacer fails on a dotted name (`json.JSONDecodeError`): that mutant is left out,
     saying why, rather than ending the run (as it ended a run of `sweeps` at its 324th mutant)."""
+    pytest.importorskip("cosmic_ray", reason=MUTANTS_ONLY)
     module = tmp_path / "module.py"
     module.write_text("import json\n\ntry:\n    json.loads('')\nexcept (ValueError, json.JSONDecodeError):\n    pass\n")
     replaced = [spec for spec in mutants.mutants_of(module) if spec.operator_name == "core/ExceptionReplacer"]
@@ -156,6 +159,7 @@ def test_a_mutant_sees_and_can_signal_only_the_processes_of_its_own_run():
 def test_a_mutants_pytest_that_outlives_its_timeout_ends_and_is_judged_a_timeout():
     """cosmic-ray kills the command's process group at the timeout; a process outside it that holds the command's
     stdout (the preloaded Python's fork that runs the tests, hung as it exits) would keep the run reading for ever."""
+    pytest.importorskip("cosmic_ray", reason=MUTANTS_ONLY)
     hung = "setsid sleep 300 & sleep 300"  # the setsid'd sleep: outside the group, holding stdout
     judged = (
         "import sys; sys.path.insert(0, '.'); from scripts import mutants; from cosmic_ray.testing import run_tests\n"
