@@ -96,12 +96,18 @@ def restart_what_a_mutant_killed() -> None:
     server = PreloadedPython.get()  # a new one where the old one is gone
     if os.getpid() != 1:
         return
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != server.server.pid:
-            try:
-                os.waitpid(int(entry.name), os.WNOHANG)
-            except ChildProcessError:  # not this run's child
-                continue
+    for pid in run_processes(keep={server.server.pid}):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not this run's child
+            continue
+
+
+def run_processes(keep: set[int]) -> Iterator[int]:
+    """The pids of the run's PID namespace (its own /proc, as its first process) but `keep` and the run's own."""
+    return (
+        int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit() and int(entry.name) not in keep | {1}
+    )
 
 
 @contextmanager
@@ -116,12 +122,11 @@ def strays_ended_after(seconds: float, keep: set[int]) -> Iterator[None]:
     def end_strays() -> None:
         if done.wait(seconds) or os.getpid() != 1:
             return
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit() and int(entry.name) not in keep | {1}:
-                try:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                except ProcessLookupError:  # it ended meanwhile
-                    continue
+        for pid in run_processes(keep):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended meanwhile
+                continue
 
     threading.Thread(target=end_strays, daemon=True, name="strays-ended").start()
     try:
