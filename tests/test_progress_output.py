@@ -45,16 +45,20 @@ def test_a_run_into_a_file_shows_progress_as_plain_lines_and_ends_with_its_error
 
 
 @pytest.mark.slow
-def test_a_bar_is_closed_before_the_error_line(tmp_path: Path):
+def test_a_bar_is_closed_before_the_error_line_and_not_drawn_again_as_the_next_job_starts(tmp_path: Path):
     """Lightning's bar, as a terminal shows it (here in a pipe, redrawn at every step): closed when the run fails,
-    so the error line starts on a line of its own and nothing is drawn after it."""
+    so its error line starts a line of its own and nothing of the bar is drawn after it. Left open, a failed sweep
+    job's bar would be drawn again below its error line as the next job starts."""
     bar = ("callbacks.progress_bar.lines=false", "callbacks.progress_bar.refresh_rate=1")
-    status, output = run_into_one_file(tmp_path, DIVERGES, *bar)
+    sweep = (f"hydra.sweep.dir={tmp_path / 'sweep'}", "logger=none", "model.optimizer.lr=3e7,0.1", "-m")
+    status, output = run_into_one_file(tmp_path, *bar, *sweep)
 
-    assert status == USER_ERROR, output[-2000:]
+    assert status == 1, output[-2000:]
     assert "\rEpoch 1: " in output, "the bar was drawn"
+    rest = output.split("\nerror: training diverged at step 3 ", 1)[1]
+    assert "\r" not in rest.split("[HYDRA]", 1)[0], repr(rest[:600])
     last = output.rstrip("\n").split("\n")[-1]
-    assert last.startswith("error: training diverged at step 3 "), repr(output[-600:])
+    assert last.startswith("error: 1 of 2 sweep jobs failed (job 0)"), repr(output[-600:])
 
 
 @pytest.mark.slow
