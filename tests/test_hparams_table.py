@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata
@@ -62,8 +63,16 @@ def test_the_final_metrics_are_on_disk_before_the_table_is_however_slow_tensorbo
     assert events.Scalars("hp/val_loss")[0].value == 0.5
 
 
-def logged_table(directory: Path, overrides: list[str]) -> EventAccumulator:
-    """What TensorBoard reads of the table `log_to_tensorboard` writes for a run of `overrides`, right after."""
+def test_a_rank_other_than_0_writes_no_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Every process of a DDP run logs its hyperparameters at its end; rank 0's table is the run's, and another
+    rank's would put the run in TensorBoard's table once more."""
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    write_table(tmp_path, ["model.optimizer.lr=0.1"])
+    assert list(tmp_path.rglob("events.*")) == []
+
+
+def write_table(directory: Path, overrides: list[str]) -> None:
+    """`log_to_tensorboard` of a run of `overrides`, as `project.train` calls it, into `directory`/tensorboard."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=[*overrides, f"run_dir={directory}"], return_hydra_config=True)
     with held_by_hydra(OmegaConf.masked_copy(cfg, "hydra")):
@@ -74,6 +83,11 @@ def logged_table(directory: Path, overrides: list[str]) -> EventAccumulator:
         metrics = {"hp/train_loss": 0.25, "hp/val_loss": 0.5, "hp/val_acc": 0.75}  # one sorts before the first
         first = "/".join(["hp", "val_acc"])  # built as the run builds it, not the same object as the key
         log_to_tensorboard(logger, config, metrics, first_metric=first)
+
+
+def logged_table(directory: Path, overrides: list[str]) -> EventAccumulator:
+    """What TensorBoard reads of the table `log_to_tensorboard` writes for a run of `overrides`, right after."""
+    write_table(directory, overrides)
     events = EventAccumulator(str(directory / "tensorboard"))
     events.Reload()
     return events
