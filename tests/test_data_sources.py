@@ -151,7 +151,9 @@ def test_a_random_sampler_that_draws_a_part_of_the_data_keeps_its_own_order():
 
 def test_a_module_without_a_test_step_trains_all_the_same():
     """LightningTransformer defines no test_step: training it is no test, and nothing asks for one."""
-    check_data_for("train", LightningTransformer(vocab_size=8), None, "project.train")
+    module = LightningTransformer(vocab_size=8)
+    check_data_for("train", module, None, "project.train")  # no refusal
+    assert why_no_test(module, None) == "LightningTransformer defines no test_step"  # said, not refused
 
 
 class FewSamples(L.LightningDataModule):
