@@ -204,6 +204,15 @@ def test_a_divergence_between_two_checks_names_its_first_bad_step_and_that_steps
     )
 
 
+def test_a_divergence_on_a_checks_own_step_stops_the_run_at_that_step():
+    """Checked every 4th step: step 4's loss is NaN, and the check that ends step 4 stops the run there, not steps
+    later (the steps checked are the multiples of the interval: 4, 8, 12, ...)."""
+    guard, trainer = DivergenceGuard(), trainer_logging_every(4)
+    steps_taken(guard, trainer, losses=[0.5, 0.5, 0.5], inputs=[1.0] * 3)
+    with pytest.raises(Diverged, match="^training diverged at step 4 "):
+        steps_taken(guard, trainer, losses=[math.nan], inputs=[1.0])
+
+
 def test_a_checkpoint_written_between_two_checks_after_a_bad_step_is_refused_so_the_last_finite_one_stays():
     """Checked every 50th step: at step 3 a checkpoint's write asks first, and the run stops before it stores NaN."""
     guard, trainer = DivergenceGuard(), trainer_logging_every(50)
