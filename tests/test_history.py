@@ -127,6 +127,19 @@ def test_a_start_from_step_0_or_with_fewer_processes_than_the_dirs_history_start
     assert history_carried_on(str(tmp_path), trainer_at(1, 2)) == TrainingHistory(first_epoch=1, first_step=2)
 
 
+def test_a_history_the_run_cannot_read_is_not_carried_on_and_a_new_one_starts(tmp_path: Path, monkeypatch):
+    """Another user's history in a shared outputs dir (mode 600), or one removed as it is read: not this run's."""
+    earlier = TrainingHistory(fit_seconds=1.5)
+    earlier.end_epoch([torch.tensor(0.5), torch.tensor(0.25)], samples=4)
+    earlier.save(tmp_path)
+
+    def unreadable(path: Path) -> TrainingHistory:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(TrainingHistory, "load", unreadable)
+    assert history_carried_on(str(tmp_path), trainer_at(1, 2)) == TrainingHistory(first_epoch=1, first_step=2)
+
+
 def test_a_history_resumed_again_in_its_own_dir_carries_on_from_where_its_last_start_ended(tmp_path: Path):
     """A run started from another run's checkpoint (its history begins at step 2, epoch 1), resumed in its own dir
     twice: each start carries the history on, and it lists both steps resumed at."""
@@ -254,6 +267,24 @@ def test_ranks_agree_on_the_first_bad_step_and_the_mean_loss_and_inputs_of_the_r
     assert history.agreed(-1, 0.0, False) == (0, 3.0, True)
     gathered = [(int("300"), 1.0, False), (int("300"), 3.0, False), (-1, 0.0, False)]  # each rank's own int
     assert history.agreed(-1, 0.0, False) == (300, 2.0, False)
+
+
+def test_a_check_before_any_loss_was_seen_passes():
+    """A checkpoint written before the first step, or an epoch whose every step returned no loss (a module that
+    skips its batches) and left no gradients: nothing seen, nothing to stop."""
+    guard, trainer = DivergenceGuard(), trainer_logging_every(1)
+    guard.on_save_checkpoint(trainer, None, {})
+    trainer.global_step += 1
+    guard.on_train_batch_end(trainer, None, None, (torch.ones(1, 1),), 0)
+    guard.on_train_epoch_end(trainer, None)
+
+
+def test_a_module_without_an_optimizer_that_diverges_is_stopped_without_naming_a_rate():
+    """`configure_optimizers` may return none (Lightning trains nothing then, and the module may step itself)."""
+    guard, trainer = DivergenceGuard(), trainer_logging_every(1)
+    trainer.optimizers = []
+    with pytest.raises(Diverged, match=r"^training diverged at step 1 \(loss nan\): lower the learning rate, or clip"):
+        steps_taken(guard, trainer, losses=[math.nan], inputs=[1.0])
 
 
 def test_a_bad_loss_before_the_first_optimizer_step_stops_the_run():
