@@ -154,6 +154,15 @@ def test_a_history_resumed_again_in_its_own_dir_carries_on_from_where_its_last_s
     assert (third.first_step, third.step_losses, third.resumed_at_steps) == (2, [0.5, 0.25, 0.125, 0.0625], [4, 6])
 
 
+def test_the_history_is_written_into_its_run_dir_made_where_missing(tmp_path: Path):
+    """`callbacks.history.run_dir` may name a dir of its own, or the callback serve a Trainer of the user's own:
+    the dir and its parents are made at fit's end."""
+    callback = HistoryCallback(str(tmp_path / "elsewhere" / "run"))
+    callback.on_train_start(trainer_at(0, 0), None)
+    callback.on_fit_end(trainer_at(1, 2), None)
+    assert TrainingHistory.load(tmp_path / "elsewhere" / "run" / "history.rank0.json").first_step == 0
+
+
 def test_a_starts_training_time_is_added_to_the_history_it_carries_on(tmp_path: Path, monkeypatch):
     """`fit_seconds` (the speed's denominator) runs from training's start to fit's end, and a run resumed in its own
     dir adds its start's time to the earlier starts'."""
