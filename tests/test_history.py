@@ -140,6 +140,13 @@ def test_a_history_the_run_cannot_read_is_not_carried_on_and_a_new_one_starts(tm
     assert history_carried_on(str(tmp_path), trainer_at(1, 2)) == TrainingHistory(first_epoch=1, first_step=2)
 
 
+@pytest.mark.parametrize("content", ["{not json", '["a list"]', '{"rank": 0}'])
+def test_a_history_file_this_engine_did_not_write_whole_starts_a_new_one(tmp_path: Path, content: str):
+    """Not JSON, or JSON of another shape (a list; a mapping that lacks the history's keys): not this run's."""
+    (tmp_path / "history.rank0.json").write_text(content)
+    assert history_carried_on(str(tmp_path), trainer_at(1, 2)) == TrainingHistory(first_epoch=1, first_step=2)
+
+
 def test_a_history_resumed_again_in_its_own_dir_carries_on_from_where_its_last_start_ended(tmp_path: Path):
     """A run started from another run's checkpoint (its history begins at step 2, epoch 1), resumed in its own dir
     twice: each start carries the history on, and it lists both steps resumed at."""
@@ -293,6 +300,20 @@ def test_a_module_without_an_optimizer_that_diverges_is_stopped_without_naming_a
     guard, trainer = DivergenceGuard(), trainer_logging_every(1)
     trainer.optimizers = []
     with pytest.raises(Diverged, match=r"^training diverged at step 1 \(loss nan\): lower the learning rate, or clip"):
+        steps_taken(guard, trainer, losses=[math.nan], inputs=[1.0])
+
+
+def test_the_divergence_line_names_the_rate_of_the_first_optimizers_first_group():
+    """A GAN's two optimizers, the first with two parameter groups: the line names the rate of the first's first."""
+    guard, trainer = DivergenceGuard(), trainer_logging_every(1)
+    first = torch.optim.SGD(
+        [{"params": [torch.nn.Parameter(torch.zeros(1))]}, {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5}],
+        lr=0.25,
+    )
+    trainer.optimizers = [first, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.75)]
+    with pytest.raises(
+        Diverged, match=r"^training diverged at step 1 \(loss nan\): lower the learning rate \(now 0.25\)"
+    ):
         steps_taken(guard, trainer, losses=[math.nan], inputs=[1.0])
 
 
