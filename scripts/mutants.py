@@ -105,8 +105,9 @@ def restart_what_a_mutant_killed() -> None:
 
 def run_processes(keep: set[int]) -> Iterator[int]:
     """The pids of the run's PID namespace (its own /proc, as its first process) but `keep` and the run's own."""
+    left_alone = keep | {1}
     return (
-        int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit() and int(entry.name) not in keep | {1}
+        int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit() and int(entry.name) not in left_alone
     )
 
 
