@@ -111,29 +111,38 @@ def run_processes(keep: set[int]) -> Iterator[int]:
     )
 
 
+def end_processes(keep: set[int]) -> None:
+    """Kill every process of the run's PID namespace but `keep` and the run (as its first process it sees them
+    alone; elsewhere it does nothing)."""
+    if os.getpid() != 1:
+        return
+    for pid in run_processes(keep):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended meanwhile
+            continue
+
+
 @contextmanager
-def strays_ended_after(seconds: float, keep: set[int]) -> Iterator[None]:
-    """Should the block still run `seconds` from now, kill every process of the run's PID namespace but `keep`.
+def strays_ended(seconds: float, keep: set[int]) -> Iterator[None]:
+    """Kill every process of the run but `keep` when the block ends, and `seconds` from now should it still run.
     cosmic-ray ends a mutant's pytest at its timeout by killing the process group of the command it started: that is
     the preloaded Python's client, not the fork of the server that runs the tests, which holds the command's stdout
     (pytest keeps it while it captures): cosmic-ray would read it for ever (a mutant that keeps a thread from ending
-    hangs that fork as it exits, 2026-12-07). As the namespace's first process this run sees its processes alone."""
+    hangs that fork as it exits, 2026-12-07). A test failed as hung (`failed_when_hung`) may leave the processes it
+    started waiting where they hung, using cores the next mutant's tests need."""
     done = threading.Event()
 
-    def end_strays() -> None:
-        if done.wait(seconds) or os.getpid() != 1:
-            return
-        for pid in run_processes(keep):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:  # it ended meanwhile
-                continue
+    def at_the_deadline() -> None:
+        if not done.wait(seconds):
+            end_processes(keep)
 
-    threading.Thread(target=end_strays, daemon=True, name="strays-ended").start()
+    threading.Thread(target=at_the_deadline, daemon=True, name="strays-ended").start()
     try:
         yield
     finally:
         done.set()
+        end_processes(keep)
 
 
 def route_table_guards(page: str | None = None) -> dict[str, list[str]]:
@@ -165,6 +174,8 @@ def guards_lines(page: str | None = None) -> dict[str, list[str]]:
 # list in a file), and where the mapping pass writes its tests' facts.
 SELECTED_TESTS = "MUTANTS_SELECTED_TESTS"
 MAPPING_FACTS = "MUTANTS_MAPPING_FACTS"
+TEST_TIMEOUT = "MUTANTS_TEST_TIMEOUT"  # seconds one guard test may run, its fixtures' setup and teardown included
+HUNG = "hung past the test timeout"  # the failure of a test that did (`failed_when_hung`), in its `-rfE` line
 COVERAGE_CONFIG = "COVERAGE_PROCESS_CONFIG"  # coverage's: the config a process it starts measures with
 
 
@@ -211,12 +222,35 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     are started as fresh interpreters, which read it; a fork of the preloaded Python would keep the context of the
     test that started that server."""
     if MAPPING_FACTS not in os.environ:
-        return (yield)
+        with failed_when_hung(float(os.environ.get(TEST_TIMEOUT, 0))):
+            return (yield)
     measured_as(item.nodeid)
     try:
         return (yield)
     finally:
         measured_as("")
+
+
+@contextmanager
+def failed_when_hung(seconds: float) -> Iterator[None]:
+    """A test still running `seconds` after it started fails: a mutant that makes one hang (a wait that never ends)
+    is killed in that time, not the whole run's timeout, and pytest's `-x` ends its guard files there. SIGALRM
+    reaches the main thread between Python's steps, and a wait in a system call on the way (EINTR): a wait inside a
+    C++ library that does not return to Python is left to the run's timeout."""
+    if not seconds:
+        yield
+        return
+
+    def hung(signum: int, frame) -> None:
+        pytest.fail(f"{HUNG} ({seconds:.0f} s)", pytrace=False)
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def measured_as(label: str) -> None:
@@ -479,7 +513,7 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
             os.environ[SELECTED_TESTS] = chosen.name
         try:
             # cosmic-ray's own end of the command comes at `timeout`: the strays it leaves a moment later.
-            with strays_ended_after(timeout + 5, keep={PreloadedPython.get().server.pid}):
+            with strays_ended(timeout + 5, keep={PreloadedPython.get().server.pid}):
                 result = mutate_and_test([spec], mutant_test_command(paths), timeout)
         finally:
             os.environ.pop(SELECTED_TESTS, None)
@@ -511,7 +545,8 @@ def judged(
         return Outcome(module, line, edit, True, f"pytest stopped without a failing test, unlike unmutated: {last}")
     if "::" in failed.group(1) and fails_unmutated([failed.group(1)]):  # else a test file the mutant cannot import
         return Outcome(module, line, edit, False, f"{failed.group(1)} fails unmutated too")
-    return Outcome(module, line, edit, True, failed.group(1))
+    hung = f"{failed.group(0)} - Failed: {HUNG}" in output
+    return Outcome(module, line, edit, True, "timeout" if hung else failed.group(1))
 
 
 def chosen_mutants(module_path: Path, sample: int, seed: int) -> list:

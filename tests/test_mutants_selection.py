@@ -2,9 +2,12 @@
 and names the test that killed it: the choice must never leave out a test that could see the mutant, nor the name
 misread a kill as a survivor."""
 
+import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -163,13 +166,50 @@ def test_a_mutants_pytest_that_outlives_its_timeout_ends_and_is_judged_a_timeout
     hung = "setsid sleep 300 & sleep 300"  # the setsid'd sleep: outside the group, holding stdout
     judged = (
         "import sys; sys.path.insert(0, '.'); from scripts import mutants; from cosmic_ray.testing import run_tests\n"
-        f"with mutants.strays_ended_after(1.0, keep=set()): print(run_tests({shlex.join(['sh', '-c', hung])!r}, 0.5))"
+        f"with mutants.strays_ended(1.0, keep=set()): print(run_tests({shlex.join(['sh', '-c', hung])!r}, 0.5))"
     )
     command = [*mutants.confinement(), sys.executable, "-c", judged]
     ran = subprocess.run(command, capture_output=True, text=True, cwd=mutants.REPO, timeout=120)
     if ran.returncode and "unshare" in ran.stderr:
         pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
     assert ran.stdout.strip() == "(<TestOutcome.KILLED: 'killed'>, 'timeout')", ran.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PID namespaces are Linux's: elsewhere the run is not confined")
+def test_what_a_mutants_tests_started_ends_with_them():
+    """A test failed as hung leaves the processes it started where they hung: they end with the mutant's tests, not
+    after the next mutant's tests ran beside them."""
+    left = (
+        "import subprocess, sys; sys.path.insert(0, '.'); from scripts import mutants\n"
+        "with mutants.strays_ended(60.0, keep=set()): stray = subprocess.Popen(['sleep', '300'])\n"
+        "print(stray.wait(timeout=5))"
+    )
+    ran = subprocess.run([*mutants.confinement(), sys.executable, "-c", left], capture_output=True, text=True)
+    if ran.returncode and "unshare" in ran.stderr:
+        pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
+    assert ran.stdout.strip() == str(-signal.SIGKILL), ran.stderr
+
+
+def test_a_guard_test_that_hangs_fails_at_the_test_timeout_and_its_mutant_is_judged_a_timeout(tmp_path):
+    """A mutant that makes one test wait for ever costs that test's timeout, not the whole run's, and its verdict
+    says it hung rather than naming the test as one that saw a wrong value."""
+    (tmp_path / "test_waits.py").write_text(
+        "import time\n\ndef test_quick():\n    pass\n\ndef test_hangs():\n"
+        "    time.sleep(60)\n\ndef test_after():\n    pass\n"
+    )
+    command = [sys.executable, "-m", "pytest", *mutants.PYTEST_OPTIONS, "test_waits.py"]
+    environment = os.environ | {"PYTHONPATH": str(mutants.REPO), mutants.TEST_TIMEOUT: "1"}
+    started = time.monotonic()
+    ran = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=50)
+    assert time.monotonic() - started < 30
+    assert "FAILED test_waits.py::test_hangs - Failed: hung past the test timeout (1 s)" in ran.stdout, ran.stdout
+    assert "1 failed, 1 passed" in ran.stdout, "-x: the guard files end at the hung test"
+
+    verdict = mutants.judged("m", 3, "a  →  b", False, ran.stdout, ["test_waits.py::test_hangs"], lambda _: False)
+    assert (verdict.killed, verdict.by) == (True, "timeout")
+    failed = "FAILED test_waits.py::test_hangs - AssertionError: assert 1 == 2\n1 failed\n"
+    verdict = mutants.judged("m", 3, "a  →  b", False, failed, ["test_waits.py::test_hangs"], lambda _: False)
+    assert (verdict.killed, verdict.by) == (True, "test_waits.py::test_hangs")
 
 
 def test_where_no_namespace_can_be_made_the_run_is_refused_in_one_line_naming_why(monkeypatch, capsys):
