@@ -633,6 +633,12 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a mutant's guard files may run")
     parser.add_argument(
+        "--test-timeout",
+        type=float,
+        default=300,
+        help="seconds one of its guard tests may run, its fixtures included (the suite's longest takes under 60)",
+    )
+    parser.add_argument(
         "--every-guard-test",
         action="store_true",
         help="run each mutant against all its guard files, unmapped (slow: to check the mapped verdicts)",
@@ -711,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     with scratch_copy() as copy, preloaded_pytest(copy):
         os.chdir(copy)
         os.environ["PYTHONPATH"] = str(copy)
+        os.environ[TEST_TIMEOUT] = str(arguments.test_timeout)
         fails_unmutated = FailsUnmutated()
         for module, (module_path, guard_files) in targets.items():
             module_started = time.monotonic()
