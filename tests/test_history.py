@@ -242,6 +242,15 @@ def test_a_divergence_on_a_checks_own_step_stops_the_run_at_that_step():
         steps_taken(guard, trainer, losses=[math.nan], inputs=[1.0])
 
 
+def test_a_trainer_that_never_logs_is_checked_every_step():
+    """`log_every_n_steps=0` (Lightning's own for `barebones=True`, which logs nothing) leaves no interval to check
+    at: the guard checks every step rather than dividing by it (a ZeroDivisionError at the first step)."""
+    guard, trainer = DivergenceGuard(), trainer_logging_every(0)
+    steps_taken(guard, trainer, losses=[0.5, 0.5], inputs=[1.0] * 2)
+    with pytest.raises(Diverged, match="^training diverged at step 3 "):
+        steps_taken(guard, trainer, losses=[math.nan], inputs=[1.0])
+
+
 def test_a_checkpoint_written_between_two_checks_after_a_bad_step_is_refused_so_the_last_finite_one_stays():
     """Checked every 50th step: at step 3 a checkpoint's write asks first, and the run stops before it stores NaN."""
     guard, trainer = DivergenceGuard(), trainer_logging_every(50)
