@@ -176,6 +176,7 @@ SELECTED_TESTS = "MUTANTS_SELECTED_TESTS"
 MAPPING_FACTS = "MUTANTS_MAPPING_FACTS"
 TEST_TIMEOUT = "MUTANTS_TEST_TIMEOUT"  # seconds one guard test may run, its fixtures' setup and teardown included
 HUNG = "hung past the test timeout"  # the failure of a test that did (`failed_when_hung`), in its `-rfE` line
+EXIT_WAIT = 30.0  # seconds a mutant's pytest may take to exit after its tests (`pytest_unconfigure`)
 COVERAGE_CONFIG = "COVERAGE_PROCESS_CONFIG"  # coverage's: the config a process it starts measures with
 
 
@@ -251,6 +252,24 @@ def failed_when_hung(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After its tests, a mutant's pytest that has not exited within `EXIT_WAIT` s (or its test timeout, if shorter)
+    is ended as hung: a mutant that leaves a thread or a store the interpreter waits for at its exit would otherwise
+    hold it until the whole run's timeout (`ddp`'s `:116`, 600 s each), no test running to fail."""
+    seconds = min(EXIT_WAIT, float(os.environ.get(TEST_TIMEOUT, 0)))
+    if not seconds or MAPPING_FACTS in os.environ:
+        return
+
+    def hung_at_exit() -> None:
+        print(f"{HUNG} at its pytest's exit ({seconds:.0f} s)", flush=True)
+        os._exit(3)
+
+    timer = threading.Timer(seconds, hung_at_exit)
+    timer.daemon = True  # it must not itself hold the exit it watches
+    timer.start()
 
 
 def measured_as(label: str) -> None:
@@ -535,6 +554,8 @@ def judged(
     if survived:
         return Outcome(module, line, edit, False, "")
     if output == "timeout":
+        return Outcome(module, line, edit, True, "timeout")
+    if failed is None and f"{HUNG} at its pytest's exit" in output:
         return Outcome(module, line, edit, True, "timeout")
     if failed is None and "while loading conftest" in output:  # the mutant stops the project importing at all
         return Outcome(module, line, edit, True, "the guard files' conftest does not import")

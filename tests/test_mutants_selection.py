@@ -212,6 +212,23 @@ def test_a_guard_test_that_hangs_fails_at_the_test_timeout_and_its_mutant_is_jud
     assert (verdict.killed, verdict.by) == (True, "test_waits.py::test_hangs")
 
 
+def test_a_guard_pytest_that_hangs_at_its_exit_is_ended_and_its_mutant_judged_a_timeout(tmp_path):
+    """A mutant that leaves a thread the interpreter waits for at its exit, after every test passed: ended at the
+    exit wait, not the whole run's timeout, and judged a timeout rather than a survivor."""
+    (tmp_path / "test_left.py").write_text(
+        "import threading, time\n\ndef test_leaves_a_thread():\n"
+        "    threading.Thread(target=time.sleep, args=(60,)).start()\n"
+    )
+    command = [sys.executable, "-m", "pytest", *mutants.PYTEST_OPTIONS, "test_left.py"]
+    environment = os.environ | {"PYTHONPATH": str(mutants.REPO), mutants.TEST_TIMEOUT: "1"}
+    started = time.monotonic()
+    ran = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=50)
+    assert time.monotonic() - started < 30
+    assert ran.returncode != 0 and "1 passed" in ran.stdout, ran.stdout
+    verdict = mutants.judged("m", 3, "a  →  b", False, ran.stdout, ["test_left.py::test_leaves_a_thread"], None)
+    assert (verdict.killed, verdict.by) == (True, "timeout")
+
+
 def test_where_no_namespace_can_be_made_the_run_is_refused_in_one_line_naming_why(monkeypatch, capsys):
     refusal = "unshare: unshare failed: Operation not permitted"
     monkeypatch.setattr(mutants, "confinement", lambda: [sys.executable, "-c", f"import sys; sys.exit({refusal!r})"])
