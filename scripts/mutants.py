@@ -258,7 +258,7 @@ def failed_when_hung(seconds: float) -> Iterator[None]:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """After its tests, a mutant's pytest that has not exited within `EXIT_WAIT` s (or its test timeout, if shorter)
     is ended as hung: a mutant that leaves a thread or a store the interpreter waits for at its exit would otherwise
-    hold it until the whole run's timeout (`ddp`'s `:116`, 600 s each), no test running to fail."""
+    hold it until the whole run's timeout (600 s), no test running to fail."""
     seconds = min(EXIT_WAIT, float(os.environ.get(TEST_TIMEOUT, 0)))
     if not seconds or MAPPING_FACTS in os.environ:
         return
