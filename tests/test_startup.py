@@ -178,10 +178,13 @@ def test_the_thread_leaves_a_signal_to_the_handler_that_runs_within_its_wait(arm
 
 
 # A process of the run's that ends its start-up: one child of its own, then `end_children` once told to.
+# Its child names itself with a ") " in its name: /proc/<pid>/stat gives the name in parentheses, unescaped.
 ENDS_ITS_CHILDREN = """
 import subprocess, sys
 from project.engine.startup import end_children
-child = subprocess.Popen(["sleep", "60"])
+named = "open('/proc/self/comm', 'w').write('worker) 1 2'); print(flush=True); import time; time.sleep(60)"
+child = subprocess.Popen([sys.executable, "-S", "-c", named], stdout=subprocess.PIPE)
+child.stdout.readline()
 print(child.pid, flush=True)
 sys.stdin.readline()
 end_children()
@@ -198,8 +201,9 @@ def running(pid: int) -> bool:
 
 
 def test_a_stopped_start_kills_its_own_children_and_no_other_process(tmp_path: Path):
-    """A SIGTERM while starting ends the process's children (a DataLoader's workers, ranks it launched) with it; any
-    other process, here a later one's child (a pid that sorts after its own), is not its to end."""
+    """A SIGTERM while starting ends the process's children (a DataLoader's workers, ranks it launched) with it,
+    whatever their names hold; any other process, here a later one's child (a pid that sorts after its own), is not
+    its to end."""
     script = tmp_path / "ends_its_children.py"
     script.write_text(ENDS_ITS_CHILDREN)
     stopping = subprocess.Popen(
