@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -190,18 +191,26 @@ def test_what_a_mutants_tests_started_ends_with_them():
     assert ran.stdout.strip() == str(-signal.SIGKILL), ran.stderr
 
 
+def guard_pytest_of(test_file: Path, source: str) -> subprocess.CompletedProcess:
+    """A mutant's pytest (its options, this script its plugin) of `test_file` holding `source`, with a test timeout of
+    1 s: it must end within 30 s, however its tests wait."""
+    test_file.write_text(source)
+    command = [sys.executable, "-m", "pytest", *mutants.PYTEST_OPTIONS, test_file.name]
+    environment = os.environ | {"PYTHONPATH": str(mutants.REPO), mutants.TEST_TIMEOUT: "1"}
+    started = time.monotonic()
+    ran = subprocess.run(command, cwd=test_file.parent, env=environment, capture_output=True, text=True, timeout=50)
+    assert time.monotonic() - started < 30
+    return ran
+
+
 def test_a_guard_test_that_hangs_fails_at_the_test_timeout_and_its_mutant_is_judged_a_timeout(tmp_path):
     """A mutant that makes one test wait for ever costs that test's timeout, not the whole run's, and its verdict
     says it hung rather than naming the test as one that saw a wrong value."""
-    (tmp_path / "test_waits.py").write_text(
-        "import time\n\ndef test_quick():\n    pass\n\ndef test_hangs():\n"
-        "    time.sleep(60)\n\ndef test_after():\n    pass\n"
+    ran = guard_pytest_of(
+        tmp_path / "test_waits.py",
+        "import time\n\ndef test_quick():\n    pass\n\ndef test_hangs():\n    time.sleep(60)\n\n"
+        "def test_after():\n    pass\n",
     )
-    command = [sys.executable, "-m", "pytest", *mutants.PYTEST_OPTIONS, "test_waits.py"]
-    environment = os.environ | {"PYTHONPATH": str(mutants.REPO), mutants.TEST_TIMEOUT: "1"}
-    started = time.monotonic()
-    ran = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=50)
-    assert time.monotonic() - started < 30
     assert "FAILED test_waits.py::test_hangs - Failed: hung past the test timeout (1 s)" in ran.stdout, ran.stdout
     assert "1 failed, 1 passed" in ran.stdout, "-x: the guard files end at the hung test"
 
@@ -215,15 +224,11 @@ def test_a_guard_test_that_hangs_fails_at_the_test_timeout_and_its_mutant_is_jud
 def test_a_guard_pytest_that_hangs_at_its_exit_is_ended_and_its_mutant_judged_a_timeout(tmp_path):
     """A mutant that leaves a thread the interpreter waits for at its exit, after every test passed: ended at the
     exit wait, not the whole run's timeout, and judged a timeout rather than a survivor."""
-    (tmp_path / "test_left.py").write_text(
+    ran = guard_pytest_of(
+        tmp_path / "test_left.py",
         "import threading, time\n\ndef test_leaves_a_thread():\n"
-        "    threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        "    threading.Thread(target=time.sleep, args=(60,)).start()\n",
     )
-    command = [sys.executable, "-m", "pytest", *mutants.PYTEST_OPTIONS, "test_left.py"]
-    environment = os.environ | {"PYTHONPATH": str(mutants.REPO), mutants.TEST_TIMEOUT: "1"}
-    started = time.monotonic()
-    ran = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=50)
-    assert time.monotonic() - started < 30
     assert ran.returncode != 0 and "1 passed" in ran.stdout, ran.stdout
     verdict = mutants.judged("m", 3, "a  →  b", False, ran.stdout, ["test_left.py::test_leaves_a_thread"], None)
     assert (verdict.killed, verdict.by) == (True, "timeout")
