@@ -141,21 +141,23 @@ def test_a_mutant_cosmic_ray_cannot_make_is_left_out_not_the_end_of_the_run(tmp_
     assert [mutants.left_out(spec) for spec in replaced] == ["", mutants.NOT_MADE]
 
 
+def confined_python(code: str) -> subprocess.CompletedProcess:
+    """`code` run by this Python, from the repository, as the first process of a PID namespace of its own (the run's
+    `confinement`); the test skips where none can be made, as `make mutants` refuses to run there."""
+    command = [*mutants.confinement(), sys.executable, "-c", code]
+    ran = subprocess.run(command, capture_output=True, text=True, cwd=mutants.REPO, timeout=120)
+    if ran.returncode and "unshare" in ran.stderr:
+        pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
+    return ran
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="PID namespaces are Linux's: elsewhere the run is not confined")
 def test_a_mutant_sees_and_can_signal_only_the_processes_of_its_own_run():
     """`startup.end_children` made to kill every process but its children would end, unconfined, every process of
     the user who runs `make mutants` (of the machine, as root): confined, the run is its namespace's first process,
     which its own processes cannot kill, and the only other one it sees."""
     listing = "import os; print(os.getpid(), sorted(int(name) for name in os.listdir('/proc') if name.isdigit()))"
-    command = [
-        *mutants.confinement(),
-        sys.executable,
-        "-c",
-        f"import subprocess, sys; subprocess.run([sys.executable, '-c', {listing!r}])",
-    ]
-    ran = subprocess.run(command, capture_output=True, text=True)
-    if ran.returncode and "unshare" in ran.stderr:
-        pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
+    ran = confined_python(f"import subprocess, sys; subprocess.run([sys.executable, '-c', {listing!r}])")
     assert ran.stdout.split(maxsplit=1) == ["2", "[1, 2]\n"], ran.stderr
 
 
@@ -169,10 +171,7 @@ def test_a_mutants_pytest_that_outlives_its_timeout_ends_and_is_judged_a_timeout
         "import sys; sys.path.insert(0, '.'); from scripts import mutants; from cosmic_ray.testing import run_tests\n"
         f"with mutants.strays_ended(1.0, keep=set()): print(run_tests({shlex.join(['sh', '-c', hung])!r}, 0.5))"
     )
-    command = [*mutants.confinement(), sys.executable, "-c", judged]
-    ran = subprocess.run(command, capture_output=True, text=True, cwd=mutants.REPO, timeout=120)
-    if ran.returncode and "unshare" in ran.stderr:
-        pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
+    ran = confined_python(judged)
     assert ran.stdout.strip() == "(<TestOutcome.KILLED: 'killed'>, 'timeout')", ran.stderr
 
 
@@ -185,9 +184,7 @@ def test_what_a_mutants_tests_started_ends_with_them():
         "with mutants.strays_ended(60.0, keep=set()): stray = subprocess.Popen(['sleep', '300'])\n"
         "print(stray.wait(timeout=5))"
     )
-    ran = subprocess.run([*mutants.confinement(), sys.executable, "-c", left], capture_output=True, text=True)
-    if ran.returncode and "unshare" in ran.stderr:
-        pytest.skip(f"no PID namespace can be made here ({ran.stderr.strip()}): `make mutants` refuses to run")
+    ran = confined_python(left)
     assert ran.stdout.strip() == str(-signal.SIGKILL), ran.stderr
 
 
