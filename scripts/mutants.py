@@ -176,6 +176,7 @@ SELECTED_TESTS = "MUTANTS_SELECTED_TESTS"
 MAPPING_FACTS = "MUTANTS_MAPPING_FACTS"
 TEST_TIMEOUT = "MUTANTS_TEST_TIMEOUT"  # seconds one guard test may run, its fixtures' setup and teardown included
 HUNG = "hung past the test timeout"  # the failure of a test that did (`failed_when_hung`), in its `-rfE` line
+HUNG_AT_EXIT = f"{HUNG} at its pytest's exit"  # what a pytest ended after its tests (`pytest_unconfigure`) prints
 EXIT_WAIT = 30.0  # seconds a mutant's pytest may take to exit after its tests (`pytest_unconfigure`)
 COVERAGE_CONFIG = "COVERAGE_PROCESS_CONFIG"  # coverage's: the config a process it starts measures with
 
@@ -264,7 +265,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
 
     def hung_at_exit() -> None:
-        print(f"{HUNG} at its pytest's exit ({seconds:.0f} s)", flush=True)
+        print(f"{HUNG_AT_EXIT} ({seconds:.0f} s)", flush=True)
         os._exit(3)
 
     timer = threading.Timer(seconds, hung_at_exit)
@@ -555,7 +556,7 @@ def judged(
         return Outcome(module, line, edit, False, "")
     if output == "timeout":
         return Outcome(module, line, edit, True, "timeout")
-    if failed is None and f"{HUNG} at its pytest's exit" in output:
+    if failed is None and HUNG_AT_EXIT in output:
         return Outcome(module, line, edit, True, "timeout")
     if failed is None and "while loading conftest" in output:  # the mutant stops the project importing at all
         return Outcome(module, line, edit, True, "the guard files' conftest does not import")
