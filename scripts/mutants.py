@@ -300,6 +300,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 # (`{+params}` of `{**params}`), which no test could run.
 NOT_APPLIED, NOT_MADE, NOT_PYTHON = "not applied", "cosmic-ray cannot make it", "not Python"
 LEFT_OUT = (NOT_APPLIED, NOT_MADE, NOT_PYTHON)
+# How many `--timeout`s the unmutated tests may take before a mutant's timeout is taken for no evidence at all: such a
+# mutant counts as a survivor, saying so (`UNDECIDED`), until a run with a larger `--timeout` judges it.
+OUTRUN_LIMIT = 4
+UNDECIDED = (
+    f"undecided: its guard tests outrun {OUTRUN_LIMIT} x --timeout unmutated too; run it with a larger --timeout"
+)
 
 
 @dataclass
@@ -416,6 +422,24 @@ class TestMap:
         chosen = ran_it | set(self.unmeasured) | {test for test, group in self.groups.items() if group in shared}
         return [test for test in self.tests if test in chosen]
 
+    def merged(self, fresh: "TestMap", remapped: list[str], files: list[str]) -> "TestMap":
+        """This map with the tests of the files `remapped` as `fresh` maps them now, and without the tests of files
+        that are no longer guard files (`files`: the module's guard test files now)."""
+
+        def kept(test: str) -> bool:
+            return test == "" or (test.split("::")[0] in files and test.split("::")[0] not in remapped)
+
+        statements = {}
+        for line in self.statements.keys() | fresh.statements.keys():
+            ran = {test for test in self.statements.get(line, ()) if kept(test)} | set(fresh.statements.get(line, ()))
+            statements[line] = sorted(ran)
+        return TestMap(
+            [test for test in self.tests if kept(test)] + fresh.tests,
+            {test: group for test, group in self.groups.items() if kept(test)} | fresh.groups,
+            [test for test in self.unmeasured if kept(test)] + fresh.unmeasured,
+            statements,
+        )
+
 
 def mapping_pass(module_path: Path, guard_files: list[str], timeout: float) -> TestMap:
     """Run a module's guard files once under coverage, each line recorded under the test that made it run, in any
@@ -501,31 +525,96 @@ class FailsUnmutated:
         return subprocess.run(guard_tests_command(tests), capture_output=True).returncode != 0
 
 
+class UnmutatedSeconds:
+    """How long tests take on the unmutated copy, asked where a mutant's tests outran the run's `--timeout` with no
+    test failed as hung: that timeout kills only where the same tests end well within it unmutated (a module whose
+    guard tests are many and slow, `ddp`'s 145, outruns 600 s unmutated: each such mutant was once a kill). Kept per
+    set of tests, so the next mutant that selects them is given room at once (`timeout_for`); `None`: they outran
+    `limit` unmutated too."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[str, ...], float | None] = {}
+
+    def __call__(self, tests: list[str], limit: float) -> float | None:
+        key = tuple(tests)
+        if key not in self.known:
+            self.known[key] = self.run(tests, limit)
+        return self.known[key]
+
+    def timeout_for(self, tests: list[str], timeout: float) -> float:
+        """`timeout`, or twice the tests' unmutated time (and a minute) where that is known and longer."""
+        seconds = self.known.get(tuple(tests))
+        return timeout if seconds is None else max(timeout, 2 * seconds + 60)
+
+    @staticmethod
+    def run(tests: list[str], limit: float) -> float | None:
+        from tests.preloaded_python import PreloadedPython
+
+        started = time.monotonic()
+        try:
+            with strays_ended(limit + 5, keep={PreloadedPython.get().server.pid}):
+                subprocess.run(guard_tests_command(tests), capture_output=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            return None
+        return time.monotonic() - started
+
+
+@dataclass
+class Unmutated:
+    """What the unmutated copy answers about a mutant's tests: whether they fail there too, and how long they take."""
+
+    fails: FailsUnmutated
+    seconds: UnmutatedSeconds
+
+
 def mutant_key(spec) -> str:
     return f"{spec.operator_name}:{spec.occurrence}"
 
 
-def run_mutant(spec, selected: list[str] | None, guard_files: list[str], timeout: float, fails_unmutated) -> Outcome:
+def run_mutant(
+    spec, selected: list[str] | None, guard_files: list[str], timeout: float, unmutated: Unmutated
+) -> Outcome:
     """One mutant against the guard tests that run its statement (`selected`), or every guard file (None). Killed:
     a test failed (on the mutant only) or they hung."""
     started = time.monotonic()
-    outcome = run_selected(spec, selected, guard_files, timeout, fails_unmutated)
+    outcome = run_selected(spec, selected, guard_files, timeout, unmutated)
     outcome.key, outcome.seconds = mutant_key(spec), time.monotonic() - started
     outcome.tests = len(selected) if selected is not None else 0
     return outcome
 
 
-def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeout: float, fails_unmutated) -> Outcome:
-    from cosmic_ray.mutating import mutate_and_test
+def run_selected(
+    spec, selected: list[str] | None, guard_files: list[str], timeout: float, unmutated: Unmutated
+) -> Outcome:
     from cosmic_ray.work_item import TestOutcome
-
-    from tests.preloaded_python import PreloadedPython
 
     module = spec.module_path.stem
     why = left_out(spec)
     if why:
         return Outcome(module, spec.start_pos[0], spec.operator_name, False, why)
     paths = guard_files if selected is None else sorted({test.split("::")[0] for test in selected})
+    tests = selected if selected is not None else paths
+    given = unmutated.seconds.timeout_for(tests, timeout)
+    result = mutated_and_tested(spec, selected, paths, given)
+    if result.output == "timeout":  # the whole run's, with no test failed as hung: evidence only where they are quick
+        seconds = unmutated.seconds(tests, OUTRUN_LIMIT * timeout)
+        if seconds is None:
+            return Outcome(module, spec.start_pos[0], edit_of(result.diff or ""), False, UNDECIDED)
+        if unmutated.seconds.timeout_for(tests, timeout) > given:
+            result = mutated_and_tested(spec, selected, paths, unmutated.seconds.timeout_for(tests, timeout))
+    if result.diff is None:
+        return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_APPLIED)
+    survived = result.test_outcome == TestOutcome.SURVIVED
+    edit = edit_of(result.diff)
+    return judged(module, spec.start_pos[0], edit, survived, result.output or "", tests, unmutated.fails)
+
+
+def mutated_and_tested(spec, selected: list[str] | None, paths: list[str], timeout: float):
+    """cosmic-ray's result of the mutant against `selected` (of the files `paths`), or `paths` whole (None)."""
+    from cosmic_ray.mutating import mutate_and_test
+
+    from tests.preloaded_python import PreloadedPython
+
     with tempfile.NamedTemporaryFile("w", suffix=".json") as chosen:
         if selected is not None:
             chosen.write(json.dumps(selected))
@@ -534,15 +623,10 @@ def run_selected(spec, selected: list[str] | None, guard_files: list[str], timeo
         try:
             # cosmic-ray's own end of the command comes at `timeout`: the strays it leaves a moment later.
             with strays_ended(timeout + 5, keep={PreloadedPython.get().server.pid}):
-                result = mutate_and_test([spec], mutant_test_command(paths), timeout)
+                return mutate_and_test([spec], mutant_test_command(paths), timeout)
         finally:
             os.environ.pop(SELECTED_TESTS, None)
             restart_what_a_mutant_killed()
-    if result.diff is None:
-        return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_APPLIED)
-    survived, tests = result.test_outcome == TestOutcome.SURVIVED, selected if selected is not None else paths
-    edit = edit_of(result.diff)
-    return judged(module, spec.start_pos[0], edit, survived, result.output or "", tests, fails_unmutated)
 
 
 def judged(
@@ -582,18 +666,31 @@ class Results:
     """A module's finished mutants, one JSON line each, in docs/mutants/<module>.jsonl, so that a full run, hours
     long, goes on where a stopped one stopped, across sessions, commits and clones (committed, they are also the
     record behind docs/testing.md's scores). Each line carries the fingerprint of the module and its guard files
-    (sha256): lines of another fingerprint (a changed module or test) are done again; a commit that changes neither
-    (the docs, another module) keeps them."""
+    (sha256), and <module>.files.json each fingerprint's files, hashed one by one: a commit that changes neither (the
+    docs, another module) keeps the lines; one that changes a guard file but not the module keeps what that change
+    cannot alter (`carried`); a changed module starts over."""
 
-    def __init__(self, name: str, fingerprint: str) -> None:
+    def __init__(self, name: str, fingerprint: str, files: dict[str, str] | None = None) -> None:
         self.path = REPO / "docs" / "mutants" / f"{name}.jsonl"
+        self.files_path = self.path.with_suffix(".files.json")
         self.fingerprint = fingerprint
+        self.files = files or {}
         self.done: dict[str, Outcome] = {}
         self.earlier: dict[str, Outcome] = {}  # the latest outcome of each mutant under another fingerprint
+        self.earlier_files: dict[str, dict[str, str]] = {}  # the files that outcome was judged with, hashed
+        known = json.loads(self.files_path.read_text()) if self.files_path.is_file() else {}
+        self.files_of: dict[str, dict[str, str]] = known  # each fingerprint's files, hashed
         lines = self.path.read_text().splitlines() if self.path.is_file() else []
         for line in map(json.loads, lines):
-            kept = self.done if line.pop("fingerprint") == fingerprint else self.earlier
-            kept[line["key"]] = Outcome(**line)
+            judged_on = line.pop("fingerprint")
+            outcome = Outcome(**line)
+            if judged_on == fingerprint:
+                self.done[outcome.key] = outcome
+            else:
+                self.earlier[outcome.key], self.earlier_files[outcome.key] = outcome, known.get(judged_on, {})
+        if self.files and fingerprint not in known:
+            self.files_path.parent.mkdir(parents=True, exist_ok=True)
+            self.files_path.write_text(json.dumps({**known, fingerprint: self.files}, indent=1) + "\n")
 
     def add(self, outcome: Outcome) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -601,28 +698,72 @@ class Results:
             results.write(json.dumps({**asdict(outcome), "fingerprint": self.fingerprint}) + "\n")
         self.done[outcome.key] = outcome
 
+    def carried(self, key: str, module_file: str) -> tuple[Outcome, list[str]] | None:
+        """A mutant's earlier outcome that the guard files changed since cannot have altered, the module being the
+        same, with the guard files changed since (a survivor runs again against their tests alone: the others passed
+        it then); None where it must run again whole. A kill stays while its test's file is the same; a timeout, an
+        undecided mutant or a test file gone run again."""
+        earlier, then = self.earlier.get(key), self.earlier_files.get(key, {})
+        if earlier is None or not then or then.get(module_file) != self.files.get(module_file):
+            return None
+        changed = [name for name, digest in self.files.items() if then.get(name) != digest]
+        if earlier.by in LEFT_OUT:
+            return earlier, []
+        if earlier.killed:
+            killer = earlier.by.split("::")[0]
+            same = "::" in earlier.by and killer in self.files and then.get(killer) == self.files[killer]
+            return (earlier, []) if same else None
+        return None if earlier.by == UNDECIDED else (earlier, changed)
+
 
 def fingerprint(module_path: Path, guard_files: list[str]) -> str:
     """sha256 of the module and its guard files (a folder's .py files), as the copy holds them."""
     digest = hashlib.sha256(module_path.read_bytes())
-    for name in guard_files:
-        path = Path(name)
-        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            digest.update(file.read_bytes())
+    for file in guard_test_files(guard_files):
+        digest.update(file.read_bytes())
     return digest.hexdigest()
 
 
+def guard_test_files(guard_files: list[str]) -> list[Path]:
+    """The test files a module's guard files name (a folder: its .py files), in the order they are hashed."""
+    files = []
+    for name in guard_files:
+        path = Path(name)
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    return files
+
+
+def file_hashes(module_path: Path, guard_files: list[str]) -> dict[str, str]:
+    """sha256 of the module and of each guard test file, by their paths in the copy: what a verdict was judged on."""
+    return {
+        str(file): hashlib.sha256(file.read_bytes()).hexdigest()
+        for file in [module_path, *guard_test_files(guard_files)]
+    }
+
+
 def test_map_of(module_path: Path, guard_files: list[str], results: Results, timeout: float) -> TestMap:
-    """The module's test map, made once per fingerprint and kept in outputs/mutants/ (a cache: made again if lost)."""
+    """The module's test map, made once per fingerprint and kept in outputs/mutants/ (a cache: made again if lost).
+    Where only guard files changed since the map kept, only theirs are mapped again (`TestMap.merged`)."""
     stored = REPO / "outputs" / "mutants" / results.path.with_suffix(".map.json").name
+    kept_map, then = None, {}
     if stored.is_file():
         kept = json.loads(stored.read_text())
-        if kept.pop("fingerprint") == results.fingerprint:
-            kept["statements"] = {int(line): tests for line, tests in kept["statements"].items()}
+        mapped_on = kept.pop("fingerprint")
+        kept["statements"] = {int(line): tests for line, tests in kept["statements"].items()}
+        if mapped_on == results.fingerprint:
             return TestMap(**kept)
+        kept_map, then = TestMap(**kept), results.files_of.get(mapped_on, {})
     started = time.monotonic()
-    test_map = mapping_pass(module_path, guard_files, timeout)
-    print(f"{module_path.stem}: guard tests mapped to its lines in {time.monotonic() - started:.0f} s", flush=True)
+    module = str(module_path)
+    if kept_map is not None and then.get(module) == results.files.get(module):
+        changed = [name for name, digest in results.files.items() if then.get(name) != digest]
+        fresh = mapping_pass(module_path, changed, timeout) if changed else TestMap([], {}, [], {})
+        test_map = kept_map.merged(fresh, changed, list(results.files))
+        done = f"the tests of its {len(changed)} changed guard files mapped again"
+    else:
+        test_map = mapping_pass(module_path, guard_files, timeout)
+        done = "guard tests mapped to its lines"
+    print(f"{module_path.stem}: {done} in {time.monotonic() - started:.0f} s", flush=True)
     stored.parent.mkdir(parents=True, exist_ok=True)
     stored.write_text(json.dumps({**asdict(test_map), "fingerprint": results.fingerprint}))
     return test_map
@@ -669,12 +810,13 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_module_mutants(
-    module: str, module_path: Path, guard_files: list[str], arguments: argparse.Namespace, fails_unmutated
+    module: str, module_path: Path, guard_files: list[str], arguments: argparse.Namespace, unmutated: Unmutated
 ) -> list:
-    """A module's chosen mutants, those finished in an earlier run read from its results, the others run now."""
+    """A module's chosen mutants, those finished in an earlier run read from its results (or carried over a change
+    of its guard files alone: `Results.carried`), the others run now."""
     name = module.replace("/", ".")
     name = f"{name}.every-guard-test" if arguments.every_guard_test else name
-    results = Results(name, fingerprint(module_path, guard_files))
+    results = Results(name, fingerprint(module_path, guard_files), file_hashes(module_path, guard_files))
     specs = chosen_mutants(module_path, arguments.sample, arguments.seed)
     waiting = [spec for spec in specs if mutant_key(spec) not in results.done]
     if len(waiting) < len(specs):
@@ -685,11 +827,20 @@ def run_module_mutants(
         first_line = first_lines(module_path)
     for spec in waiting:
         selected = None if test_map is None else test_map.tests_running(spec, first_line)
+        files = guard_files
+        carried = results.carried(mutant_key(spec), str(module_path))
+        if carried is not None:
+            earlier, changed = carried
+            selected = None if selected is None else [test for test in selected if test.split("::")[0] in changed]
+            files = changed
+            if not changed or selected == []:  # nothing that changed can see it: the earlier verdict stands
+                results.add(earlier)
+                continue
         if selected:
             earlier = results.earlier.get(mutant_key(spec))
             killer = earlier.by if earlier and earlier.killed and earlier.line == spec.start_pos[0] else None
             selected = likeliest_killers_first(selected, spec.start_pos[0], results.done.values(), killer)
-        results.add(run_mutant(spec, selected, guard_files, arguments.timeout, fails_unmutated))
+        results.add(run_mutant(spec, selected, files, arguments.timeout, unmutated))
     outcomes = [results.done[mutant_key(spec)] for spec in specs]
     return [outcome for outcome in outcomes if outcome.by not in LEFT_OUT]
 
@@ -740,10 +891,10 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir(copy)
         os.environ["PYTHONPATH"] = str(copy)
         os.environ[TEST_TIMEOUT] = str(arguments.test_timeout)
-        fails_unmutated = FailsUnmutated()
+        unmutated = Unmutated(FailsUnmutated(), UnmutatedSeconds())
         for module, (module_path, guard_files) in targets.items():
             module_started = time.monotonic()
-            outcomes = run_module_mutants(module, module_path, guard_files, arguments, fails_unmutated)
+            outcomes = run_module_mutants(module, module_path, guard_files, arguments, unmutated)
             total = len(mutants_of(copy / module_path))
             report(module, module_path, outcomes, time.monotonic() - module_started, total)
             totals[0] += sum(outcome.killed for outcome in outcomes)

@@ -256,3 +256,154 @@ def test_finished_mutants_are_kept_where_git_keeps_them_and_read_back_only_for_t
     assert list(mutants.Results("history", "fingerprint-a").done) == ["op:3"]
     changed = mutants.Results("history", "fingerprint-b")
     assert changed.done == {} and changed.earlier["op:3"].by == "t.py::samples"
+
+
+def judged_after_a_timeout(monkeypatch, unmutated_seconds: float | None, rerun_output: str) -> list:
+    """The verdict on a mutant whose tests outran the whole run's 600 s (no test failed as hung), their unmutated run
+    taking `unmutated_seconds` (None: outran 4 x 600 s too), a run given more time printing `rerun_output`; and the
+    timeouts each run of it was given."""
+    from cosmic_ray.work_item import TestOutcome
+
+    given = []
+
+    def tested(spec, selected, paths, timeout):
+        given.append(timeout)
+        output = "timeout" if len(given) == 1 else rerun_output
+        outcome = TestOutcome.KILLED if output else TestOutcome.SURVIVED
+        return SimpleNamespace(diff="-a\n+b\n", output=output, test_outcome=outcome)
+
+    monkeypatch.setattr(mutants, "mutated_and_tested", tested)
+    monkeypatch.setattr(mutants, "left_out", lambda spec: "")
+    monkeypatch.setattr(mutants.UnmutatedSeconds, "run", staticmethod(lambda tests, limit: unmutated_seconds))
+    spec = SimpleNamespace(module_path=Path("project/engine/ddp.py"), start_pos=(3, 0), operator_name="op")
+    unmutated = mutants.Unmutated(mutants.FailsUnmutated(), mutants.UnmutatedSeconds())
+    outcome = mutants.run_selected(spec, ["t.py::x"], ["t.py"], 600, unmutated)
+    return [outcome, given, unmutated]
+
+
+def test_a_whole_runs_timeout_kills_only_where_the_same_tests_end_well_within_it_unmutated(monkeypatch):
+    """145 guard tests that take 20 minutes unmutated outrun a 600 s timeout whatever the mutant: a timeout there is
+    no evidence. The mutant runs again with twice their unmutated time (and a minute), as does at once the next
+    mutant that selects them; where even 4 x 600 s does not see them end unmutated, it is undecided, a survivor."""
+    pytest.importorskip("cosmic_ray", reason=MUTANTS_ONLY)
+    outcome, given, _ = judged_after_a_timeout(monkeypatch, 100.0, "")
+    assert outcome.killed and outcome.by == "timeout" and given == [600], "quick unmutated: the timeout is the mutant's"
+    outcome, given, unmutated = judged_after_a_timeout(monkeypatch, 1200.0, "")
+    assert not outcome.killed and given == [600, 2460], "slow unmutated: judged again with room, it survives"
+    assert (
+        unmutated.seconds.timeout_for(["t.py::x"], 600) == 2460
+        and unmutated.seconds.timeout_for(["t.py::y"], 600) == 600
+    )
+    outcome, given, _ = judged_after_a_timeout(monkeypatch, 1200.0, "timeout")
+    assert outcome.killed and given == [600, 2460], "past twice its unmutated time: the mutant's slowness"
+    outcome, given, _ = judged_after_a_timeout(monkeypatch, None, "")
+    assert not outcome.killed and outcome.by == mutants.UNDECIDED and given == [600]
+
+
+def test_a_changed_guard_file_keeps_the_verdicts_it_cannot_alter_and_runs_survivors_against_its_tests_alone(
+    tmp_path, monkeypatch
+):
+    """A module's run takes hours; a test added for one survivor must not start it over. With the module the same, a
+    kill stays while its test's file is the same, and a survivor, which every unchanged test let through, runs
+    again against the changed files' tests alone; a changed module, a timeout and an undecided mutant run again."""
+    monkeypatch.setattr(mutants, "REPO", tmp_path)
+    then = {"m.py": "m1", "a.py": "a1", "b.py": "b1"}
+    before = mutants.Results("m", "one", then)
+    outcomes = {
+        "by-a": mutants.Outcome("m", 1, "x", True, "a.py::kills"),
+        "by-b": mutants.Outcome("m", 2, "x", True, "b.py::kills"),
+        "survivor": mutants.Outcome("m", 3, "x", False, ""),
+        "timeout": mutants.Outcome("m", 4, "x", True, "timeout"),
+        "undecided": mutants.Outcome("m", 5, "x", False, mutants.UNDECIDED),
+        "left-out": mutants.Outcome("m", 6, "x", False, mutants.NOT_PYTHON),
+    }
+    for key, outcome in outcomes.items():
+        outcome.key = key
+        before.add(outcome)
+    now = mutants.Results("m", "two", {"m.py": "m1", "a.py": "a1", "b.py": "b2", "c.py": "c1"})
+    assert now.done == {}
+    assert now.carried("by-a", "m.py") == (outcomes["by-a"], [])
+    assert now.carried("by-b", "m.py") is None
+    assert now.carried("survivor", "m.py") == (outcomes["survivor"], ["b.py", "c.py"])
+    assert now.carried("timeout", "m.py") is None and now.carried("undecided", "m.py") is None
+    assert now.carried("left-out", "m.py") == (outcomes["left-out"], [])
+    changed_module = mutants.Results("m", "three", {"m.py": "m2", "a.py": "a1", "b.py": "b1"})
+    assert all(changed_module.carried(key, "m.py") is None for key in outcomes)
+
+
+def test_a_changed_guard_files_tests_alone_are_mapped_again():
+    """The map of 145 tests takes half an hour: a changed file's tests are mapped again, the others' kept; the tests
+    of a file no longer a guard file are dropped, and a line run outside any test stays so."""
+    kept = mutants.TestMap(
+        tests=["a.py::one", "b.py::two", "gone.py::three"],
+        groups={"b.py::two": "b.py::run", "gone.py::three": "gone.py::run"},
+        unmeasured=["b.py::two"],
+        statements={1: ["a.py::one", "b.py::two"], 2: ["b.py::two", "gone.py::three"], 3: [""]},
+    )
+    fresh = mutants.TestMap(["b.py::two", "b.py::new"], {}, [], {2: ["b.py::new"], 4: ["b.py::two"]})
+    merged = kept.merged(fresh, ["b.py"], ["m.py", "a.py", "b.py"])
+    assert merged.tests == ["a.py::one", "b.py::two", "b.py::new"]
+    assert merged.groups == {} and merged.unmeasured == []
+    assert merged.statements == {1: ["a.py::one"], 2: ["b.py::new"], 3: [""], 4: ["b.py::two"]}
+
+
+def test_a_run_after_a_guard_files_change_runs_only_the_survivors_against_the_changed_files_tests(
+    tmp_path, monkeypatch
+):
+    """What `Results.carried` keeps is not run; a survivor runs against the selected tests of the changed files (none
+    selected there: it stays a survivor, unrun)."""
+    monkeypatch.setattr(mutants, "REPO", tmp_path)
+    specs = [
+        SimpleNamespace(start_pos=(line, 0), end_pos=(line, 1), key=key) for line, key in [(1, "k"), (2, "s"), (3, "t")]
+    ]
+    before = mutants.Results("m", "one", {"m.py": "m1", "a.py": "a1", "b.py": "b1"})
+    before.add(mutants.Outcome("m", 1, "x", True, "a.py::one", key="k"))
+    before.add(mutants.Outcome("m", 2, "x", False, "", key="s"))
+    before.add(mutants.Outcome("m", 3, "x", False, "", key="t"))
+    test_map = mutants.TestMap(
+        ["a.py::one", "b.py::two"], {}, [], {1: ["a.py::one"], 2: ["a.py::one", "b.py::two"], 3: ["a.py::one"]}
+    )
+    ran = []
+
+    def run_mutant(spec, selected, files, timeout, unmutated):
+        ran.append((spec.key, selected, files))
+        return mutants.Outcome("m", spec.start_pos[0], "x", True, "b.py::two", key=spec.key)
+
+    monkeypatch.setattr(mutants, "chosen_mutants", lambda path, sample, seed: specs)
+    monkeypatch.setattr(mutants, "mutant_key", lambda spec: spec.key)
+    monkeypatch.setattr(mutants, "fingerprint", lambda path, files: "two")
+    monkeypatch.setattr(mutants, "file_hashes", lambda path, files: {"m.py": "m1", "a.py": "a1", "b.py": "b2"})
+    monkeypatch.setattr(mutants, "test_map_of", lambda *args: test_map)
+    monkeypatch.setattr(mutants, "first_lines", lambda path: lambda line: line)
+    monkeypatch.setattr(mutants, "run_mutant", run_mutant)
+    arguments = SimpleNamespace(every_guard_test=False, sample=0, seed=0, timeout=600)
+    outcomes = mutants.run_module_mutants("m", Path("m.py"), ["a.py", "b.py"], arguments, None)
+    assert ran == [("s", ["b.py::two"], ["b.py"])]
+    assert [(outcome.key, outcome.killed) for outcome in outcomes] == [("k", True), ("s", True), ("t", False)]
+    assert set(mutants.Results("m", "two").done) == {"k", "s", "t"}, "all three recorded under the new fingerprint"
+
+
+def test_the_kept_map_is_mapped_again_for_the_changed_guard_files_alone_and_whole_for_a_changed_module(
+    tmp_path, monkeypatch
+):
+    """Which files the mapping pass is given: all at first, none for the same fingerprint, the changed test files
+    where the module is the same (their files hashed as `Results` recorded them), all again for a changed module."""
+    monkeypatch.setattr(mutants, "REPO", tmp_path)
+    mapped = []
+
+    def mapping_pass(module_path, guard_files, timeout):
+        mapped.append(guard_files)
+        return mutants.TestMap([f"{name}::new" for name in guard_files], {}, [], {1: [f"{guard_files[0]}::new"]})
+
+    monkeypatch.setattr(mutants, "mapping_pass", mapping_pass)
+    first = mutants.Results("m", "one", {"m.py": "m1", "a.py": "a1", "b.py": "b1"})
+    mutants.test_map_of(Path("m.py"), ["a.py", "b.py"], first, 60)
+    assert mapped == [["a.py", "b.py"]]
+    assert mutants.test_map_of(Path("m.py"), ["a.py", "b.py"], first, 60).tests == ["a.py::new", "b.py::new"]
+    assert len(mapped) == 1, "kept for the same fingerprint"
+    tests_changed = mutants.Results("m", "two", {"m.py": "m1", "a.py": "a1", "b.py": "b2"})
+    assert mutants.test_map_of(Path("m.py"), ["a.py", "b.py"], tests_changed, 60).tests == ["a.py::new", "b.py::new"]
+    assert mapped[-1] == ["b.py"]
+    module_changed = mutants.Results("m", "three", {"m.py": "m2", "a.py": "a1", "b.py": "b2"})
+    mutants.test_map_of(Path("m.py"), ["a.py", "b.py"], module_changed, 60)
+    assert mapped[-1] == ["a.py", "b.py"]
