@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -247,6 +248,16 @@ def test_a_child_that_fails_first_is_noted_not_printed_beside_rank_zeros_own_err
     watcher.join(timeout=30)
     assert re.fullmatch(r"rank 1 \(pid \d+\) exited with code 2: the run stops", launcher.failure or "")
     assert capsys.readouterr().err == ""
+
+
+def test_a_failed_child_on_a_later_node_is_named_by_its_rank_in_the_run(monkeypatch: pytest.MonkeyPatch):
+    """On node 1 of a job of three processes a node, the launching process is rank 3 and its children ranks 4 and 5:
+    the line names the child that failed by its rank in the run, as every other line of the run names a rank."""
+    monkeypatch.setenv("NODE_RANK", "1")
+    launcher = HydraJobLauncher(LightningEnvironment(), num_processes=3, num_nodes=2)
+    launcher.procs += [SimpleNamespace(pid=101, poll=lambda: None), SimpleNamespace(pid=102, poll=lambda: 2)]
+    assert launcher.note_failed_child()
+    assert (launcher.failed_rank, launcher.failure) == (5, "rank 5 (pid 102) exited with code 2: the run stops")
 
 
 def test_differing_keys_names_nested_and_missing_keys():
