@@ -31,7 +31,7 @@ from project.engine.ddp import (
     differing_keys,
 )
 from project.engine.errors import RunStopped, UserError, exit_on_user_error
-from project.engine.job import isolated_job, stop_if_signalled
+from project.engine.job import JOB_VARIABLES, isolated_job, stop_if_signalled
 from project.engine.upstream import VERSION_BASE
 from tests.collective_counter import count_collectives
 from tests.helpers import (
@@ -258,6 +258,30 @@ def test_a_failed_child_on_a_later_node_is_named_by_its_rank_in_the_run(monkeypa
     launcher.procs += [SimpleNamespace(pid=101, poll=lambda: None), SimpleNamespace(pid=102, poll=lambda: 2)]
     assert launcher.note_failed_child()
     assert (launcher.failed_rank, launcher.failure) == (5, "rank 5 (pid 102) exited with code 2: the run stops")
+
+
+def test_the_children_are_told_the_runs_world_size_and_their_node_and_local_rank(monkeypatch, tmp_path: Path):
+    """As Lightning's own launcher tells them: WORLD_SIZE counts every process of the run, on every node (a user's
+    code, torch's `env://` and libraries read it), LOCAL_RANK is each child's own."""
+    for name in JOB_VARIABLES:  # restored as they were however the launch sets them
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NODE_RANK", "1")
+    started = []
+
+    def popen(command: list[str], env: dict, **kwargs) -> SimpleNamespace:
+        started.append(env)
+        return SimpleNamespace(
+            pid=0, returncode=None, poll=lambda: None, wait=lambda timeout=None: 0, kill=lambda: None
+        )
+
+    monkeypatch.setattr("project.engine.ddp.subprocess.Popen", popen)
+    monkeypatch.setattr("project.engine.ddp.child_command", lambda ckpt_path: ["python"])
+    monkeypatch.setattr("project.engine.ddp.get_original_cwd", lambda: str(tmp_path))
+    launcher = HydraJobLauncher(LightningEnvironment(), num_processes=3, num_nodes=2)
+    launcher.start_children(None)
+    launcher.finish(failed=False)
+    told = [(env["WORLD_SIZE"], env["NODE_RANK"], env["LOCAL_RANK"]) for env in started]
+    assert told == [("6", "1", "1"), ("6", "1", "2")]
 
 
 def test_differing_keys_names_nested_and_missing_keys():
