@@ -154,7 +154,7 @@ def test_bad_strategy_input_ends_with_one_clear_line(tmp_path: Path, overrides, 
 
 @pytest.mark.parametrize(
     ("samples", "batch_size", "refused"),
-    [(15, 8, False), (15, 7, True), (15, 1, True), (16, 1, False), (3, 1, True), (5, 1, True)],
+    [(15, 8, False), (15, 7, True), (15, 1, True), (16, 1, False), (16, 3, False), (3, 1, True), (5, 1, True)],
 )
 def test_a_sharded_models_evaluation_shares_of_different_batch_counts_are_refused(samples, batch_size, refused):
     """Under fsdp every batch gathers parameters: 15 samples shared 8 and 7 make 1 batch each of 8, but 2 and 1 of 7,
@@ -170,3 +170,23 @@ def test_a_sharded_models_evaluation_shares_of_different_batch_counts_are_refuse
     largest, smallest = -(-samples // 2), samples // 2
     assert -(-largest // fitting) == -(-smallest // fitting), "the batch size it names fits"
     check_even_batches(samples, 2, batch_size, SimpleNamespace(strategy=DDPStrategy()), "test")  # ddp: no collective
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch_size", "said", "fitting"),
+    [
+        (15, 7, "15 samples split into shares of 8 and 7 among 2 processes, 2 and 1 batches of 7", "7 (such as 2)"),
+        (15, 1, "15 samples split into shares of 8 and 7 among 2 processes, 8 and 7 batches of 1", "7 (such as 2)"),
+        (9, 4, "9 samples split into shares of 5 and 4 among 2 processes, 2 and 1 batches of 4", "4 (such as 3)"),
+    ],
+)
+def test_the_refusal_of_uneven_shares_names_the_shares_their_batches_and_a_batch_size_that_fits(
+    samples, batch_size, said, fitting
+):
+    sharded = SimpleNamespace(strategy=ModelParallelStrategy())
+    with pytest.raises(UserError) as raised:
+        check_even_batches(samples, 2, batch_size, sharded, "test")
+    assert str(raised.value) == (
+        f"the test set's {said}, and a sharded model's processes must run the same number of batches (each gathers "
+        f"its parameters): choose a data.batch_size that does not divide {fitting}, or another number of devices"
+    )
