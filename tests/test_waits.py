@@ -124,6 +124,22 @@ def test_a_rank_that_goes_silent_ends_the_run_in_one_line_naming_it_within_the_t
     assert_no_process_left(tmp_path)
 
 
+def test_a_rank_stuck_where_it_cannot_see_rank_0_end_is_ended_with_it(tmp_path: Path):
+    """Rank 0 killed (SIGKILL: the OOM killer, say) while rank 1 is stuck outside any collective, where it cannot
+    see the loss (stopped here; a long step or a hung call alike): the kernel ends rank 1 too, as the launch asked it
+    to (Linux's parent-death signal). Without that it would wait for ever, holding its memory and devices."""
+    run_dir = tmp_path / "run"
+    with background_run([*LONG_TOY_RUN, *DDP, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        launched = [proc.pid, *descendants(proc.pid)]
+        assert len(launched) == 2, launched  # rank 0 and the process it started as rank 1
+        (stuck,) = set(processes_in(tmp_path)) - set(launched)  # rank 1 itself (as in the case above)
+        os.kill(stuck, signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert end_of(proc, tmp_path) == -signal.SIGKILL
+    assert_no_process_left(tmp_path)
+
+
 class StallingPoints(Dataset):
     """Points whose fifth comes only once the file `released` exists: its read hangs until the test has seen the run
     end (then the worker can be shut down as any, instead of after torch's wait for a worker that does not answer)."""
