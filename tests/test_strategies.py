@@ -5,8 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from torch.utils.data import DataLoader, RandomSampler
 
-from project.engine.ddp import check_even_batches
+from project.engine.ddp import check_even_batches, evaluated_once
 from project.engine.errors import UserError
 from tests.helpers import (
     SRUN_TASK_ZERO,
@@ -170,6 +171,15 @@ def test_a_sharded_models_evaluation_shares_of_different_batch_counts_are_refuse
     largest, smallest = -(-samples // 2), samples // 2
     assert -(-largest // fitting) == -(-smallest // fitting), "the batch size it names fits"
     check_even_batches(samples, 2, batch_size, SimpleNamespace(strategy=DDPStrategy()), "test")  # ddp: no collective
+
+
+def test_one_process_evaluates_its_loader_as_it_is_an_empty_one_too():
+    """On one process nothing is shared out: a validation loader keeps its own sampler (a shuffled one here), and an
+    empty set is Lightning's to skip, not refused as fewer samples than processes."""
+    one = SimpleNamespace(world_size=1, global_rank=0, strategy=DDPStrategy())
+    shuffled = DataLoader(range(5), batch_size=2, shuffle=True)
+    assert type(evaluated_once(shuffled, one, "validation").sampler) is RandomSampler
+    assert len(evaluated_once(DataLoader([], batch_size=2), one, "validation")) == 0
 
 
 @pytest.mark.parametrize(
