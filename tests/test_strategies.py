@@ -155,12 +155,22 @@ def test_bad_strategy_input_ends_with_one_clear_line(tmp_path: Path, overrides, 
 
 @pytest.mark.parametrize(
     ("samples", "batch_size", "refused"),
-    [(15, 8, False), (15, 7, True), (15, 1, True), (16, 1, False), (16, 3, False), (3, 1, True), (5, 1, True)],
+    [
+        (15, 8, False),
+        (15, 7, True),
+        (15, 1, True),
+        (16, 1, False),
+        (16, 3, False),
+        (1030, 1, False),
+        (3, 1, True),
+        (5, 1, True),
+    ],
 )
 def test_a_sharded_models_evaluation_shares_of_different_batch_counts_are_refused(samples, batch_size, refused):
     """Under fsdp every batch gathers parameters: 15 samples shared 8 and 7 make 1 batch each of 8, but 2 and 1 of 7,
     and the process with the extra batch would wait forever; the line names a batch size that fits, for the smallest
-    shares too (1 and 2 samples, whose every batch size up to theirs divides them)."""
+    shares too (1 and 2 samples, whose every batch size up to theirs divides them), and counts are compared as numbers
+    past 256 batches (an even split of 515 each)."""
     sharded = SimpleNamespace(strategy=ModelParallelStrategy())
     if not refused:
         check_even_batches(samples, 2, batch_size, sharded, "test")
