@@ -70,10 +70,21 @@ def test_a_master_port_in_use_ends_the_run_in_one_line_naming_it(tmp_path: Path)
     assert_no_process_left(tmp_path)
 
 
-def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_within_the_timeout(tmp_path: Path):
-    """Rank 1 of a two-node launch (as torchrun starts it) whose MASTER_ADDR:MASTER_PORT is another program's: torch's
+# Ranks that join the run's store rather than serve it, as torchrun starts them: rank 1 of a two-node launch, and rank 0
+# where torchrun's agent serves the store (TORCHELASTIC_USE_AGENT_STORE, torch's own variable, "True" as it sets it).
+JOINING_RANKS = {
+    "rank 1": {"RANK": "1", "GROUP_RANK": "1"},
+    "rank 0 under the agent's store": {"RANK": "0", "GROUP_RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"},
+}
+
+
+@pytest.mark.parametrize("joining", JOINING_RANKS)
+def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_within_the_timeout(
+    tmp_path: Path, joining: str
+):
+    """A rank of a two-node launch that joins the store at a MASTER_ADDR:MASTER_PORT another program holds: torch's
     store client would wait there past trainer.strategy.timeout, without end."""
-    rank_one = {"TORCHELASTIC_RUN_ID": "held", "WORLD_SIZE": "2", "RANK": "1", "GROUP_RANK": "1", "LOCAL_RANK": "0"}
+    joined = {"TORCHELASTIC_RUN_ID": "held", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **JOINING_RANKS[joining]}
     with held_port() as port:
         started = time.monotonic()
         result = run_ending_at_start(
@@ -82,13 +93,13 @@ def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_wit
             "trainer.num_nodes=2",
             "trainer.devices=1",
             "trainer.strategy.timeout.seconds=2",
-            env={**rank_one, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+            env={**joined, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
         )
         seconds = time.monotonic() - started
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
     assert line.startswith(f"error: nothing at 127.0.0.1:{port} answers as this run's store within 2 s"), line
     assert "trainer.strategy.timeout.seconds sets the wait" in line, line
-    print(f"\nrank 1 at a port another program holds: ended {seconds:.1f} s after its start (timeout 2 s)")
+    print(f"\n{joining} at a port another program holds: ended {seconds:.1f} s after its start (timeout 2 s)")
     assert_no_process_left(tmp_path)
 
 
