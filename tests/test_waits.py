@@ -39,7 +39,7 @@ from tests.faults import (
     wait_for_file,
 )
 from tests.foreign_modules import RegressionModule, line_points
-from tests.helpers import held_port, run_module
+from tests.helpers import free_port, held_port, run_module
 
 pytestmark = pytest.mark.slow  # every case starts the entry point
 ANOTHER_RANK_GONE = 1  # a rank of a running job went away: exit 1, as for a rank that died (project.engine.job)
@@ -100,6 +100,26 @@ def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_wit
     assert line.startswith(f"error: nothing at 127.0.0.1:{port} answers as this run's store within 2 s"), line
     assert "trainer.strategy.timeout.seconds sets the wait" in line, line
     print(f"\n{joining} at a port another program holds: ended {seconds:.1f} s after its start (timeout 2 s)")
+    assert_no_process_left(tmp_path)
+
+
+def test_a_joining_rank_whose_store_never_comes_ends_in_one_line_within_the_timeout(tmp_path: Path):
+    """Rank 1 of a two-node launch where nothing listens at MASTER_ADDR:MASTER_PORT (rank 0's node never started):
+    nothing there to check, it waits for the store as torch does, trainer.strategy.timeout, and names the meeting."""
+    port = free_port()
+    joined = {"TORCHELASTIC_RUN_ID": "alone", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **JOINING_RANKS["rank 1"]}
+    result = run_ending_at_start(
+        tmp_path,
+        *DDP[:1],
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        "trainer.strategy.timeout.seconds=2",
+        env={**joined, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+    )
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
+    assert line.startswith(
+        f"error: the 2 processes of this run did not all meet at 127.0.0.1:{port} within 0:00:02 "
+    ), line
     assert_no_process_left(tmp_path)
 
 
