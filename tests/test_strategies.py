@@ -5,8 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from torch.utils.data import DataLoader, RandomSampler
 
-from project.engine.ddp import check_even_batches
+from project.engine.ddp import check_even_batches, evaluated_once
 from project.engine.errors import UserError
 from tests.helpers import (
     SRUN_TASK_ZERO,
@@ -153,11 +154,23 @@ def test_bad_strategy_input_ends_with_one_clear_line(tmp_path: Path, overrides, 
 
 
 @pytest.mark.parametrize(
-    ("samples", "batch_size", "refused"), [(15, 8, False), (15, 7, True), (15, 1, True), (16, 1, False)]
+    ("samples", "batch_size", "refused"),
+    [
+        (15, 8, False),
+        (15, 7, True),
+        (15, 1, True),
+        (16, 1, False),
+        (16, 3, False),
+        (1030, 1, False),
+        (3, 1, True),
+        (5, 1, True),
+    ],
 )
 def test_a_sharded_models_evaluation_shares_of_different_batch_counts_are_refused(samples, batch_size, refused):
     """Under fsdp every batch gathers parameters: 15 samples shared 8 and 7 make 1 batch each of 8, but 2 and 1 of 7,
-    and the process with the extra batch would wait forever; the line names a batch size that fits."""
+    and the process with the extra batch would wait forever; the line names a batch size that fits, for the smallest
+    shares too (1 and 2 samples, whose every batch size up to theirs divides them), and counts are compared as numbers
+    past 256 batches (an even split of 515 each)."""
     sharded = SimpleNamespace(strategy=ModelParallelStrategy())
     if not refused:
         check_even_batches(samples, 2, batch_size, sharded, "test")
@@ -165,5 +178,35 @@ def test_a_sharded_models_evaluation_shares_of_different_batch_counts_are_refuse
     with pytest.raises(UserError) as raised:
         check_even_batches(samples, 2, batch_size, sharded, "test")
     fitting = int(str(raised.value).split("(such as ")[1].split(")")[0])
-    assert -(-8 // fitting) == -(-7 // fitting), "the batch size it names fits"
+    largest, smallest = -(-samples // 2), samples // 2
+    assert -(-largest // fitting) == -(-smallest // fitting), "the batch size it names fits"
     check_even_batches(samples, 2, batch_size, SimpleNamespace(strategy=DDPStrategy()), "test")  # ddp: no collective
+
+
+def test_one_process_evaluates_its_loader_as_it_is_an_empty_one_too():
+    """On one process nothing is shared out: a validation loader keeps its own sampler (a shuffled one here), and an
+    empty set is Lightning's to skip, not refused as fewer samples than processes."""
+    one = SimpleNamespace(world_size=1, global_rank=0, strategy=DDPStrategy())
+    shuffled = DataLoader(range(5), batch_size=2, shuffle=True)
+    assert type(evaluated_once(shuffled, one, "validation").sampler) is RandomSampler
+    assert len(evaluated_once(DataLoader([], batch_size=2), one, "validation")) == 0
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch_size", "said", "fitting"),
+    [
+        (15, 7, "15 samples split into shares of 8 and 7 among 2 processes, 2 and 1 batches of 7", "7 (such as 2)"),
+        (15, 1, "15 samples split into shares of 8 and 7 among 2 processes, 8 and 7 batches of 1", "7 (such as 2)"),
+        (9, 4, "9 samples split into shares of 5 and 4 among 2 processes, 2 and 1 batches of 4", "4 (such as 3)"),
+    ],
+)
+def test_the_refusal_of_uneven_shares_names_the_shares_their_batches_and_a_batch_size_that_fits(
+    samples, batch_size, said, fitting
+):
+    sharded = SimpleNamespace(strategy=ModelParallelStrategy())
+    with pytest.raises(UserError) as raised:
+        check_even_batches(samples, 2, batch_size, sharded, "test")
+    assert str(raised.value) == (
+        f"the test set's {said}, and a sharded model's processes must run the same number of batches (each gathers "
+        f"its parameters): choose a data.batch_size that does not divide {fitting}, or another number of devices"
+    )

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,10 +28,11 @@ from project.engine.ddp import (
     HydraDDPStrategy,
     HydraJobLauncher,
     check_same_config_on_every_rank,
+    die_with_parent,
     differing_keys,
 )
 from project.engine.errors import RunStopped, UserError, exit_on_user_error
-from project.engine.job import isolated_job, stop_if_signalled
+from project.engine.job import JOB_VARIABLES, isolated_job, stop_if_signalled
 from project.engine.upstream import VERSION_BASE
 from tests.collective_counter import count_collectives
 from tests.helpers import (
@@ -247,6 +249,61 @@ def test_a_child_that_fails_first_is_noted_not_printed_beside_rank_zeros_own_err
     watcher.join(timeout=30)
     assert re.fullmatch(r"rank 1 \(pid \d+\) exited with code 2: the run stops", launcher.failure or "")
     assert capsys.readouterr().err == ""
+
+
+def test_a_failed_child_on_a_later_node_is_named_by_its_rank_in_the_run(monkeypatch: pytest.MonkeyPatch):
+    """On node 1 of a job of three processes a node, the launching process is rank 3 and its children ranks 4 and 5:
+    the line names the child that failed by its rank in the run, as every other line of the run names a rank."""
+    monkeypatch.setenv("NODE_RANK", "1")
+    launcher = HydraJobLauncher(LightningEnvironment(), num_processes=3, num_nodes=2)
+    launcher.procs += [SimpleNamespace(pid=101, poll=lambda: None), SimpleNamespace(pid=102, poll=lambda: 2)]
+    assert launcher.note_failed_child()
+    assert (launcher.failed_rank, launcher.failure) == (5, "rank 5 (pid 102) exited with code 2: the run stops")
+
+
+def children_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, num_processes: int, num_nodes: int, node_rank: int = 0
+) -> list:
+    """What `HydraJobLauncher.start_children` on node `node_rank` gives `subprocess.Popen` for each child (its
+    keywords), none started."""
+    for name in JOB_VARIABLES:  # restored as they were however the launch sets them
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NODE_RANK", str(node_rank))
+    started = []
+
+    def popen(command: list[str], **kwargs) -> SimpleNamespace:
+        started.append(kwargs)
+        return SimpleNamespace(
+            pid=0, returncode=None, poll=lambda: None, wait=lambda timeout=None: 0, kill=lambda: None
+        )
+
+    monkeypatch.setattr("project.engine.ddp.subprocess.Popen", popen)
+    monkeypatch.setattr("project.engine.ddp.child_command", lambda ckpt_path: ["python"])
+    monkeypatch.setattr("project.engine.ddp.get_original_cwd", lambda: str(tmp_path))
+    launcher = HydraJobLauncher(LightningEnvironment(), num_processes=num_processes, num_nodes=num_nodes)
+    launcher.start_children(None)
+    launcher.finish(failed=False)
+    return started
+
+
+def test_the_children_are_told_the_runs_world_size_and_their_node_and_local_rank(monkeypatch, tmp_path: Path):
+    """As Lightning's own launcher tells them: WORLD_SIZE counts every process of the run, on every node (a user's
+    code, torch's `env://` and libraries read it), LOCAL_RANK is each child's own."""
+    started = children_started(monkeypatch, tmp_path, num_processes=3, num_nodes=2, node_rank=1)
+    told = [
+        (kwargs["env"]["WORLD_SIZE"], kwargs["env"]["NODE_RANK"], kwargs["env"]["LOCAL_RANK"]) for kwargs in started
+    ]
+    assert told == [("6", "1", "1"), ("6", "1", "2")]
+
+
+@pytest.mark.parametrize(("platform", "asked"), [("linux", True), ("darwin", False), ("win32", False)])
+def test_the_children_are_to_die_with_their_parent_where_linux_can_ask_it(monkeypatch, tmp_path: Path, platform, asked):
+    """Linux's parent-death signal (test_waits.py sees it end a stuck rank) is asked for on Linux alone: elsewhere
+    (a laptop's macOS) the children start without it, as `prctl` and `libc.so.6` are Linux's."""
+    monkeypatch.setattr("project.engine.ddp.sys.platform", platform)
+    started = children_started(monkeypatch, tmp_path, num_processes=2, num_nodes=1)
+    assert [kwargs["preexec_fn"] is die_with_parent for kwargs in started] == [asked]
+    assert asked or started[0]["preexec_fn"] is None
 
 
 def test_differing_keys_names_nested_and_missing_keys():

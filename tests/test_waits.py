@@ -39,7 +39,7 @@ from tests.faults import (
     wait_for_file,
 )
 from tests.foreign_modules import RegressionModule, line_points
-from tests.helpers import held_port, run_module
+from tests.helpers import free_port, held_port, run_module
 
 pytestmark = pytest.mark.slow  # every case starts the entry point
 ANOTHER_RANK_GONE = 1  # a rank of a running job went away: exit 1, as for a rank that died (project.engine.job)
@@ -70,10 +70,21 @@ def test_a_master_port_in_use_ends_the_run_in_one_line_naming_it(tmp_path: Path)
     assert_no_process_left(tmp_path)
 
 
-def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_within_the_timeout(tmp_path: Path):
-    """Rank 1 of a two-node launch (as torchrun starts it) whose MASTER_ADDR:MASTER_PORT is another program's: torch's
+# Ranks that join the run's store rather than serve it, as torchrun starts them: rank 1 of a two-node launch, and rank 0
+# where torchrun's agent serves the store (TORCHELASTIC_USE_AGENT_STORE, torch's own variable, "True" as it sets it).
+JOINING_RANKS = {
+    "rank 1": {"RANK": "1", "GROUP_RANK": "1"},
+    "rank 0 under the agent's store": {"RANK": "0", "GROUP_RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"},
+}
+
+
+@pytest.mark.parametrize("joining", JOINING_RANKS)
+def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_within_the_timeout(
+    tmp_path: Path, joining: str
+):
+    """A rank of a two-node launch that joins the store at a MASTER_ADDR:MASTER_PORT another program holds: torch's
     store client would wait there past trainer.strategy.timeout, without end."""
-    rank_one = {"TORCHELASTIC_RUN_ID": "held", "WORLD_SIZE": "2", "RANK": "1", "GROUP_RANK": "1", "LOCAL_RANK": "0"}
+    joined = {"TORCHELASTIC_RUN_ID": "held", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **JOINING_RANKS[joining]}
     with held_port() as port:
         started = time.monotonic()
         result = run_ending_at_start(
@@ -82,13 +93,33 @@ def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_wit
             "trainer.num_nodes=2",
             "trainer.devices=1",
             "trainer.strategy.timeout.seconds=2",
-            env={**rank_one, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+            env={**joined, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
         )
         seconds = time.monotonic() - started
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
     assert line.startswith(f"error: nothing at 127.0.0.1:{port} answers as this run's store within 2 s"), line
     assert "trainer.strategy.timeout.seconds sets the wait" in line, line
-    print(f"\nrank 1 at a port another program holds: ended {seconds:.1f} s after its start (timeout 2 s)")
+    print(f"\n{joining} at a port another program holds: ended {seconds:.1f} s after its start (timeout 2 s)")
+    assert_no_process_left(tmp_path)
+
+
+def test_a_joining_rank_whose_store_never_comes_ends_in_one_line_within_the_timeout(tmp_path: Path):
+    """Rank 1 of a two-node launch where nothing listens at MASTER_ADDR:MASTER_PORT (rank 0's node never started):
+    nothing there to check, it waits for the store as torch does, trainer.strategy.timeout, and names the meeting."""
+    port = free_port()
+    joined = {"TORCHELASTIC_RUN_ID": "alone", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **JOINING_RANKS["rank 1"]}
+    result = run_ending_at_start(
+        tmp_path,
+        *DDP[:1],
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        "trainer.strategy.timeout.seconds=2",
+        env={**joined, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+    )
+    line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
+    assert line.startswith(
+        f"error: the 2 processes of this run did not all meet at 127.0.0.1:{port} within 0:00:02 "
+    ), line
     assert_no_process_left(tmp_path)
 
 
@@ -121,6 +152,22 @@ def test_a_rank_that_goes_silent_ends_the_run_in_one_line_naming_it_within_the_t
     ), line
     print(f"\nrank 1 stopped: the run ended {seconds:.1f} s later (trainer.strategy.timeout.seconds={SHORT_TIMEOUT})")
     assert not any(alive(pid) for pid in everyone)
+    assert_no_process_left(tmp_path)
+
+
+def test_a_rank_stuck_where_it_cannot_see_rank_0_end_is_ended_with_it(tmp_path: Path):
+    """Rank 0 killed (SIGKILL: the OOM killer, say) while rank 1 is stuck outside any collective, where it cannot
+    see the loss (stopped here; a long step or a hung call alike): the kernel ends rank 1 too, as the launch asked it
+    to (Linux's parent-death signal). Without that it would wait for ever, holding its memory and devices."""
+    run_dir = tmp_path / "run"
+    with background_run([*LONG_TOY_RUN, *DDP, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+        launched = [proc.pid, *descendants(proc.pid)]
+        assert len(launched) == 2, launched  # rank 0 and the process it started as rank 1
+        (stuck,) = set(processes_in(tmp_path)) - set(launched)  # rank 1 itself (as in the case above)
+        os.kill(stuck, signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert end_of(proc, tmp_path) == -signal.SIGKILL
     assert_no_process_left(tmp_path)
 
 
