@@ -186,3 +186,28 @@ class SigtermAfterFit(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_rank == 0:
             signal.raise_signal(signal.SIGTERM)
+
+
+class Stall:
+    """Pickled, writes its `marker` and never returns: a checkpoint's write that stops halfway, its file open."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        Path(self.marker).touch()
+        while True:
+            time.sleep(1)
+
+
+class StallInCheckpointWrite(L.Callback):
+    """Holds rank 0 inside the write of its first checkpoint after `last.ckpt` (torch.save has opened the file
+    when it pickles): a rank that a SIGKILL ends with a write half done, a whole `last.ckpt` beside it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        if trainer.global_rank == 0 and last.exists():
+            checkpoint["stall"] = Stall(self.marker)

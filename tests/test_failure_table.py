@@ -218,7 +218,7 @@ ROWS = [
         [
             f"{FAULTS}::test_sigterm_stops_the_run_with_143_naming_the_checkpoint_to_resume_from",
             f"{FAULTS}::test_sigterm_at_the_first_step_names_what_to_resume_from",
-            f"{FAULTS}::test_sigterm_under_ddp_spawn_ends_its_processes_and_names_the_checkpoint_to_resume_from",
+            f"{FAULTS}::test_sigterm_under_ddp_spawn_ends_its_processes_mid_write_and_names_the_checkpoint_to_resume_from",
             f"{FAULTS}::test_sigterm_after_training_before_the_results_names_the_checkpoint_that_completes_the_run",
         ],
     ),

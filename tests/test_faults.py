@@ -298,12 +298,17 @@ def test_sigterm_after_training_before_the_results_names_the_checkpoint_that_com
     assert read_json(run_dir / "results.json")["epochs"] == 3
 
 
-def test_sigterm_under_ddp_spawn_ends_its_processes_and_names_the_checkpoint_to_resume_from(tmp_path: Path):
+def test_sigterm_under_ddp_spawn_ends_its_processes_mid_write_and_names_the_checkpoint_to_resume_from(tmp_path: Path):
     """ddp_spawn's processes handle SIGTERM among themselves; the process that started them, the one a scheduler or
-    `kill` signals, only waits for them: it ends them at once, and no process is left training into the run dir."""
+    `kill` signals, only waits for them: it ends them at once, and no process is left training into the run dir. A
+    rank ended inside a checkpoint's write leaves no temporary file: the process that ended it removes it."""
     run_dir = tmp_path / "run"
-    with background_run([*LONG_TOY_RUN, "trainer=ddp_spawn", f"hydra.run.dir={run_dir}"], tmp_path) as proc:
-        wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc, tmp_path)
+    marker = tmp_path / "writing"
+    stall = ["+callbacks.stall._target_=tests.fault_cases.StallInCheckpointWrite", f"+callbacks.stall.marker={marker}"]
+    args = [*LONG_TOY_RUN, "trainer=ddp_spawn", *stall, f"hydra.run.dir={run_dir}"]
+    with background_run(args, tmp_path, env=TESTS_IMPORTABLE) as proc:
+        wait_for_file(marker, proc, tmp_path)
+        assert list((run_dir / "checkpoints").glob(".*.partial")), "the stalled write's file is not there to remove"
         everyone = [proc.pid, *descendants(proc.pid)]
         os.kill(proc.pid, signal.SIGTERM)
         status = end_of(proc, tmp_path)

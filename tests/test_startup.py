@@ -177,17 +177,24 @@ def test_the_thread_leaves_a_signal_to_the_handler_that_runs_within_its_wait(arm
     assert err.count("error:") == 1 and err.splitlines()[-1] == f"error: {startup.STARTING}: {startup.RUN_AGAIN}"
 
 
-# A process of the run's that ends its start-up: one child of its own, then `end_children` once told to.
-# Its child names itself with a ") " in its name: /proc/<pid>/stat gives the name in parentheses, unescaped.
+# A process of the run's that ends its start-up: one child of its own, then `end_children` once told to; it prints
+# the child's state as `end_children` returns (Z: ended, not yet reaped), then how it ended.
+# Its child names itself with a ") " in its name: /proc/<pid>/stat gives the name in parentheses, unescaped. It holds
+# 512 MiB written, which the kernel takes a while to free as it ends: a kill alone returns before the child has ended.
 ENDS_ITS_CHILDREN = """
 import subprocess, sys
 from project.engine.startup import end_children
-named = "open('/proc/self/comm', 'w').write('worker) 1 2'); print(flush=True); import time; time.sleep(60)"
+named = (
+    "open('/proc/self/comm', 'w').write('worker) 1 2'); held = bytearray(b'x') * (512 << 20); print(flush=True);"
+    "import time; time.sleep(60)"
+)
 child = subprocess.Popen([sys.executable, "-S", "-c", named], stdout=subprocess.PIPE)
 child.stdout.readline()
 print(child.pid, flush=True)
 sys.stdin.readline()
 end_children()
+with open(f"/proc/{child.pid}/stat") as stat:
+    print(stat.read().rsplit(")", 1)[1].split()[0], flush=True)
 print(child.wait(), flush=True)
 """
 
@@ -202,8 +209,8 @@ def running(pid: int) -> bool:
 
 def test_a_stopped_start_kills_its_own_children_and_no_other_process(tmp_path: Path):
     """A SIGTERM while starting ends the process's children (a DataLoader's workers, ranks it launched) with it,
-    whatever their names hold; any other process, here a later one's child (a pid that sorts after its own), is not
-    its to end."""
+    whatever their names hold, and waits until they have ended (before the line's maker tidies what they left); any
+    other process, here a later one's child (a pid that sorts after its own), is not its to end."""
     script = tmp_path / "ends_its_children.py"
     script.write_text(ENDS_ITS_CHILDREN)
     stopping = subprocess.Popen(
@@ -215,6 +222,7 @@ def test_a_stopped_start_kills_its_own_children_and_no_other_process(tmp_path: P
         others_child = int(others.stdout.readline())
         stopping.stdin.write("\n")
         stopping.stdin.flush()
+        assert stopping.stdout.readline().strip() == "Z", "its own child had ended as end_children returned"
         assert stopping.stdout.readline().strip() == str(-signal.SIGKILL), "its own child was killed"
         assert stopping.wait(timeout=30) == 0
         assert running(others_child), "the other process's child lives on"

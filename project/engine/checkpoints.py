@@ -51,6 +51,8 @@ LAST = "<run dir>/checkpoints/last.ckpt"
 LONGEST_NAME = 120
 # In a sharded checkpoint's directory (trainer=fsdp), beside DCP's files: all but the tensors, as Lightning names it.
 METADATA_FILE = "meta.pt"
+# The end of a checkpoint's temporary name while it is written (`being_written`).
+BEING_WRITTEN = ".partial"
 # DCP's index of the shards, a pickle of these classes of torch's (and torch's dtypes): what DCP itself writes there.
 SHARDS_INDEX = ".metadata"
 DTYPES = {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
@@ -666,6 +668,20 @@ def deletable(path: str | Path, run_dir: str | Path) -> bool:
     return False
 
 
+def being_written(path: Path) -> Path:
+    """The temporary file beside `path` that `AtomicCheckpointIO` writes it to before renaming it into place."""
+    return path.with_name(f".{path.name}{BEING_WRITTEN}")
+
+
+def remove_half_written(trainer: L.Trainer) -> None:
+    """Delete the checkpoints' temporary files that killed processes left where the trainer's checkpoint callbacks
+    write: a SIGKILL gives `AtomicCheckpointIO` no chance to."""
+    for callback in trainer.checkpoint_callbacks:
+        if callback.dirpath:
+            for path in Path(callback.dirpath).glob(f".*{BEING_WRITTEN}"):
+                path.unlink(missing_ok=True)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file beside it and renames it into place (atomic within a directory): a
     run killed mid-write keeps the previous file whole, and a full or read-only disk is one line. Reads a checkpoint
@@ -699,7 +715,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
-        partial = path.with_name(f".{path.name}.partial")
+        partial = being_written(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(checkpoint, partial)

@@ -17,7 +17,7 @@ from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.engine.checkpoints import checkpoint_step
+from project.engine.checkpoints import checkpoint_step, remove_half_written
 from project.engine.ddp import TIMEOUT_KEY, HydraJobLauncher, HydraJobRanks, silent_ranks
 from project.engine.errors import (
     RunStopped,
@@ -54,6 +54,13 @@ def resume_hint(trainer: L.Trainer) -> str:
         return "it had written no checkpoint yet: run it again"
     path = last.parent.resolve() / last.name  # not a sharded checkpoint's link resolved: its target is replaced
     return f"resume from its last checkpoint (step {step}) with the same command plus ckpt_path={path}"
+
+
+def spawned_ranks_ended(trainer: L.Trainer) -> str:
+    """The line a SIGTERM ends ddp_spawn's launching process in, made once it has SIGKILLed the ranks: a checkpoint
+    one was writing is removed half written, and the last whole one named."""
+    remove_half_written(trainer)
+    return f"stopped by SIGTERM: {SPAWNED_RANKS_ENDED}: {resume_hint(trainer)}"
 
 
 def silence_line(error: Exception, silent: list[int], trainer: L.Trainer) -> str:
@@ -93,7 +100,7 @@ def isolated_job(trainer: L.Trainer) -> Iterator[None]:
     saved_threads = torch.get_num_threads()
     launcher = trainer.strategy.launcher
     if is_spawn_launcher(launcher):  # ddp_spawn: Lightning handles SIGTERM in its processes alone
-        stop_on_sigterm(lambda: f"stopped by SIGTERM: {SPAWNED_RANKS_ENDED}: {resume_hint(trainer)}")
+        stop_on_sigterm(lambda: spawned_ranks_ended(trainer))
     failed = True
     try:
         yield

@@ -2,6 +2,7 @@
 143, with no process left: Lightning's handler comes only with the first epoch. Standard library only (armed before
 the libraries are imported)."""
 
+import contextlib
 import logging
 import os
 import signal
@@ -15,6 +16,8 @@ from project.engine.run_log import report, started_by_rank_zero, to_log_file
 STOPPED_STATUS = 128 + signal.SIGTERM
 # How long the thread gives the main thread's handler to run before it takes the main thread for stuck in C.
 HANDLER_WAIT = 0.2
+# How long SIGKILLed children may take to end (one stuck in the kernel, on a hung network disk) before the line.
+CHILDREN_END_WAIT = 10.0
 RUN_AGAIN = "run the same command again"
 STARTING = "stopped by SIGTERM while starting: nothing was trained and no checkpoint written"
 # Python's one-letter options that take a value: in the next argument, or glued to the option (`-mproject.train`).
@@ -75,8 +78,10 @@ STARTUP = StartupStop()
 
 
 def end_children() -> None:
-    """SIGKILL this process's children, as Linux /proc lists them."""
+    """SIGKILL this process's children, as Linux /proc lists them, and wait until they have ended: what they were
+    writing stays as they left it, for the line's maker to tidy. They are left unreaped, for their launcher."""
     me = os.readlink("/proc/self")  # this pid as its children's /proc/<pid>/stat names it
+    killed = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -85,8 +90,16 @@ def end_children() -> None:
                 parent = file.read().rsplit(")", 1)[1].split()[1]
             if parent == me:
                 os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
         except (OSError, IndexError):  # it ended meanwhile
             continue
+    deadline = time.monotonic() + CHILDREN_END_WAIT
+    for pid in killed:
+        with contextlib.suppress(ChildProcessError):  # reaped already
+            while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.01)
 
 
 def on_sigterm(signum: int, frame: object) -> None:
@@ -136,8 +149,8 @@ def arm(hint: str = RUN_AGAIN) -> None:
 
 
 def stop_on_sigterm(line: Callable[[], str]) -> None:
-    """Until `disarm`, a SIGTERM that no handler of Lightning's takes ends the process in `line()`; only in a process
-    a training launch armed."""
+    """Until `disarm`, a SIGTERM that no handler of Lightning's takes ends the process in `line()`, made once its
+    children have ended; only in a process a training launch armed."""
     if STARTUP.reader is not None:  # the handler stays: this one, or Lightning's, which chains it back
         STARTUP.take(line)
 
