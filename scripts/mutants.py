@@ -441,11 +441,17 @@ class TestMap:
         )
 
 
+class MappingTooSlow(Exception):
+    """A module's mapping pass outran `--map-timeout`: the run ends in this line, the tests it started ended."""
+
+
 def mapping_pass(module_path: Path, guard_files: list[str], timeout: float) -> TestMap:
     """Run a module's guard files once under coverage, each line recorded under the test that made it run, in any
     process: this one through a dynamic context, the processes a test starts through the static context their
     coverage reads from the environment (this module's `measured_as`, as a plugin of that pytest)."""
     import coverage
+
+    from tests.preloaded_python import PreloadedPython
 
     with tempfile.TemporaryDirectory(prefix="mutants-map-") as work:
         settings = Path(work) / "coveragerc"
@@ -456,7 +462,15 @@ def mapping_pass(module_path: Path, guard_files: list[str], timeout: float) -> T
         facts = Path(work) / "facts.json"
         options = [option for option in PYTEST_OPTIONS if option != "-x"]
         command = [PYTHON, "-m", "coverage", "run", f"--rcfile={settings}", "-m", "pytest", *options, *guard_files]
-        subprocess.run(command, env={**os.environ, MAPPING_FACTS: str(facts)}, capture_output=True, timeout=timeout)
+        try:
+            with strays_ended(timeout + 5, keep={PreloadedPython.get().server.pid}):
+                environment = {**os.environ, MAPPING_FACTS: str(facts)}
+                subprocess.run(command, env=environment, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise MappingTooSlow(
+                f"error: {module_path}'s guard tests did not end within {timeout:.0f} s under coverage (the mapping "
+                "pass, all of them at once): give it longer with --map-timeout"
+            ) from None
         measured = coverage.Coverage(config_file=str(settings))
         measured.combine()
         by_line = measured.get_data().contexts_by_lineno(str(module_path.resolve()))
@@ -802,6 +816,12 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         help="seconds one of its guard tests may run, its fixtures included (the suite's longest takes under 60)",
     )
     parser.add_argument(
+        "--map-timeout",
+        type=float,
+        default=7200,
+        help="seconds a module's guard tests may run once under coverage, all at once (`ddp`'s take about 30 min)",
+    )
+    parser.add_argument(
         "--every-guard-test",
         action="store_true",
         help="run each mutant against all its guard files, unmapped (slow: to check the mapped verdicts)",
@@ -823,7 +843,7 @@ def run_module_mutants(
         print(f"{module}: {len(specs) - len(waiting)} mutants done before, read from {results.path}", flush=True)
     test_map = None
     if waiting and not arguments.every_guard_test:
-        test_map = test_map_of(module_path, guard_files, results, arguments.timeout * 4)
+        test_map = test_map_of(module_path, guard_files, results, arguments.map_timeout)
         first_line = first_lines(module_path)
     for spec in waiting:
         selected = None if test_map is None else test_map.tests_running(spec, first_line)
@@ -894,7 +914,11 @@ def main(argv: list[str] | None = None) -> int:
         unmutated = Unmutated(FailsUnmutated(), UnmutatedSeconds())
         for module, (module_path, guard_files) in targets.items():
             module_started = time.monotonic()
-            outcomes = run_module_mutants(module, module_path, guard_files, arguments, unmutated)
+            try:
+                outcomes = run_module_mutants(module, module_path, guard_files, arguments, unmutated)
+            except MappingTooSlow as error:
+                print(error, file=sys.stderr)
+                return 2
             total = len(mutants_of(copy / module_path))
             report(module, module_path, outcomes, time.monotonic() - module_started, total)
             totals[0] += sum(outcome.killed for outcome in outcomes)

@@ -2,6 +2,7 @@
 and names the test that killed it: the choice must never leave out a test that could see the mutant, nor the name
 misread a kill as a survivor."""
 
+import contextlib
 import os
 import shlex
 import signal
@@ -376,7 +377,7 @@ def test_a_run_after_a_guard_files_change_runs_only_the_survivors_against_the_ch
     monkeypatch.setattr(mutants, "test_map_of", lambda *args: test_map)
     monkeypatch.setattr(mutants, "first_lines", lambda path: lambda line: line)
     monkeypatch.setattr(mutants, "run_mutant", run_mutant)
-    arguments = SimpleNamespace(every_guard_test=False, sample=0, seed=0, timeout=600)
+    arguments = SimpleNamespace(every_guard_test=False, sample=0, seed=0, timeout=600, map_timeout=7200)
     outcomes = mutants.run_module_mutants("m", Path("m.py"), ["a.py", "b.py"], arguments, None)
     assert ran == [("s", ["b.py::two"], ["b.py"])]
     assert [(outcome.key, outcome.killed) for outcome in outcomes] == [("k", True), ("s", True), ("t", False)]
@@ -407,3 +408,40 @@ def test_the_kept_map_is_mapped_again_for_the_changed_guard_files_alone_and_whol
     module_changed = mutants.Results("m", "three", {"m.py": "m2", "a.py": "a1", "b.py": "b2"})
     mutants.test_map_of(Path("m.py"), ["a.py", "b.py"], module_changed, 60)
     assert mapped[-1] == ["a.py", "b.py"]
+
+
+def test_a_mapping_pass_that_outruns_its_timeout_ends_the_run_in_one_line_naming_the_option(tmp_path, monkeypatch):
+    """`ddp`'s guard tests under coverage beside another run outran the 40 min the pass once had, and the run ended
+    in a traceback, the pass's half hour lost: the limit is an option of its own, and its end one line naming it."""
+    pytest.importorskip("coverage")
+    import tests.preloaded_python
+
+    def outruns(command, **settings):
+        raise subprocess.TimeoutExpired(command, settings["timeout"])
+
+    monkeypatch.setattr(
+        tests.preloaded_python.PreloadedPython, "get", lambda: SimpleNamespace(server=SimpleNamespace(pid=0))
+    )
+    monkeypatch.setattr(mutants.subprocess, "run", outruns)
+    with pytest.raises(mutants.MappingTooSlow) as stopped:
+        mutants.mapping_pass(Path("project/engine/ddp.py"), ["tests/test_waits.py"], 60)
+    assert str(stopped.value) == (
+        "error: project/engine/ddp.py's guard tests did not end within 60 s under coverage (the mapping pass, all of "
+        "them at once): give it longer with --map-timeout"
+    )
+    assert mutants.parse_arguments([]).map_timeout == 7200
+
+
+def test_the_run_ends_with_the_mapping_passs_line_last_and_status_2(tmp_path, monkeypatch, capsys):
+    """The line is the run's last word, on stderr, and `make mutants` fails."""
+    def too_slow(*args):
+        raise mutants.MappingTooSlow("error: the pass's line")
+
+    monkeypatch.chdir(tmp_path)  # the run works in its copy
+    monkeypatch.setattr(mutants, "scratch_copy", lambda: contextlib.nullcontext(tmp_path))
+    monkeypatch.setattr(mutants, "preloaded_pytest", lambda copy: contextlib.nullcontext())
+    monkeypatch.setattr(mutants, "run_module_mutants", too_slow)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv(mutants.TEST_TIMEOUT, "")
+    assert mutants.main(["ddp"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "error: the pass's line"
