@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 from hydra import compose, initialize_config_dir
 
 from project.engine.build import TrainingSetup, build
-from project.engine.checkpoints import start_from_weights
+from project.engine.checkpoints import LONGEST_NAME, first_few, start_from_weights
 from project.engine.errors import UserError, error_line
 from project.engine.upstream import VERSION_BASE
 from tests.csv_project import BackboneClassifier, write_backbone, write_png_dataset
@@ -125,12 +125,37 @@ def test_a_sharded_checkpoint_loads_its_weights(tmp_path: Path, monkeypatch: pyt
     assert all(torch.equal(value, weights[name]) for name, value in module.state_dict().items())
 
 
+@pytest.mark.parametrize(
+    "patterns, frozen, line",
+    [
+        (
+            "[backbone.*.weight,head.bias]",
+            {"backbone.1.weight", "head.bias"},
+            "2 of 4 parameters frozen (backbone.1.weight, head.bias), 2 train",
+        ),
+        ("[head.bias]", {"head.bias"}, "1 of 4 parameters frozen (head.bias), 3 train"),
+    ],
+)
 def test_freeze_stops_training_the_parameters_its_patterns_match(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    patterns: str,
+    frozen: set,
+    line: str,
 ):
-    module = build_csv_project(tmp_path, monkeypatch, "freeze=[backbone.*.weight,head.bias]").module
-    assert {name for name, p in module.named_parameters() if not p.requires_grad} == {"backbone.1.weight", "head.bias"}
-    assert "freeze: 2 of 4 parameters frozen (backbone.1.weight, head.bias), 2 train" in capsys.readouterr().out
+    """The line counts what is frozen and what trains (1 of 4: 2 of 4 would read alike with `4 // 2` trained)."""
+    module = build_csv_project(tmp_path, monkeypatch, f"freeze={patterns}").module
+    assert {name for name, p in module.named_parameters() if not p.requires_grad} == frozen
+    assert f"freeze: {line}" in capsys.readouterr().out
+
+
+def test_names_read_from_a_file_are_cut_to_the_longest_shown_and_the_others_counted():
+    """A weight's name in a file may be any string: a line shows the first three, each cut to `LONGEST_NAME`
+    characters (the last three of them dots), and how many it left out."""
+    longest = "w" * LONGEST_NAME
+    assert first_few([longest + "w", "a", "b", "c", "d", "e"]) == f"{longest[:-3]}..., a, b and 3 more"
+    assert first_few([longest]) == longest
 
 
 def test_a_run_that_resumes_its_own_checkpoint_loads_not_init_from_over_it(tmp_path: Path, capsys):
