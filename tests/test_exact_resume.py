@@ -129,6 +129,9 @@ def test_a_run_stopped_at_an_epochs_end_resumes_its_shuffled_order(
     """`shuffle=True` draws each epoch's order from the global random state, which a resumed run does not share: the
     engine's seeded order makes epochs 2 and 3 those of the run never stopped."""
     check_ok(train(tmp_path, "stopped", images, "trainer.max_epochs=1"))
+    stopped = torch.load(tmp_path / "stopped" / "checkpoints" / "last.ckpt", weights_only=True)
+    (position,) = [state["position"] for state in stopped["callbacks"].values() if "position" in state]
+    assert (position["epoch"], position["batches_done"]) == (1, 0), "it stands at the next epoch's start"
     assert_resumed_exactly(resume(tmp_path, "stopped", images), never_stopped["alone"], first_step=4)
 
 
