@@ -127,12 +127,15 @@ def test_a_run_stopped_at_an_epochs_end_resumes_its_shuffled_order(
     tmp_path: Path, images: Path, never_stopped: dict[str, Path]
 ):
     """`shuffle=True` draws each epoch's order from the global random state, which a resumed run does not share: the
-    engine's seeded order makes epochs 2 and 3 those of the run never stopped."""
-    check_ok(train(tmp_path, "stopped", images, "trainer.max_epochs=1"))
-    stopped = torch.load(tmp_path / "stopped" / "checkpoints" / "last.ckpt", weights_only=True)
-    (position,) = [state["position"] for state in stopped["callbacks"].values() if "position" in state]
-    assert (position["epoch"], position["batches_done"]) == (1, 0), "it stands at the next epoch's start"
-    assert_resumed_exactly(resume(tmp_path, "stopped", images), never_stopped["alone"], first_step=4)
+    engine's seeded order makes the third epoch that of the run never stopped. An epoch-end checkpoint stores the next
+    epoch's start as where training stands (after epochs 1 and 2: `epoch + 1`, which no other operation on 1 or on 2
+    with 1 gives on both)."""
+    check_ok(train(tmp_path, "stopped", images, "trainer.max_epochs=2"))
+    for run, epochs in ((tmp_path / "stopped", 2), (never_stopped["alone"], 3)):
+        stored = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+        (position,) = [state["position"] for state in stored["callbacks"].values() if "position" in state]
+        assert (position["epoch"], position["batches_done"]) == (epochs, 0), "it stands at the next epoch's start"
+    assert_resumed_exactly(resume(tmp_path, "stopped", images), never_stopped["alone"], first_step=8)
 
 
 @requires("mid_epoch")
