@@ -78,23 +78,29 @@ JOINING_RANKS = {
 }
 
 
+def joining_rank_at(tmp_path: Path, port: int, joining: str, run_id: str) -> subprocess.CompletedProcess:
+    """One rank of a two-node launch (as torchrun starts it, `joining` of JOINING_RANKS) that joins the store at
+    127.0.0.1:`port`, with a 2 s timeout."""
+    joined = {"TORCHELASTIC_RUN_ID": run_id, "WORLD_SIZE": "2", "LOCAL_RANK": "0", **JOINING_RANKS[joining]}
+    return run_ending_at_start(
+        tmp_path,
+        *DDP[:1],
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        "trainer.strategy.timeout.seconds=2",
+        env={**joined, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+    )
+
+
 @pytest.mark.parametrize("joining", JOINING_RANKS)
 def test_a_master_port_another_program_holds_ends_a_joining_rank_in_one_line_within_the_timeout(
     tmp_path: Path, joining: str
 ):
     """A rank of a two-node launch that joins the store at a MASTER_ADDR:MASTER_PORT another program holds: torch's
     store client would wait there past trainer.strategy.timeout, without end."""
-    joined = {"TORCHELASTIC_RUN_ID": "held", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **JOINING_RANKS[joining]}
     with held_port() as port:
         started = time.monotonic()
-        result = run_ending_at_start(
-            tmp_path,
-            *DDP[:1],
-            "trainer.num_nodes=2",
-            "trainer.devices=1",
-            "trainer.strategy.timeout.seconds=2",
-            env={**joined, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-        )
+        result = joining_rank_at(tmp_path, port, joining, "held")
         seconds = time.monotonic() - started
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
     assert line.startswith(f"error: nothing at 127.0.0.1:{port} answers as this run's store within 2 s"), line
@@ -107,15 +113,7 @@ def test_a_joining_rank_whose_store_never_comes_ends_in_one_line_within_the_time
     """Rank 1 of a two-node launch where nothing listens at MASTER_ADDR:MASTER_PORT (rank 0's node never started):
     nothing there to check, it waits for the store as torch does, trainer.strategy.timeout, and names the meeting."""
     port = free_port()
-    joined = {"TORCHELASTIC_RUN_ID": "alone", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **JOINING_RANKS["rank 1"]}
-    result = run_ending_at_start(
-        tmp_path,
-        *DDP[:1],
-        "trainer.num_nodes=2",
-        "trainer.devices=1",
-        "trainer.strategy.timeout.seconds=2",
-        env={**joined, "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-    )
+    result = joining_rank_at(tmp_path, port, "rank 1", "alone")
     line = assert_ends_in_error_line(result.returncode, result.stdout, result.stderr, USER_ERROR)
     assert line.startswith(
         f"error: the 2 processes of this run did not all meet at 127.0.0.1:{port} within 0:00:02 "
