@@ -266,8 +266,9 @@ def children_started(
 ) -> list:
     """What `HydraJobLauncher.start_children` on node `node_rank` gives `subprocess.Popen` for each child (its
     keywords), none started."""
-    for name in JOB_VARIABLES:  # restored as they were however the launch sets them
-        monkeypatch.delenv(name, raising=False)
+    for name in JOB_VARIABLES:  # unset for the launch, which sets them in this process, and unset again after it
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("NODE_RANK", str(node_rank))
     started = []
 
