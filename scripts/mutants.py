@@ -614,8 +614,9 @@ def run_selected(
         seconds = unmutated.seconds(tests, OUTRUN_LIMIT * timeout)
         if seconds is None:
             return Outcome(module, spec.start_pos[0], edit_of(result.diff or ""), False, UNDECIDED)
-        if unmutated.seconds.timeout_for(tests, timeout) > given:
-            result = mutated_and_tested(spec, selected, paths, unmutated.seconds.timeout_for(tests, timeout))
+        room = unmutated.seconds.timeout_for(tests, timeout)
+        if room > given:
+            result = mutated_and_tested(spec, selected, paths, room)
     if result.diff is None:
         return Outcome(module, spec.start_pos[0], spec.operator_name, False, NOT_APPLIED)
     survived = result.test_outcome == TestOutcome.SURVIVED
