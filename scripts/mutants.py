@@ -713,6 +713,10 @@ class Results:
             results.write(json.dumps({**asdict(outcome), "fingerprint": self.fingerprint}) + "\n")
         self.done[outcome.key] = outcome
 
+    def changed_since(self, then: dict[str, str]) -> list[str]:
+        """The files (module, guard test files) whose hash is not the one `then` gave, or that `then` did not have."""
+        return [name for name, digest in self.files.items() if then.get(name) != digest]
+
     def carried(self, key: str, module_file: str) -> tuple[Outcome, list[str]] | None:
         """A mutant's earlier outcome that the guard files changed since cannot have altered, the module being the
         same, with the guard files changed since (a survivor runs again against their tests alone: the others passed
@@ -721,7 +725,7 @@ class Results:
         earlier, then = self.earlier.get(key), self.earlier_files.get(key, {})
         if earlier is None or not then or then.get(module_file) != self.files.get(module_file):
             return None
-        changed = [name for name, digest in self.files.items() if then.get(name) != digest]
+        changed = self.changed_since(then)
         if earlier.by in LEFT_OUT:
             return earlier, []
         if earlier.killed:
@@ -771,7 +775,7 @@ def test_map_of(module_path: Path, guard_files: list[str], results: Results, tim
     started = time.monotonic()
     module = str(module_path)
     if kept_map is not None and then.get(module) == results.files.get(module):
-        changed = [name for name, digest in results.files.items() if then.get(name) != digest]
+        changed = results.changed_since(then)
         fresh = mapping_pass(module_path, changed, timeout) if changed else TestMap([], {}, [], {})
         test_map = kept_map.merged(fresh, changed, list(results.files))
         done = f"the tests of its {len(changed)} changed guard files mapped again"
