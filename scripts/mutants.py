@@ -409,12 +409,21 @@ class TestMap:
     unmeasured: list[str]  # tests that failed or skipped under coverage: what they run is unknown
     statements: dict[int, list[str]]  # a statement's first line: the tests that ran it ("": outside any test)
 
-    def tests_running(self, spec, first_line) -> list[str]:
+    def tests_running(self, spec, first_line, reads: "dict[int, ConstantReads] | None" = None) -> list[str]:
         """The guard tests a mutant must run: those that ran its statement, with the tests sharing their fixtures
         (a fixture's lines count for the test that built it); all of them where the statement ran outside a test
         (an import, at collection), or where coverage saw no test run it: it does not see every line that runs
-        (Python runs an audit hook, the engine's `Confinement`, untraced)."""
-        lines = {first_line(line) for line in range(spec.start_pos[0], spec.end_pos[0] + 1)}
+        (Python runs an audit hook, the engine's `Confinement`, untraced). A mutant of a module constant's value
+        (`reads`) runs the tests that ran a line reading it, or whose file names it."""
+        read = (reads or {}).get(first_line(spec.start_pos[0]))
+        if read is None:
+            return self.tests_of({first_line(line) for line in range(spec.start_pos[0], spec.end_pos[0] + 1)})
+        named = {test for test in self.tests if test.split("::")[0] in read.test_files}
+        readers = self.tests_of({first_line(line) for line in read.lines})  # all where one is read at import
+        return [test for test in self.tests if test in named or test in readers]
+
+    def tests_of(self, lines: set[int]) -> list[str]:
+        """The guard tests that ran any of these statements (their first lines), as `tests_running` chooses them."""
         ran_it = set().union(*(self.statements.get(line, ()) for line in lines))
         if not ran_it or not ran_it <= set(self.tests):  # "" among them: outside any test
             return list(self.tests)
@@ -439,6 +448,52 @@ class TestMap:
             [test for test in self.unmeasured if kept(test)] + fresh.unmeasured,
             statements,
         )
+
+
+@dataclass
+class ConstantReads:
+    """Where a module constant (`NAME = <value>` at the module's top, no call in the value) is read: the module's
+    lines that load NAME, and the guard test files that name it. Its statement runs once, at import, outside every
+    test, which alone would run all the guard tests against each mutant of its value; yet the value changes nothing
+    but what those reads see."""
+
+    lines: list[int]
+    test_files: set[str]
+
+
+def constants_read(root: Path, module_path: Path, guard_tests: list[Path]) -> dict[int, ConstantReads]:
+    """The module's constants (`module_path`, in the copy `root`) by their statements' first lines, each with where
+    it is read. Left out, and so run against every guard test: a constant whose name another Python file of the
+    copy holds, but for a guard test file (another module's import of it, a helper's, a script's, whose reads
+    coverage cannot place), and one the module never reads (it would select no test)."""
+    tree = ast.parse((root / module_path).read_text())
+    constants = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        target = node.target if isinstance(node, ast.AnnAssign) and node.value is not None else target
+        if isinstance(target, ast.Name) and not any(isinstance(part, ast.Call) for part in ast.walk(node)):
+            constants[target.id] = node.lineno
+    loads: dict[str, list[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in constants:
+            loads.setdefault(node.id, []).append(node.lineno)
+    guards = {str(path) for path in guard_tests}
+    named_in: dict[str, set[str]] = {name: set() for name in constants}
+    for folder, folders, files in os.walk(root):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        for file in (Path(folder, name) for name in files if name.endswith(".py")):
+            path = str(file.relative_to(root))
+            if path == str(module_path):
+                continue
+            text = file.read_text(errors="replace")
+            for name in constants:
+                if re.search(rf"\b{re.escape(name)}\b", text):
+                    named_in[name].add(path)
+    return {
+        line: ConstantReads(sorted(set(loads[name])), named_in[name])
+        for name, line in constants.items()
+        if name in loads and named_in[name] <= guards
+    }
 
 
 class MappingTooSlow(Exception):
@@ -850,8 +905,9 @@ def run_module_mutants(
     if waiting and not arguments.every_guard_test:
         test_map = test_map_of(module_path, guard_files, results, arguments.map_timeout)
         first_line = first_lines(module_path)
+        reads = constants_read(Path.cwd(), module_path, guard_test_files(guard_files))
     for spec in waiting:
-        selected = None if test_map is None else test_map.tests_running(spec, first_line)
+        selected = None if test_map is None else test_map.tests_running(spec, first_line, reads)
         files = guard_files
         carried = results.carried(mutant_key(spec), str(module_path))
         if carried is not None:

@@ -52,6 +52,46 @@ def test_a_statement_coverage_saw_no_guard_test_run_runs_every_guard_test():
     assert chosen(50) == TESTS
 
 
+CONSTANTS = """LIMIT = 3
+SHARED = 5
+UNREAD = 9
+NAMED = 4
+MADE = int("3")
+EARLY = 7
+
+
+def limit():
+    return LIMIT + NAMED + MADE + SHARED
+
+
+def early(value=EARLY):
+    return value
+"""
+
+
+def test_a_mutant_of_a_module_constant_runs_the_tests_that_read_it_or_whose_file_names_it(tmp_path):
+    """A constant's statement runs at import, outside every test: alone, that ran all of `run_dir`'s guard tests (a
+    Slurm cluster's among them) against each of its 30 constants' mutants. Its value changes only what reads it."""
+    (tmp_path / "m.py").write_text(CONSTANTS)
+    (tmp_path / "t.py").write_text("def test_quick(): ...\ndef test_other(): ...\n")
+    (tmp_path / "u.py").write_text("from m import NAMED\n\ndef test_names_it(): assert NAMED\n")
+    (tmp_path / "elsewhere.py").write_text("from m import SHARED\n")
+    reads = mutants.constants_read(tmp_path, Path("m.py"), [Path("t.py"), Path("u.py")])
+    tests = ["t.py::quick", "t.py::other", "u.py::names_it"]
+    test_map = mutants.TestMap(tests, {}, [], {10: ["t.py::quick"], 13: [""]})
+
+    def chosen_for(line: int) -> list[str]:
+        return test_map.tests_running(SimpleNamespace(start_pos=(line, 8), end_pos=(line, 9)), lambda at: at, reads)
+
+    assert chosen_for(1) == ["t.py::quick"], "LIMIT: the test that ran the line reading it"
+    assert chosen_for(4) == ["t.py::quick", "u.py::names_it"], "NAMED: and a guard file's tests that name it"
+    assert chosen_for(2) == tests, "SHARED: another file imports it, whose reads coverage cannot place"
+    assert chosen_for(3) == tests, "UNREAD: no read to place"
+    assert chosen_for(5) == tests, "MADE: a call in its value, which may do anything at import"
+    assert chosen_for(6) == tests, "EARLY: read at import, as a default"
+    assert chosen_for(10) == ["t.py::quick"], "any other statement as before"
+
+
 def test_the_killing_test_is_named_whole_even_where_its_parameters_hold_spaces():
     """A node id cut at its first space names no test: checked against the unmutated code it "fails" too, and the
     mutant it killed would be counted a survivor."""
@@ -354,6 +394,8 @@ def test_a_run_after_a_guard_files_change_runs_only_the_survivors_against_the_ch
     """What `Results.carried` keeps is not run; a survivor runs against the selected tests of the changed files (none
     selected there: it stays a survivor, unrun)."""
     monkeypatch.setattr(mutants, "REPO", tmp_path)
+    monkeypatch.chdir(tmp_path)  # the copy, where the run reads the module
+    (tmp_path / "m.py").write_text("")
     specs = [
         SimpleNamespace(start_pos=(line, 0), end_pos=(line, 1), key=key) for line, key in [(1, "k"), (2, "s"), (3, "t")]
     ]
@@ -382,6 +424,30 @@ def test_a_run_after_a_guard_files_change_runs_only_the_survivors_against_the_ch
     assert ran == [("s", ["b.py::two"], ["b.py"])]
     assert [(outcome.key, outcome.killed) for outcome in outcomes] == [("k", True), ("s", True), ("t", False)]
     assert set(mutants.Results("m", "two").done) == {"k", "s", "t"}, "all three recorded under the new fingerprint"
+
+
+def test_a_run_gives_a_constants_mutant_the_tests_that_read_it(tmp_path, monkeypatch):
+    """The run itself reads the module's constants from the copy (its current dir) and chooses by them."""
+    monkeypatch.setattr(mutants, "REPO", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text("LIMIT = 3\n\n\ndef limit():\n    return LIMIT\n")
+    (tmp_path / "a.py").write_text("")
+    spec = SimpleNamespace(start_pos=(1, 8), end_pos=(1, 9), key="c")
+    test_map = mutants.TestMap(["a.py::reads", "a.py::other"], {}, [], {1: [""], 5: ["a.py::reads"]})
+    ran = []
+
+    def run_mutant(spec, selected, files, timeout, unmutated):
+        ran.append(selected)
+        return mutants.Outcome("m", 1, "x", True, "a.py::reads", key=spec.key)
+
+    monkeypatch.setattr(mutants, "chosen_mutants", lambda path, sample, seed: [spec])
+    monkeypatch.setattr(mutants, "mutant_key", lambda spec: spec.key)
+    monkeypatch.setattr(mutants, "test_map_of", lambda *args: test_map)
+    monkeypatch.setattr(mutants, "first_lines", lambda path: lambda line: line)
+    monkeypatch.setattr(mutants, "run_mutant", run_mutant)
+    arguments = SimpleNamespace(every_guard_test=False, sample=0, seed=0, timeout=600, map_timeout=7200)
+    mutants.run_module_mutants("m", Path("m.py"), ["a.py"], arguments, None)
+    assert ran == [["a.py::reads"]]
 
 
 def test_the_kept_map_is_mapped_again_for_the_changed_guard_files_alone_and_whole_for_a_changed_module(
@@ -434,6 +500,7 @@ def test_a_mapping_pass_that_outruns_its_timeout_ends_the_run_in_one_line_naming
 
 def test_the_run_ends_with_the_mapping_passs_line_last_and_status_2(tmp_path, monkeypatch, capsys):
     """The line is the run's last word, on stderr, and `make mutants` fails."""
+
     def too_slow(*args):
         raise mutants.MappingTooSlow("error: the pass's line")
 
