@@ -170,13 +170,14 @@ def test_a_resume_drops_each_path_outside_the_run_before_a_callback_takes_it(
 def test_the_warning_quotes_the_first_three_paths_dropped_and_counts_the_others(
     tmp_path: Path, two_epochs: Path, capsys: pytest.CaptureFixture
 ):
-    """Seven paths outside the run, each in its best checkpoints: one line quotes three and says `and 4 more`."""
+    """Nine paths outside the run, each in its best checkpoints: one line quotes three and says `and 6 more` (of
+    seven, `and 4 more` reads the same with `7 ^ 3`)."""
     run = tmp_path / "run"
-    paths = [str(tmp_path / f"elsewhere-{index}.ckpt") for index in range(7)]
+    paths = [str(tmp_path / f"elsewhere-{index}.ckpt") for index in range(9)]
     hostile = with_hostile_paths(two_epochs, tmp_path / "hostile.ckpt", paths, run)
     trained_or_resumed(run, f"ckpt_path={hostile}", "trainer.max_epochs=3")
     (warning,) = warnings_in(capsys.readouterr().err)
-    assert f"({', '.join(map(repr, paths[:3]))} and 4 more)" in warning, warning
+    assert f"({', '.join(map(repr, paths[:3]))} and 6 more)" in warning, warning
 
 
 def moved_run(source: Path, run: Path) -> dict:
