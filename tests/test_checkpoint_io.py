@@ -6,12 +6,15 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from project.engine.checkpoints import AtomicCheckpointIO, resume_path
+from project.engine.checkpoints import AtomicCheckpointIO, BestCheckpoint, check_checkpoint_dirs, resume_path
 from project.engine.errors import UserError
 from tests.helpers import untrained_toy_checkpoint
 
@@ -122,6 +125,52 @@ def test_a_disk_that_turns_read_only_between_the_write_and_the_rename_is_the_wri
         "make it writable, or write the run elsewhere (hydra.run.dir); kept: last.ckpt"
     )
     assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"epoch": 0}
+
+
+def test_a_checkpoint_dir_that_cannot_be_written_is_refused_naming_where_it_would_be_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Root writes anywhere: what cannot be written is what `os.access` says, here everything under tmp_path."""
+    writable = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: writable(path, mode) and tmp_path not in Path(path).parents)
+    made = tmp_path / "made"
+    made.mkdir()
+    with pytest.raises(UserError) as refused:
+        check_checkpoint_dirs([Callback(), ModelCheckpoint(), ModelCheckpoint(dirpath=made)])
+    assert str(refused.value).startswith(f"the checkpoint dir {made} cannot be written (a read-only disk, or no ")
+    with pytest.raises(UserError) as refused:
+        check_checkpoint_dirs([ModelCheckpoint(dirpath=made / "run" / "checkpoints")])
+    assert str(refused.value).startswith(
+        f"the checkpoint dir {made}/run/checkpoints (it would be made in {made}) cannot be written"
+    )
+    monkeypatch.undo()
+    check_checkpoint_dirs([ModelCheckpoint(dirpath=made / "run" / "checkpoints")])
+
+
+class LogsLoss(LightningModule):
+    """A module that logs `val/loss` alone."""
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_best_metric_the_module_never_logs_is_said_once_by_rank_zero_and_the_run_goes_on(rank: int, capsys):
+    best = BestCheckpoint(monitor="val/acc", mode="max")
+    trainer = SimpleNamespace(lightning_module=LogsLoss(), global_rank=rank)
+    for _ in range(2):
+        best.monitor_not_logged(trainer, {"val/loss": torch.tensor(0.5), "epoch": 1, "step": 4})
+    said = capsys.readouterr().err.splitlines()
+    assert said == ([] if rank else [
+        "warning: optimized_metric=val/acc is not logged by LogsLoss (it logs: val/loss): set optimized_metric to one "
+        "of those and optimized_mode=min|max, or log val/acc with self.log in the module; no best checkpoint is kept"
+    ])  # fmt: skip
+
+
+def test_a_best_metric_the_module_never_logs_ends_the_run_where_its_results_are_that_metric():
+    best = BestCheckpoint(monitor="val/acc", mode="max", results_from="best")
+    trainer = SimpleNamespace(lightning_module=LogsLoss(), global_rank=1)
+    with pytest.raises(
+        UserError, match=r"log val/acc with self.log in the module \(results_from=best is that metric\)$"
+    ):
+        best.monitor_not_logged(trainer, {"val/loss": torch.tensor(0.5)})
 
 
 def test_ckpt_path_last_resumes_the_newest_earlier_run_of_the_same_model_and_data(tmp_path: Path):

@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from project.engine.checkpoints import RestoredStateCheck
+from project.engine.checkpoints import RestoredStateCheck, changed_schedule
 from project.engine.errors import UserError
 from tests.faults import ENV
 from tests.foreign_modules import RegressionData, RegressionModule
@@ -33,7 +33,9 @@ class ScheduledRegression(RegressionModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
 
 
-def fit(module: L.LightningModule, epochs: int, ckpt_path: Path | None = None) -> L.Trainer:
+def fit(
+    module: L.LightningModule, epochs: int, ckpt_path: Path | None = None, run_dir: Path | None = None
+) -> L.Trainer:
     trainer = L.Trainer(
         max_epochs=epochs,
         callbacks=[RestoredStateCheck(str(ckpt_path) if ckpt_path else None)],
@@ -42,6 +44,7 @@ def fit(module: L.LightningModule, epochs: int, ckpt_path: Path | None = None) -
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        default_root_dir=run_dir,
     )
     trainer.fit(module, datamodule=RegressionData(), ckpt_path=ckpt_path)
     return trainer
@@ -88,6 +91,31 @@ def test_a_changed_lr_under_a_schedule_or_a_changed_schedule_is_refused_before_a
         fit(module, 2, checkpoint)
     stored = torch.load(checkpoint, weights_only=True)["state_dict"]
     assert all(torch.equal(value, stored[key]) for key, value in module.state_dict().items()), "no step taken"
+
+
+def test_a_requeued_slurm_job_resuming_from_lightnings_own_checkpoint_is_checked_as_any_resume(
+    tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A Slurm job requeued after its `hpc_ckpt_*.ckpt`, newer than its last.ckpt, runs without a ckpt_path
+    (`checkpoints.resume_path`): Lightning resumes from that file by itself, and it is checked all the same."""
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(one_epoch(tmp, gamma=0.5).read_bytes())
+    slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "7", "SLURM_NODELIST": "localhost"}
+    for name, value in {**slurm, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}.items():
+        monkeypatch.setenv(name, value)
+    line = "the checkpoint's learning-rate schedule 0 (StepLR) was built with gamma=0.5, this run's with gamma=0.9"
+    with pytest.raises(UserError, match=re.escape(line)):
+        fit(ScheduledRegression(gamma=0.9), 2, run_dir=tmp_path)
+
+
+def test_a_changed_schedule_is_named_by_its_own_argument_before_what_it_derives_from_it():
+    """A schedule's state holds its arguments and what it derives from them (`_`-named, as OneCycleLR's
+    `_schedule_phases`): the line names the argument the user changed."""
+    stored = [{"total_steps": 10, "_schedule_phases": [{"end_step": 2.0}]}]
+    built = [("OneCycleLR", {"total_steps": 20, "_schedule_phases": [{"end_step": 5.0}]})]
+    assert changed_schedule(stored, built) == (
+        "the checkpoint's learning-rate schedule 0 (OneCycleLR) was built with total_steps=10, this run's with "
+        "total_steps=20"
+    )
 
 
 @pytest.mark.slow
