@@ -73,6 +73,24 @@ def test_a_hyperparameter_no_schedule_drives_is_the_one_this_run_configures(tmp:
                     "configures"]  # fmt: skip
 
 
+class DecayRaisedByItsOwnCode(ScheduledRegression):
+    """Weight decay its own code raises after each epoch (as DINO's weight-decay schedule does), with no schedule."""
+
+    def on_train_epoch_end(self) -> None:
+        for group in self.trainer.optimizers[0].param_groups:
+            group["weight_decay"] += 0.01
+
+
+def test_a_hyperparameter_the_modules_own_code_moved_resumes_as_it_stood(tmp_path: Path, capsys):
+    """What the run configured is compared with what the checkpoint's run configured (stored by the callback), not
+    with the value its training moved to: the same settings are no change to apply, and training goes on from there."""
+    checkpoint = tmp_path / "one-epoch.ckpt"
+    fit(DecayRaisedByItsOwnCode(weight_decay=0.01), 1).save_checkpoint(checkpoint)
+    group = fit(DecayRaisedByItsOwnCode(weight_decay=0.01), 2, checkpoint).optimizers[0].param_groups[0]
+    assert group["weight_decay"] == pytest.approx(0.03), "raised after epochs 1 and 2"
+    assert "resumed with" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("settings", "line"),
     [
