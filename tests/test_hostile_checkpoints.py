@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 import project  # noqa: F401  (registers the ${launch_dir:} resolver)
 import project.engine.trusted_targets as trusted_targets_module
-from project.engine.checkpoints import check_shards, resume_path
+from project.engine.checkpoints import ShardsIndexUnpickler, check_shards, resume_path
 from project.engine.errors import UserError
 from project.engine.trained_run import rebuild_trained
 from project.engine.trusted_targets import (
@@ -783,6 +783,14 @@ def with_hostile_value(sharded: Path, bait: Bait) -> Path:
                 file.write(payload)
     (sharded / ".metadata").write_bytes(pickle.dumps(index))
     return sharded
+
+
+def test_a_shards_index_takes_a_dtype_by_its_name_in_torch_alone():
+    """DCP's index names dtypes (`torch.float32`); the same name in another module (`builtins.int`: `torch.int` is a
+    dtype too) is refused: a name is trusted whole, module and all."""
+    assert ShardsIndexUnpickler(io.BytesIO(pickle.dumps(torch.int32))).load() is torch.int32
+    with pytest.raises(pickle.UnpicklingError, match=r"^it names builtins\.int$"):
+        ShardsIndexUnpickler(io.BytesIO(pickle.dumps(int))).load()
 
 
 def test_a_sharded_checkpoint_that_would_run_code_is_refused_before_dcp_reads_it(tmp_path: Path, toy_checkpoint: Path):
