@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from project.engine.checkpoints import classes_unlike
 from tests.csv_project import write_backbone, write_png_dataset
 from tests.foreign_modules import FOREIGN_CONF
 from tests.helpers import (
@@ -206,3 +207,11 @@ def test_a_checkpoint_resumed_with_other_data_is_refused_before_training(
     (line,) = error_lines(result.stderr)
     assert line.startswith(f"error: ckpt_path={last} trained on other data than CsvImageData gives: its {differs}")
     assert not (tmp_path / "resumed" / "checkpoints").exists(), "refused before the first step"
+
+
+def test_class_lists_that_differ_are_named_at_their_first_difference_whichever_sorts_first():
+    assert classes_unlike(["circle", "stripe"], ["circle", "dot"]) == "its class 1 is 'stripe' (in this data: 'dot')"
+    assert classes_unlike(["circle", "dot"], ["circle", "stripe"]) == "its class 1 is 'dot' (in this data: 'stripe')"
+    assert classes_unlike(["circle"], ["circle", "dot"]) == "its 1 classes (this data: 2)"
+    assert classes_unlike(["circle", "dot"], ["circle", "dot"]) is None
+    assert classes_unlike(None, ["circle"]) is None and classes_unlike(["circle"], None) is None

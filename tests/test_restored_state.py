@@ -233,6 +233,14 @@ def model_checkpoint_state(content: dict) -> dict:
     return next(state for key, state in content["callbacks"].items() if key.startswith("BestCheckpoint"))
 
 
+def training_order_state(content: dict) -> dict:
+    return next(state for key, state in content["callbacks"].items() if key.startswith("TrainingOrder"))
+
+
+# A position in the engine's training order (`TrainingOrder`), of every key but the training samples' count.
+POSITION_WITHOUT_SAMPLES = {"epoch": 1, "batches_done": 0, "batch_size": 8, "processes": 1, "seed": 123}
+
+
 POSITION_KEY = "epoch\x1b[2J"  # a terminal's "clear the screen", which the line must show as text
 MALFORMED: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "lr-a-string": (
@@ -277,6 +285,14 @@ MALFORMED: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "a-position-count-a-string": (
         edited(lambda c: c["ToyDataModule"]["position"].update(batches_done="1")),
         "the checkpoint's position in the training order (its data module's state) holds batches_done='1', not a count",
+    ),
+    "training-order-data-a-key-missing": (
+        edited(lambda c: training_order_state(c)["data"].pop("classes")),
+        "the checkpoint's training order (its TrainingOrder state) names its data as a mapping, which is not one",
+    ),
+    "training-order-position-a-key-missing": (
+        edited(lambda c: training_order_state(c).update(position=POSITION_WITHOUT_SAMPLES)),
+        "the checkpoint's training order (its TrainingOrder state) holds the position a mapping, which is not one",
     ),
     "class-names-not-names": (
         edited(lambda c: c["ToyDataModule"].update(class_names={"0": 1})),
