@@ -25,7 +25,14 @@ import torch.distributed.checkpoint as dcp
 from hydra import compose, initialize_config_dir
 
 from project.engine.build import build
-from project.engine.checkpoints import AtomicCheckpointIO, check_shards, deletable, plain_checkpoint, unlike
+from project.engine.checkpoints import (
+    AtomicCheckpointIO,
+    check_shards,
+    deletable,
+    is_number,
+    plain_checkpoint,
+    unlike,
+)
 from project.engine.errors import UserError, error_line
 from project.engine.run_dir import plain_path_inside
 from project.engine.sweeps import finished_results, job_rows
@@ -299,6 +306,14 @@ MALFORMED: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
         "ckpt_path: the checkpoint's state of ToyDataModule is not one it wrote (its class_names hold a mapping)",
     ),
 }
+
+
+def test_a_number_read_from_a_checkpoint_is_an_int_a_float_or_a_tensor_of_one_real_element():
+    """What an optimizer's group or a loop may hold where a number is due: an empty tensor, a bool, a complex number,
+    or more than one element would fail in Lightning's restore or in the first step, in a traceback."""
+    assert all(map(is_number, [1, 0.5, torch.tensor(0.5), torch.tensor([2])]))
+    refused = [True, torch.tensor([]), torch.tensor([1.0, 2.0]), torch.tensor(True), torch.tensor(1j), "1", None]
+    assert not any(map(is_number, refused))
 
 
 @pytest.mark.parametrize("case", MALFORMED)

@@ -91,6 +91,27 @@ def test_a_hyperparameter_the_modules_own_code_moved_resumes_as_it_stood(tmp_pat
     assert "resumed with" not in capsys.readouterr().err
 
 
+class Dampened(ScheduledRegression):
+    """SGD with momentum, its `dampening` set: a key that sorts before `initial_lr`, the one said as `lr`."""
+
+    def __init__(self, dampening: float) -> None:
+        super().__init__()
+        self.dampening = dampening
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, dampening=self.dampening)
+
+
+def test_a_changed_setting_is_said_by_its_own_name(tmp_path: Path, capsys):
+    checkpoint = tmp_path / "one-epoch.ckpt"
+    fit(Dampened(0.0), 1).save_checkpoint(checkpoint)
+    fit(Dampened(0.5), 2, checkpoint)
+    said = re.findall(r"resumed with .*", capsys.readouterr().err)
+    assert said == [
+        "resumed with dampening 0.5 for param group 0 (the checkpoint trained at 0.0), as this run configures"
+    ]
+
+
 @pytest.mark.parametrize(
     ("settings", "line"),
     [
