@@ -173,37 +173,50 @@ def test_a_best_metric_the_module_never_logs_ends_the_run_where_its_results_are_
         best.monitor_not_logged(trainer, {"val/loss": torch.tensor(0.5)})
 
 
+# Data whose class's full name sorts after the toy's, as MNIST's sorts before it.
+LATER_DATA = "tests.foreign_modules.RegressionData"
+
+
 def test_ckpt_path_last_resumes_the_newest_earlier_run_of_the_same_model_and_data(tmp_path: Path):
     """Three earlier runs of the toy, written in another order than their names sort, then one of another network,
-    one of the toy's network on other data (whose class name sorts before the toy's), and a file that is no
+    two of the toy's network on other data (whose class names sort before and after the toy's), and a file that is no
     checkpoint: `ckpt_path=last` takes the toy's newest, by the time its last.ckpt was written."""
     toy = untrained_toy_checkpoint(tmp_path)
     (tmp_path / "other").mkdir()
     other = untrained_toy_checkpoint(tmp_path / "other", "model.network.num_outputs=3")
     (tmp_path / "other-data").mkdir()
     other_data = untrained_toy_checkpoint(tmp_path / "other-data", "data=mnist")
+    (tmp_path / "later-data").mkdir()
+    later_data = untrained_toy_checkpoint(tmp_path / "later-data", f"data._target_={LATER_DATA}")
     outputs = tmp_path / "outputs"
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(b"not a checkpoint")
     written = {"12-00-00": (toy, 100), "13-00-00": (toy, 300), "14-00-00": (toy, 200), "15-00-00": (other, 400)}
-    written |= {"15-10-00": (other_data, 450), "15-30-00": (junk, 500)}
+    written |= {"15-10-00": (other_data, 450), "15-20-00": (later_data, 460), "15-30-00": (junk, 500)}
     for name, (checkpoint, seconds) in written.items():
         last = outputs / "2026-12-06" / name / "checkpoints" / "last.ckpt"
         last.parent.mkdir(parents=True)
         shutil.copy(checkpoint, last)
         os.utime(last, (seconds, seconds))
     (tmp_path / "now").mkdir()
-    now = untrained_toy_checkpoint(tmp_path / "now", "+trusted_targets.mnist=project.example.data.MNISTDataModule")
+    trusted = ("+trusted_targets.mnist=project.example.data.MNISTDataModule", f"+trusted_targets.later={LATER_DATA}")
+    now = untrained_toy_checkpoint(tmp_path / "now", *trusted)
     run_config = torch.load(now, weights_only=True)["config"]  # trusting the other data, or it is refused
     resumed = resume_path("last", outputs / "2026-12-06" / "16-00-00", outputs, run_config)
     assert resumed == str(outputs / "2026-12-06" / "13-00-00" / "checkpoints" / "last.ckpt")
 
 
-def test_a_checkpoint_given_by_its_path_is_resumed_where_the_run_dir_holds_a_last_checkpoint_of_its_own(tmp_path: Path):
-    """The same command again in its run dir (`hydra.run.dir` set) with `ckpt_path=<file>`: that file, as typed."""
-    given = untrained_toy_checkpoint(tmp_path)
+def test_a_checkpoint_given_by_its_path_is_resumed_where_the_run_dir_holds_a_last_checkpoint_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The same command again in its run dir (`hydra.run.dir` set) with `ckpt_path=<file>`: that file, as typed,
+    whether its path sorts before `last` or after it."""
+    (tmp_path / "saved").mkdir()
+    given = untrained_toy_checkpoint(tmp_path / "saved")
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     shutil.copy(given, run_dir / "checkpoints" / "last.ckpt")
     run_config = torch.load(given, weights_only=True)["config"]
-    assert resume_path(str(given), run_dir, tmp_path / "outputs", run_config) == str(given)
+    monkeypatch.chdir(tmp_path)
+    for typed in (str(given), "saved/last.ckpt"):
+        assert resume_path(typed, run_dir, tmp_path / "outputs", run_config) == typed

@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from project.engine.checkpoints import RestoredStateCheck, changed_schedule
+from project.engine.checkpoints import RestoredStateCheck, changed_schedule, stored_configured
 from project.engine.errors import UserError
 from tests.faults import ENV
 from tests.foreign_modules import RegressionData, RegressionModule
@@ -155,6 +155,16 @@ def test_a_changed_schedule_is_named_by_its_own_argument_before_what_it_derives_
         "the checkpoint's learning-rate schedule 0 (OneCycleLR) was built with total_steps=10, this run's with "
         "total_steps=20"
     )
+    stored, built = [{"T_0": 10, "eta_min": 0.0}], [("CosineAnnealingWarmRestarts", {"T_0": 20, "eta_min": 0.1})]
+    assert "was built with T_0=10, this run's with T_0=20" in changed_schedule(stored, built), "by name, not case"
+
+
+def test_what_the_checkpoints_run_configured_is_compared_only_where_it_has_this_runs_optimizers_and_groups():
+    """The callback's stored state is data: another count of optimizers or of groups is none to compare with."""
+    now = [[{"lr": 0.1}, {"lr": 0.2}]]
+    assert stored_configured({"configured": now}, now) == now
+    for configured in ([], [now[0], now[0]], [now[0][:1]], [now[0] * 2]):
+        assert stored_configured({"configured": configured}, now) is None, configured
 
 
 @pytest.mark.slow
