@@ -210,7 +210,7 @@ def test_a_checkpoint_given_by_its_path_is_resumed_where_the_run_dir_holds_a_las
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """The same command again in its run dir (`hydra.run.dir` set) with `ckpt_path=<file>`: that file, as typed,
-    whether its path sorts before `last` or after it."""
+    whether its path sorts before `last` or after it; and so in a new run dir."""
     (tmp_path / "saved").mkdir()
     given = untrained_toy_checkpoint(tmp_path / "saved")
     run_dir = tmp_path / "run"
@@ -220,3 +220,4 @@ def test_a_checkpoint_given_by_its_path_is_resumed_where_the_run_dir_holds_a_las
     monkeypatch.chdir(tmp_path)
     for typed in (str(given), "saved/last.ckpt"):
         assert resume_path(typed, run_dir, tmp_path / "outputs", run_config) == typed
+        assert resume_path(typed, tmp_path / "new", tmp_path / "outputs", run_config) == typed

@@ -139,14 +139,15 @@ def test_training_loaders_the_engine_cannot_order_are_served_as_the_data_gives_t
         assert order.sampler is None and order.data == {"train_samples": None, "classes": None}
 
 
-def test_a_random_sampler_that_draws_a_part_of_the_data_keeps_its_own_order():
-    """`RandomSampler(num_samples=8)` draws 8 of 64 samples an epoch: a seeded order of all 64 in its place would
-    train others, and more of them, than the data module asks for."""
+def test_a_random_sampler_that_draws_a_part_of_the_data_or_more_than_it_keeps_its_own_order():
+    """`RandomSampler(num_samples=8)` draws 8 of 64 samples an epoch, and `num_samples=128` each of them twice: a
+    seeded order of all 64 once in its place would train others, or fewer, than the data module asks for."""
     data = BoringDataModule()
     data.setup("fit")
     part = DataLoader(data.random_train, batch_size=2, sampler=RandomSampler(data.random_train, num_samples=8))
+    twice = DataLoader(data.random_train, batch_size=2, sampler=RandomSampler(data.random_train, num_samples=128))
     whole = DataLoader(data.random_train, batch_size=2, shuffle=True)
-    assert not orderable(part) and orderable(whole)
+    assert not orderable(part) and not orderable(twice) and orderable(whole)
 
 
 def test_a_module_without_a_test_step_trains_all_the_same():
