@@ -148,7 +148,7 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_refused_naming_where_it_woul
 
 
 class LogsLoss(LightningModule):
-    """A module that logs `val/loss` alone."""
+    """A module named in the line; what it logged (`val/loss` alone) is handed to the callback, as Lightning does."""
 
 
 @pytest.mark.parametrize("rank", [0, 1])
